@@ -1,0 +1,179 @@
+"""
+OpenWebText tokenized with GPT-2 BPE into llm.c shards of ~100M tokens (see dataloader.py).
+
+    python data/openwebtext/prepare.py                                # download from Hugging Face
+    python data/openwebtext/prepare.py --input /path/openwebtext.tar.xz   # the original archive
+    python data/openwebtext/prepare.py --input /path/folder           # .txt files and/or .jsonl files
+
+Writes openwebtext_val_000000.bin and openwebtext_train_000000.bin, ..._000001.bin, ... next to
+this file (or in --out_dir; keep the folder named openwebtext, the loader finds shards by the
+folder's name). Each document is EOT (50256) followed by its tokens.
+
+Needs (approximate, from nanoGPT's published figures for the same data, not measured here):
+OpenWebText is ~8M documents, ~9.0B GPT-2 tokens (nanoGPT: train 9,035,582,198 tokens, ~17 GB;
+val 4,434,897 tokens), so ~18 GB of shards; the Hugging Face download and its cache take ~54 GB
+more (nanoGPT's note for the same dataset); tokenizing takes hours on a few cores. RAM stays
+small: one shard-sized uint16 buffer (200 MB) per split plus the worker processes.
+
+Splits:
+- Hugging Face: train_test_split(test_size=0.0005, seed=2357, shuffle=True), the same call as
+  nanoGPT, so val should hold the same 4,007 documents as nanoGPT's val.bin.
+- --input: a document goes to val when a stable hash of its name (file path, or path:line for
+  .jsonl) is below --val_fraction. The data is streamed once, so to keep val non-empty the
+  train document with the smallest hash is held back and goes to val if nothing else did.
+"""
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tarfile
+from multiprocessing import Pool
+
+import numpy as np
+import tiktoken
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))  # repo root
+from dataloader import ShardWriter  # noqa: E402
+
+enc = tiktoken.get_encoding("gpt2")
+eot = enc._special_tokens['<|endoftext|>']  # 50256
+
+
+def tokenize(doc):
+    """(name, text) -> (name, uint16 tokens with EOT first). Runs in the worker processes."""
+    name, text = doc
+    return name, np.array([eot] + enc.encode_ordinary(text), dtype=np.uint16)
+
+
+def unit_hash(name):
+    """A stable number in [0, 1) from a document's name (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.sha1(name.encode('utf-8')).digest()[:8], 'big') / 2**64
+
+
+# -----------------------------------------------------------------------------
+# local inputs: each yields (name, text), in a fixed order
+
+def docs_from_tar_xz(path):
+    """The original openwebtext.tar.xz: members openwebtext/urlsf_subsetXX-YY_data.xz, each a
+    tar.xz of .txt files, one document each. Streamed ('r|xz'): nothing is unpacked to disk."""
+    with tarfile.open(path, 'r|xz') as outer:
+        for member in outer:
+            if not (member.isfile() and member.name.endswith('.xz')):
+                continue
+            with tarfile.open(fileobj=outer.extractfile(member), mode='r|xz') as inner:
+                for m in inner:
+                    if m.isfile() and m.name.endswith('.txt'):
+                        text = inner.extractfile(m).read().decode('utf-8', errors='replace')
+                        yield f"{member.name}/{m.name}", text
+
+
+def docs_from_jsonl(path, name):
+    with open(path, encoding='utf-8') as f:
+        for i, line in enumerate(f):
+            if line.strip():
+                yield f"{name}:{i}", json.loads(line)['text']
+
+
+def docs_from_folder(folder):
+    """Every .txt (one document) and .jsonl (one {"text": ...} per line) below folder, sorted."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()  # os.walk's order depends on the file system; sorting makes it fixed
+        for fname in sorted(filenames):
+            path = os.path.join(dirpath, fname)
+            name = os.path.relpath(path, folder).replace(os.sep, '/')
+            if fname.endswith('.txt'):
+                with open(path, encoding='utf-8', errors='replace') as f:
+                    yield name, f.read()
+            elif fname.endswith('.jsonl'):
+                yield from docs_from_jsonl(path, name)
+
+
+def local_docs(path):
+    if os.path.isdir(path):
+        return docs_from_folder(path)
+    if path.endswith('.tar.xz'):
+        return docs_from_tar_xz(path)
+    if path.endswith('.jsonl'):
+        return docs_from_jsonl(path, os.path.basename(path))
+    raise ValueError(f"--input {path}: expected openwebtext.tar.xz, a .jsonl file or a folder")
+
+
+# -----------------------------------------------------------------------------
+
+def tokenized(pool, docs):
+    """Tokens of docs in their order; in parallel when there is a pool."""
+    if pool is None:
+        return map(tokenize, docs)
+    return pool.imap(tokenize, docs, chunksize=16)  # imap keeps the order: shards are reproducible
+
+
+def prepare_local(args, pool):
+    train = ShardWriter(args.out_dir, 'openwebtext', 'train', args.shard_size)
+    val = ShardWriter(args.out_dir, 'openwebtext', 'val', args.shard_size)
+    ndocs = {'train': 0, 'val': 0}
+    held = None  # (hash, tokens) of the train document with the smallest hash so far
+    for name, tokens in tqdm(tokenized(pool, local_docs(args.input)), unit='docs'):
+        h = unit_hash(name)
+        if h < args.val_fraction:
+            val.add(tokens)
+            ndocs['val'] += 1
+            continue
+        ndocs['train'] += 1
+        if held is None or h < held[0]:
+            held, tokens = (h, tokens), (held[1] if held else None)  # hold the new one, write the old one
+        if tokens is not None:
+            train.add(tokens)
+    if held is not None:
+        # no document hashed into val (small inputs): the held one goes there, if train keeps some
+        if ndocs['val'] == 0 and ndocs['train'] >= 2:
+            val.add(held[1])
+            ndocs['val'], ndocs['train'] = 1, ndocs['train'] - 1
+        else:
+            train.add(held[1])
+    return {'val': (val, ndocs['val']), 'train': (train, ndocs['train'])}
+
+
+def prepare_hf(args, pool):
+    from datasets import load_dataset  # only this path needs it
+    dataset = load_dataset("Skylion007/openwebtext", split="train", num_proc=args.num_proc)
+    split_dataset = dataset.train_test_split(test_size=args.val_fraction, seed=2357, shuffle=True)
+    split_dataset['val'] = split_dataset.pop('test')  # rename, as nanoGPT does
+    out = {}
+    for split in ['val', 'train']:
+        ds = split_dataset[split]
+        writer = ShardWriter(args.out_dir, 'openwebtext', split, args.shard_size)
+        # ds.iter reads the Arrow files in batches: the texts are never all in RAM at once
+        docs = ((None, text) for batch in ds.iter(batch_size=1000) for text in batch['text'])
+        for _, tokens in tqdm(tokenized(pool, docs), total=len(ds), desc=split, unit='docs'):
+            writer.add(tokens)
+        out[split] = (writer, len(ds))
+    return out
+
+
+def main(argv=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description="Tokenize OpenWebText (GPT-2 BPE) into llm.c shards.")
+    parser.add_argument('--input', default=None, help='local openwebtext.tar.xz, .jsonl or folder; default: download from HF')
+    parser.add_argument('--out_dir', default=here, help='where the shards go (default: next to this script)')
+    parser.add_argument('--shard_size', type=int, default=100_000_000, help='tokens per shard; 1e8 tokens = 200 MB')
+    parser.add_argument('--num_proc', type=int, default=max(1, os.cpu_count() // 2), help='tokenizer processes')
+    parser.add_argument('--val_fraction', type=float, default=0.0005, help='share of documents in val (0.05%%)')
+    args = parser.parse_args(argv)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    with Pool(args.num_proc) if args.num_proc > 1 else contextlib.nullcontext() as pool:  # pool is None for 1
+        out = prepare_local(args, pool) if args.input else prepare_hf(args, pool)
+    for split, (writer, ndocs) in out.items():
+        for path in writer.close():
+            print(f"wrote {path}")
+        print(f"{split}: {writer.ntok:,} tokens in {ndocs:,} documents")
+        if ndocs == 0:
+            print(f"warning: {split} is empty; the input needs at least 2 documents")
+    return out
+
+
+if __name__ == '__main__':
+    main()

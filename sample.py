@@ -1,0 +1,79 @@
+"""
+Sample from a trained model: prefill the prompt in one forward, then decode token by token
+through the per-layer caches (fixed-size state for the linear mixers, K/V for softmax).
+
+$ python sample.py --out_dir=out-pystdlib-kda-hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
+$ python sample.py --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
+
+At the end it prints the decode speed (tokens/s) and the bytes held by the caches, split into the
+fixed part (linear mixers) and the part that grows with the context (softmax K/V).
+"""
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+import tiktoken
+
+from model import GPTConfig, GPT, load_checkpoint
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'           # folder holding ckpt.pt
+start = "\n"              # prompt text, or FILE:path to read it from a file
+num_samples = 3           # number of samples to draw
+max_new_tokens = 200      # tokens generated per sample
+temperature = 0.8         # 1.0 = unchanged, < 1.0 = less random, 0 = greedy
+top_k = 200               # keep only the top_k most likely tokens (None = all)
+seed = 1337
+device = ''               # '' = cuda if available, else cpu
+dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere
+compile = False           # torch.compile the model (slower start, faster decode)
+# -----------------------------------------------------------------------------
+from configurator import configure
+configure(globals(), sys.argv[1:])
+# -----------------------------------------------------------------------------
+
+device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+dtype = dtype or (('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32')
+torch.manual_seed(seed)
+torch.cuda.manual_seed(seed) if device_type == 'cuda' else None
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+checkpoint = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), map_location=device)
+model = GPT(GPTConfig(**checkpoint['model_args']))
+model.load_state_dict(checkpoint['model'])
+model.eval().to(device)
+print(model.describe())
+if compile:
+    model = torch.compile(model)
+
+enc = tiktoken.get_encoding('gpt2')  # every dataset here is GPT-2 BPE
+if start.startswith('FILE:'):
+    with open(start[5:], 'r', encoding='utf-8') as f:
+        start = f.read()
+start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
+x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
+
+total_tokens, total_time = 0, 0.0
+for k in range(num_samples):
+    with torch.no_grad(), ctx:
+        if device_type == 'cuda':
+            torch.cuda.synchronize()
+        t0 = time.time()
+        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
+        if device_type == 'cuda':
+            torch.cuda.synchronize()
+        total_time += time.time() - t0
+        total_tokens += max_new_tokens
+    print(enc.decode(y[0].tolist()))
+    print('---------------')
+
+fixed, growing = model.cache_bytes(caches)
+context = x.size(1) + max_new_tokens
+print(f"decode: {total_tokens / total_time:.1f} tokens/s (prefill of {x.size(1)} tokens + {max_new_tokens} decode steps per sample, "
+      f"{num_samples} samples, {device})")
+print(f"cache at {context} tokens of context: {fixed + growing:,} bytes = {fixed:,} fixed (linear-mixer state) "
+      f"+ {growing:,} growing (softmax K/V)")

@@ -1,0 +1,316 @@
+"""
+Tests of the data layer: the llm.c shard format, the batch loader, and the prepare scripts on
+tiny local inputs (CPU, offline, a few seconds).
+
+    python -m pytest test_data.py -q
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# tiktoken cannot download the GPT-2 BPE offline: use a shared cache when the checkout has one
+_cache = os.path.join(HERE, '..', 'shared', 'tiktoken')
+if os.path.isdir(_cache) and 'TIKTOKEN_CACHE_DIR' not in os.environ:
+    os.environ['TIKTOKEN_CACHE_DIR'] = _cache
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tiktoken  # noqa: E402
+import torch  # noqa: E402
+
+from dataloader import (HEADER_INTS, MAGIC, VERSION, ShardLoader, ShardWriter,  # noqa: E402
+                        read_shard, shard_paths, write_shard)
+
+sys.path.insert(0, os.path.join(HERE, 'data', 'openwebtext'))
+import prepare as owt_prepare  # noqa: E402
+sys.path.pop(0)
+del sys.modules['prepare']  # both datasets name their script prepare.py
+sys.path.insert(0, os.path.join(HERE, 'data', 'pystdlib'))
+import prepare as pystdlib_prepare  # noqa: E402
+sys.path.pop(0)
+del sys.modules['prepare']
+
+enc = tiktoken.get_encoding("gpt2")
+EOT = 50256
+
+
+# -----------------------------------------------------------------------------
+# shard format
+
+def test_shard_round_trip(tmp_path):
+    path = str(tmp_path / 'x_train_000000.bin')
+    tokens = np.array([0, 1, 50256, 65535, 123], dtype=np.int64)
+    write_shard(path, tokens)
+    header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
+    assert (header[0], header[1], header[2]) == (MAGIC, VERSION, 5)
+    assert not header[3:].any()
+    assert os.path.getsize(path) == 4 * HEADER_INTS + 2 * len(tokens)
+    for mmap in (True, False):
+        out = read_shard(path, mmap=mmap)
+        assert out.dtype == np.uint16 and out.tolist() == tokens.tolist()
+    write_shard(path, [])  # an empty shard is legal
+    assert len(read_shard(path)) == 0
+    assert not [f for f in os.listdir(tmp_path) if 'tmp' in f]  # the atomic write cleans up
+
+
+def _edit_header(path, index, value):
+    header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
+    header[index] = value
+    with open(path, 'r+b') as f:
+        f.write(header.tobytes())
+
+
+def test_bad_shards_name_the_file(tmp_path):
+    path = str(tmp_path / 'bad_train_000000.bin')
+    write_shard(path, np.arange(100))
+    _edit_header(path, 0, 123)
+    with pytest.raises(ValueError, match=r'bad_train_000000\.bin: bad magic 123'):
+        read_shard(path)
+
+    write_shard(path, np.arange(100))
+    _edit_header(path, 1, 7)
+    with pytest.raises(ValueError, match=r'bad_train_000000\.bin: unsupported version 7'):
+        read_shard(path)
+
+    write_shard(path, np.arange(100))
+    with open(path, 'r+b') as f:
+        f.truncate(os.path.getsize(path) - 10)  # cut off the last 5 tokens
+    with pytest.raises(ValueError, match=r'bad_train_000000\.bin: truncated: header says 100 tokens but file holds 95'):
+        read_shard(path)
+
+    with open(path, 'wb') as f:  # shorter than a header
+        f.write(b'hello')
+    with pytest.raises(ValueError, match=r'bad_train_000000\.bin'):
+        read_shard(path)
+
+    with pytest.raises(FileNotFoundError, match=r'nope\.bin'):
+        read_shard(str(tmp_path / 'nope.bin'))
+
+
+def test_write_shard_rejects_out_of_range(tmp_path):
+    with pytest.raises(ValueError, match='65536'):
+        write_shard(str(tmp_path / 'a.bin'), [1, 2, 65536])
+    with pytest.raises(ValueError):
+        write_shard(str(tmp_path / 'a.bin'), [-1])
+    assert not os.listdir(tmp_path)
+
+
+def test_shard_writer_splits_into_shards(tmp_path):
+    w = ShardWriter(str(tmp_path), 'ds', 'train', shard_size=10)
+    w.add(np.arange(7))
+    w.add(np.arange(7, 25))  # spans three shards
+    paths = w.close()
+    assert [os.path.basename(p) for p in paths] == [f'ds_train_00000{i}.bin' for i in range(3)]
+    assert np.concatenate([read_shard(p) for p in paths]).tolist() == list(range(25))
+    assert w.ntok == 25
+    # a rerun with bigger shards removes the stale extra ones
+    w = ShardWriter(str(tmp_path), 'ds', 'train', shard_size=100)
+    w.add(np.arange(5))
+    assert len(w.close()) == 1
+    assert sorted(os.listdir(tmp_path)) == ['ds_train_000000.bin']
+
+
+# -----------------------------------------------------------------------------
+# ShardLoader
+
+def _make_dataset(tmp_path, sizes, name='toy'):
+    """Shards of consecutive integers (shard i starts at 1000*i), so every token says where it came from."""
+    data_dir = tmp_path / name
+    data_dir.mkdir()
+    for i, n in enumerate(sizes):
+        write_shard(str(data_dir / f'{name}_train_{i:06d}.bin'), 1000 * i + np.arange(n))
+    return str(data_dir)
+
+
+def test_loader_shifts_and_shapes(tmp_path):
+    data_dir = _make_dataset(tmp_path, [200])
+    loader = ShardLoader(data_dir, 'train', batch_size=2, block_size=8)
+    x, y = loader.next_batch()
+    assert x.shape == y.shape == (2, 8) and x.dtype == y.dtype == torch.int64
+    assert x.flatten().tolist() == list(range(16))
+    assert y.flatten().tolist() == list(range(1, 17))
+    x, y = loader.next_batch()
+    assert x[0, 0].item() == 16  # consecutive steps are contiguous
+
+
+def test_loader_ranks_read_disjoint_slices(tmp_path):
+    data_dir = _make_dataset(tmp_path, [500])
+    B, T = 2, 4
+    r0 = ShardLoader(data_dir, 'train', B, T, rank=0, world_size=2)
+    r1 = ShardLoader(data_dir, 'train', B, T, rank=1, world_size=2)
+    seen = []
+    for step in range(3):
+        x0, _ = r0.next_batch()
+        x1, _ = r1.next_batch()
+        base = step * B * T * 2
+        assert x0.flatten().tolist() == list(range(base, base + B * T))
+        assert x1.flatten().tolist() == list(range(base + B * T, base + 2 * B * T))
+        seen += x0.flatten().tolist() + x1.flatten().tolist()
+    assert len(seen) == len(set(seen))
+    assert r0.state_dict() == r1.state_dict()  # all ranks agree on the position
+
+
+def test_loader_resume_is_exact(tmp_path):
+    data_dir = _make_dataset(tmp_path, [100, 120, 90])
+    a = ShardLoader(data_dir, 'train', batch_size=2, block_size=8)
+    for _ in range(7):  # far enough to have crossed a shard boundary
+        a.next_batch()
+    state = a.state_dict()
+    expected = [a.next_batch() for _ in range(10)]
+    b = ShardLoader(data_dir, 'train', batch_size=2, block_size=8)
+    b.load_state_dict(dict(state))
+    for x, y in expected:
+        xb, yb = b.next_batch()
+        assert torch.equal(x, xb) and torch.equal(y, yb)
+    b.reset()
+    assert b.next_batch()[0][0, 0].item() == 0
+
+
+def test_loader_rolls_over_shards_and_wraps(tmp_path):
+    data_dir = _make_dataset(tmp_path, [40, 40])
+    loader = ShardLoader(data_dir, 'train', batch_size=1, block_size=16)
+    firsts = [loader.next_batch()[0][0, 0].item() for _ in range(5)]
+    # each shard gives 2 batches of 16 (+1 target); the tail of 40 - 32 = 8 tokens is skipped
+    assert firsts == [0, 16, 1000, 1016, 0]
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r'python data/empty/prepare\.py'):
+        ShardLoader(str(tmp_path / 'empty'), 'train', 2, 8)
+    data_dir = _make_dataset(tmp_path, [100, 10])
+    with pytest.raises(ValueError, match=r'toy_train_000001\.bin: shard holds 10 tokens.*17'):
+        ShardLoader(data_dir, 'train', batch_size=2, block_size=8)
+
+
+# -----------------------------------------------------------------------------
+# data/openwebtext/prepare.py on tiny local inputs
+
+DOCS = [
+    "Hello world. This is the first document.",
+    "A second one, with unicode: café, naïve, 日本語.",
+    "Short.",
+    "The fourth document talks about tokenizers and shards " * 5,
+    "Fifth: numbers 1234567890 and symbols <|endoftext|> stay ordinary text.",
+    "Sixth and last document of the text files.",
+]
+JSONL_DOCS = ["json doc one", "json doc two\nwith a newline", "json doc three"]
+
+
+def _expected_tokens(texts):
+    return sum(1 + len(enc.encode_ordinary(t)) for t in texts)
+
+
+def _check_owt_output(out_dir, texts, min_train_shards=2):
+    val, train = shard_paths(out_dir, 'val'), shard_paths(out_dir, 'train')
+    assert len(train) >= min_train_shards
+    tokens = np.concatenate([read_shard(p) for p in val + train])
+    assert len(tokens) == _expected_tokens(texts)
+    assert (tokens == EOT).sum() == len(texts)  # one EOT per document (ordinary text never encodes to it)
+    for p in val + train[:1]:
+        assert read_shard(p)[0] == EOT  # each split starts at a document boundary
+    # the documents themselves are there: decode each piece between EOT tokens (split on the token,
+    # not the string: one document holds the text '<|endoftext|>') and compare as multisets
+    starts = np.flatnonzero(tokens == EOT).tolist() + [len(tokens)]
+    pieces = [enc.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+    assert sorted(pieces) == sorted(texts)
+
+
+def test_owt_prepare_folder(tmp_path):
+    src = tmp_path / 'src'
+    (src / 'sub').mkdir(parents=True)
+    for i, text in enumerate(DOCS):
+        (src / ('sub' if i % 2 else '') / f'doc{i}.txt').write_text(text, encoding='utf-8')
+    with open(src / 'more.jsonl', 'w', encoding='utf-8') as f:
+        for text in JSONL_DOCS:
+            f.write(json.dumps({'text': text}) + '\n')
+    out_dir = str(tmp_path / 'openwebtext')
+    owt_prepare.main(['--input', str(src), '--out_dir', out_dir, '--num_proc', '1', '--shard_size', '40'])
+    _check_owt_output(out_dir, DOCS + JSONL_DOCS)
+
+
+def _tar_xz_bytes(files):
+    """An in-memory .tar.xz of {name: bytes}."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode='w:xz') as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_owt_prepare_tar_xz(tmp_path):
+    # the original layout: openwebtext.tar.xz > openwebtext/urlsf_subsetXX-YY_data.xz > *.txt
+    inner0 = _tar_xz_bytes({f'0000{i}-abc.txt': t.encode('utf-8') for i, t in enumerate(DOCS[:4])})
+    inner1 = _tar_xz_bytes({f'0001{i}-def.txt': t.encode('utf-8') for i, t in enumerate(DOCS[4:])})
+    archive = tmp_path / 'openwebtext.tar.xz'
+    archive.write_bytes(_tar_xz_bytes({'openwebtext/urlsf_subset00-1_data.xz': inner0,
+                                       'openwebtext/urlsf_subset00-2_data.xz': inner1}))
+    out_dir = str(tmp_path / 'openwebtext')
+    # through the command line, with 2 processes, as a user would run it
+    cmd = [sys.executable, os.path.join(HERE, 'data', 'openwebtext', 'prepare.py'), '--input', str(archive),
+           '--out_dir', out_dir, '--num_proc', '2', '--shard_size', '30']
+    subprocess.run(cmd, check=True, capture_output=True)
+    _check_owt_output(out_dir, DOCS)
+
+
+def test_owt_local_split_is_deterministic(tmp_path):
+    src = tmp_path / 'src'
+    src.mkdir()
+    for i, text in enumerate(DOCS):
+        (src / f'doc{i}.txt').write_text(text, encoding='utf-8')
+    runs = []
+    for run in range(2):
+        out_dir = str(tmp_path / f'run{run}' / 'openwebtext')
+        owt_prepare.main(['--input', str(src), '--out_dir', out_dir, '--num_proc', '1', '--val_fraction', '0.3'])
+        runs.append([read_shard(p).tolist() for s in ('val', 'train') for p in shard_paths(out_dir, s)])
+    assert runs[0] == runs[1]
+    assert owt_prepare.unit_hash('a/b.txt') == owt_prepare.unit_hash('a/b.txt') < 1
+
+
+def test_owt_prepare_hf_path(tmp_path, monkeypatch):
+    # the Hugging Face path, offline: load_dataset returns a tiny in-memory dataset
+    import datasets
+    fake = datasets.Dataset.from_dict({'text': DOCS * 400})
+    monkeypatch.setattr(datasets, 'load_dataset', lambda *a, **k: fake)
+    out_dir = str(tmp_path / 'openwebtext')
+    out = owt_prepare.main(['--out_dir', out_dir, '--num_proc', '1', '--shard_size', '5000'])
+    assert out['val'][1] == 2  # ceil(0.0005 * 2400) documents, as nanoGPT's split gives
+    _check_owt_output(out_dir, DOCS * 400)
+
+
+# -----------------------------------------------------------------------------
+# data/pystdlib/prepare.py: its pieces on a fake stdlib (the full run takes seconds, see its readme)
+
+def test_pystdlib_listing_and_tokenize(tmp_path):
+    root = tmp_path / 'lib'
+    for rel, text in {'a.py': 'import os\n', 'pkg/b.py': 'def f():\n    return 1\n',
+                      'pkg/c.py': '# café\nx = 2\n', 'test/test_a.py': 'assert 1\n',
+                      'site-packages/x.py': 'y = 1\n', 'notes.txt': 'not python\n',
+                      '_sysconfigdata__linux.py': 'build = {}\n'}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding='utf-8')
+    (root / 'latin1.py').write_bytes('# caf\xe9\n'.encode('latin-1'))  # not UTF-8: skipped
+    (root / 'big.py').write_text('#' * (pystdlib_prepare.MAX_BYTES + 1))
+    relpaths = pystdlib_prepare.list_files(str(root))
+    assert relpaths == ['a.py', 'pkg/b.py', 'pkg/c.py']
+    train, val = pystdlib_prepare.split_files(relpaths)
+    assert len(val) >= 1 and sorted(train + val) == relpaths
+    tokens = pystdlib_prepare.tokenize(str(root / 'pkg' / 'c.py'))
+    assert tokens.dtype == np.uint16 and tokens[0] == EOT
+    assert enc.decode(tokens[1:].tolist()) == '# café\nx = 2\n'
+
+
+def test_pystdlib_split_is_stable():
+    # crc32 is a fixed function (unlike Python's salted hash()): pinned values keep the split from drifting
+    assert pystdlib_prepare.path_hash('os.py') == 823
+    assert pystdlib_prepare.path_hash('json/decoder.py') == 175
+    paths = [f'm{i}.py' for i in range(1000)]
+    train, val = pystdlib_prepare.split_files(paths)
+    assert 5 <= len(val) <= 40  # ~2%
+    assert pystdlib_prepare.split_files(paths) == (train, val)
+    assert pystdlib_prepare.split_files(['x.py', 'y.py'])[1]  # never an empty val

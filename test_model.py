@@ -1,0 +1,165 @@
+"""
+Model tests (CPU): shapes, loss at init, decode == full forward, causality, the mixer pattern.
+
+$ python -m pytest test_model.py -q
+"""
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, MIXERS, parse_mixer_pattern, save_checkpoint, load_checkpoint
+
+# every mixer alone, and the 3:1 hybrid of the Kimi Linear recipe
+PATTERNS = list(MIXERS) + ['kda*3,softmax']
+
+
+def tiny(mixer='softmax', **kw):
+    args = dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=97, mixer=mixer)
+    args.update(kw)
+    return GPTConfig(**args)
+
+
+def make(mixer, **kw):
+    torch.manual_seed(0)
+    return GPT(tiny(mixer, **kw)).eval()
+
+
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_forward_shapes_and_loss_at_init(mixer):
+    model = make(mixer)
+    idx, targets = torch.randint(0, 97, (2, 37)), torch.randint(0, 97, (2, 37))
+    logits, loss = model(idx, targets)  # (targets = idx would be easier: tied embeddings favour the input token)
+    assert logits.shape == (2, 37, 97)
+    # at init the prediction is nearly uniform, so the loss is close to ln(vocab)
+    assert abs(loss.item() - math.log(97)) < 0.1, loss.item()
+    logits, loss = model(idx)
+    assert logits.shape == (2, 37, 97) and loss is None
+
+
+@pytest.mark.parametrize('mixer', PATTERNS)
+@pytest.mark.parametrize('prefix', [1, 5, 20])
+def test_prefill_then_decode_equals_full_forward(mixer, prefix):
+    """Logits of one full forward == prefill of the first `prefix` tokens + token-by-token decode."""
+    model = make(mixer)
+    torch.manual_seed(1)
+    idx = torch.randint(0, 97, (2, 29))
+    with torch.no_grad():
+        full, _ = model(idx)
+        caches = model.new_caches()
+        step_logits = [model(idx[:, :prefix], caches=caches)[0]]
+        for t in range(prefix, idx.size(1)):
+            step_logits.append(model(idx[:, t:t + 1], caches=caches)[0])
+    step_logits = torch.cat(step_logits, dim=1)  # positions prefix-1 .. T-1
+    torch.testing.assert_close(step_logits, full[:, prefix - 1:], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_chunked_prefill_in_two_parts(mixer):
+    """Prefill in two multi-token calls (continuing from a non-empty cache) equals one forward."""
+    model = make(mixer)
+    idx = torch.randint(0, 97, (1, 40))
+    with torch.no_grad():
+        full, _ = model(idx)
+        caches = model.new_caches()
+        model(idx[:, :23], caches=caches)
+        last, _ = model(idx[:, 23:], caches=caches)
+    torch.testing.assert_close(last[:, 0], full[:, -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_causality(mixer):
+    """Changing tokens at positions >= P never changes the outputs before P."""
+    model = make(mixer)
+    idx = torch.randint(0, 97, (2, 70))
+    P = 33
+    idx2 = idx.clone()
+    idx2[:, P:] = torch.randint(0, 97, (2, 70 - P))
+    with torch.no_grad():
+        a, _ = model(idx)
+        b, _ = model(idx2)
+    assert torch.equal(a[:, :P], b[:, :P])
+    assert not torch.equal(a[:, P:], b[:, P:])
+
+
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_cache_size(mixer):
+    """Linear mixers hold a fixed-size state; only softmax K/V grows with the context."""
+    model = make(mixer)
+    sizes = []
+    for T in (8, 40):
+        caches = model.new_caches()
+        with torch.no_grad():
+            model(torch.randint(0, 97, (1, T)), caches=caches)
+        sizes.append(model.cache_bytes(caches))
+    (fixed_a, grow_a), (fixed_b, grow_b) = sizes
+    assert fixed_a == fixed_b
+    n_soft = parse_mixer_pattern(mixer, 4).count('softmax')
+    assert (grow_b > grow_a) == (n_soft > 0)
+    assert (fixed_a > 0) == (n_soft < 4)
+
+
+def test_generate_length_and_seed():
+    model = make('softmax')
+    idx = torch.randint(0, 97, (2, 5))
+    torch.manual_seed(3)
+    a, _ = model.generate(idx, 11, temperature=1.0, top_k=10)
+    torch.manual_seed(3)
+    b, _ = model.generate(idx, 11, temperature=1.0, top_k=10)
+    assert a.shape == (2, 16) and torch.equal(a, b) and torch.equal(a[:, :5], idx)
+
+
+def test_gqa():
+    model = make('softmax', n_kv_head=2)
+    idx = torch.randint(0, 97, (1, 12))
+    with torch.no_grad():
+        full, _ = model(idx)
+        caches = model.new_caches()
+        model(idx[:, :6], caches=caches)
+        outs = [model(idx[:, t:t + 1], caches=caches)[0] for t in range(6, 12)]
+    torch.testing.assert_close(torch.cat(outs, 1), full[:, 6:], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match='n_kv_head'):
+        GPT(tiny('softmax', n_kv_head=3))
+
+
+def test_pattern_parsing():
+    assert parse_mixer_pattern('softmax', 3) == ['softmax'] * 3
+    assert parse_mixer_pattern('kda,kda,kda,softmax', 8) == ['kda', 'kda', 'kda', 'softmax'] * 2
+    assert parse_mixer_pattern('kda*3,softmax', 4) == ['kda', 'kda', 'kda', 'softmax']
+    assert parse_mixer_pattern(' retnet, mamba2 ', 2) == ['retnet', 'mamba2']
+    assert parse_mixer_pattern('gdn*2,softmax*2', 4) == ['gdn', 'gdn', 'softmax', 'softmax']
+
+
+def test_pattern_errors():
+    with pytest.raises(ValueError, match="unknown mixer 'flash'.*valid mixers: softmax"):
+        parse_mixer_pattern('kda,flash', 2)
+    with pytest.raises(ValueError, match='does not tile n_layer=6'):
+        parse_mixer_pattern('kda*3,softmax', 6)
+    with pytest.raises(ValueError, match='cannot parse'):
+        parse_mixer_pattern('kda**3', 3)
+    with pytest.raises(ValueError, match='non-empty'):
+        parse_mixer_pattern('', 3)
+    with pytest.raises(ValueError, match="unknown mixer 'attention'"):
+        GPT(tiny('attention'))
+
+
+def test_optimizer_groups():
+    model = make('softmax')
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    decay, no_decay = opt.param_groups
+    assert all(p.dim() >= 2 for p in decay['params']) and all(p.dim() < 2 for p in no_decay['params'])
+    n = sum(p.numel() for g in opt.param_groups for p in g['params'])
+    assert n == model.get_num_params()
+
+
+def test_checkpoint_roundtrip_and_missing(tmp_path):
+    model = make('softmax')
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': model.state_dict()}, path)
+    sd = load_checkpoint(path)['model']
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(FileNotFoundError, match='no checkpoint at'):
+        load_checkpoint(str(tmp_path / 'nope' / 'ckpt.pt'))
+    (tmp_path / 'bad.pt').write_bytes(b'not a checkpoint')
+    with pytest.raises(RuntimeError, match='bad.pt'):
+        load_checkpoint(str(tmp_path / 'bad.pt'))

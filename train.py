@@ -1,0 +1,331 @@
+"""
+Train a GPT whose token mixer is chosen per layer. One process, or several through torchrun (DDP).
+
+CPU, a few minutes (the offline default dataset; run `python data/pystdlib/prepare.py` once):
+$ python train.py config/pystdlib_softmax.py
+
+One GPU:
+$ python train.py config/softmax_owt.py
+
+DDP on 8 GPUs of one node (NCCL; gloo on CPU):
+$ torchrun --standalone --nproc_per_node=8 train.py config/softmax_owt.py
+
+Any global below can be overridden: `python train.py config/x.py --batch_size=8 --compile=False`.
+"""
+import os
+import sys
+import time
+import math
+import random
+import subprocess
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from model import GPTConfig, GPT, save_checkpoint, load_checkpoint
+from dataloader import ShardLoader
+
+# -----------------------------------------------------------------------------
+# I/O
+out_dir = 'out'                 # checkpoint ckpt.pt and log.txt go here
+eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations
+log_interval = 1                # print a log line every this many iterations
+eval_iters = 200                # batches per split in estimate_loss
+eval_only = False               # if True, evaluate once and exit
+always_save_checkpoint = True   # save at every eval, not only when val loss improves
+init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
+# wandb logging (off by default; imported only when on)
+wandb_log = False
+wandb_project = 'linear-gpt'
+wandb_run_name = 'run'
+wandb_mode = 'online'           # 'offline' writes runs locally for `wandb sync` later
+# data
+dataset = 'openwebtext'         # folder under data/ holding <dataset>_{train,val}_*.bin shards
+gradient_accumulation_steps = 5 * 8  # GLOBAL micro-steps per optimizer step, divided among DDP ranks
+batch_size = 12                 # micro-batch size per rank
+block_size = 1024               # training context length
+# model
+n_layer = 12
+n_head = 12
+n_embd = 768
+n_kv_head = 0                   # softmax GQA K/V heads; 0 = n_head (plain multi-head attention)
+mixer = 'softmax'               # per-layer pattern: 'kda' | 'kda*3,softmax' | one name per layer ...
+dropout = 0.0                   # 0 for pretraining, 0.1+ for finetuning
+bias = False                    # bias in Linear layers
+vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64
+# AdamW optimizer
+learning_rate = 6e-4            # max learning rate
+max_iters = 600000              # total optimizer steps
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0                 # clip gradients at this norm, or 0.0 to disable
+# learning rate schedule: linear warmup then cosine decay to min_lr
+decay_lr = True
+warmup_iters = 2000
+lr_decay_iters = 600000         # ~= max_iters per Chinchilla
+min_lr = 6e-5                   # ~= learning_rate / 10
+# DDP
+backend = ''                    # '' = nccl on CUDA, gloo on CPU
+# system
+device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU
+compile = None                  # torch.compile the model; None = on for CUDA, off elsewhere
+seed = 1337
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
+from configurator import configure
+configure(globals(), sys.argv[1:])
+config = {k: globals()[k] for k in config_keys}  # goes to the log, the checkpoint and wandb
+# -----------------------------------------------------------------------------
+
+# DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
+device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    ddp_rank, ddp_local_rank, ddp_world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
+    if device.startswith('cuda'):
+        device = f'cuda:{ddp_local_rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend or ('nccl' if device.startswith('cuda') else 'gloo'))
+    if gradient_accumulation_steps % ddp_world_size != 0:
+        raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} DDP ranks")
+    gradient_accumulation_steps //= ddp_world_size
+else:
+    ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
+master_process = ddp_rank == 0
+device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
+dtype = dtype or (('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32')
+compile = (device_type == 'cuda') if compile is None else compile
+
+os.makedirs(out_dir, exist_ok=True)
+log_path = os.path.join(out_dir, 'log.txt')
+
+
+def print0(*args):
+    """Print on rank 0 only, and append the same line to out_dir/log.txt."""
+    if master_process:
+        line = ' '.join(str(a) for a in args)
+        print(line, flush=True)
+        with open(log_path, 'a') as f:
+            f.write(line + '\n')
+
+
+tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+print0(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}")
+print0(f"config: {config}")
+print0(f"torch {torch.__version__}, device {device}, dtype {dtype}, compile {compile}, world size {ddp_world_size}")
+if master_process and device_type == 'cuda':
+    try:  # modded-nanogpt's habit: the hardware goes into the log
+        print0(subprocess.run(['nvidia-smi'], capture_output=True, text=True).stdout)
+    except FileNotFoundError:
+        pass
+print0(f"tokens per iteration: {gradient_accumulation_steps} grad accum × {ddp_world_size} ranks × "
+       f"{batch_size} batch × {block_size} context = {tokens_per_iter:,}")
+
+torch.manual_seed(seed + ddp_rank)
+random.seed(seed + ddp_rank)
+np.random.seed(seed + ddp_rank)
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+
+# data: each rank reads its own slice of the same sequential stream
+data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+train_loader = ShardLoader(data_dir, 'train', batch_size, block_size, ddp_rank, ddp_world_size)
+val_loader = ShardLoader(data_dir, 'val', batch_size, block_size, ddp_rank, ddp_world_size)
+eval_train_loader = ShardLoader(data_dir, 'train', batch_size, block_size, ddp_rank, ddp_world_size)
+
+# model
+iter_num = 0
+best_val_loss = 1e9
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
+                  vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head)
+checkpoint = None
+if init_from == 'resume':
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    print0(f"Resuming training from {ckpt_path}")
+    checkpoint = load_checkpoint(ckpt_path, map_location=device)
+    # the architecture comes from the checkpoint; dropout may be changed on resume
+    model_args.update({k: v for k, v in checkpoint['model_args'].items() if k != 'dropout'})
+    model = GPT(GPTConfig(**model_args))
+    model.load_state_dict(checkpoint['model'])
+    iter_num = checkpoint['iter_num']
+    best_val_loss = checkpoint['best_val_loss']
+elif init_from == 'scratch':
+    model = GPT(GPTConfig(**model_args))
+else:
+    raise ValueError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+print0(model.describe())
+model.to(device)
+
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if checkpoint is not None:
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    train_loader.load_state_dict(checkpoint['train_loader'][ddp_rank] if ddp_rank < len(checkpoint['train_loader']) else checkpoint['train_loader'][0])
+
+raw_model = model
+if compile:
+    print0("compiling the model... (takes a minute)")
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss over the same first eval_iters batches of each split, averaged over ranks."""
+    out = {}
+    model.eval()
+    for split, loader in (('train', eval_train_loader), ('val', val_loader)):
+        loader.reset()
+        losses = torch.zeros(eval_iters, device=device)
+        for k in range(eval_iters):
+            X, Y = loader.next_batch()
+            with ctx:
+                _, loss = model(X.to(device), Y.to(device))
+            losses[k] = loss.item()
+        mean = losses.mean()
+        if ddp:
+            dist.all_reduce(mean, op=dist.ReduceOp.SUM)  # SUM then divide: gloo has no AVG
+            mean = mean / ddp_world_size
+        out[split] = mean.item()
+    model.train()
+    return out
+
+
+def get_lr(it):
+    """Linear warmup for warmup_iters steps, cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 → 0
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def gather_loader_states():
+    """Every rank's data position, so a resume continues each rank's stream where it stopped."""
+    state = train_loader_state
+    if not ddp:
+        return [state]
+    states = [None] * ddp_world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+def gpu_peak_flops():
+    """Dense bf16 peak of the local GPU for MFU, or None when unknown (MFU is then not printed)."""
+    if device_type != 'cuda':
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in (('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('4090', 165e12),
+                       ('A10', 125e12), ('L4', 121e12), ('V100', 125e12), ('3090', 71e12)):
+        if key in name:
+            return flops
+    return None
+
+
+if wandb_log and master_process:
+    import wandb  # lazily: only users who log need it installed
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config, mode=wandb_mode)
+
+peak_flops = gpu_peak_flops()
+flops_per_iter = raw_model.flops_per_token(block_size) * tokens_per_iter
+# restore the RNG last: model construction above consumed random numbers on both paths
+if checkpoint is not None and 'rng' in checkpoint:
+    rng = checkpoint['rng'][min(ddp_rank, len(checkpoint['rng']) - 1)]
+    torch.set_rng_state(rng['torch'])
+    if device_type == 'cuda' and rng.get('cuda') is not None:
+        torch.cuda.set_rng_state(rng['cuda'])
+    np.random.set_state(rng['numpy'])
+    random.setstate(rng['python'])
+checkpoint = None  # free memory
+
+# training loop
+train_loader_state = train_loader.state_dict()  # position of the batch about to be fetched
+X, Y = train_loader.next_batch()
+X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
+t0 = time.time()
+local_iter_num = 0
+running_mfu = -1.0
+start_iter = iter_num
+while True:
+    lr = get_lr(iter_num) if decay_lr else learning_rate
+    for param_group in optimizer.param_groups:
+        param_group['lr'] = lr
+
+    if iter_num % eval_interval == 0 and (iter_num > start_iter or iter_num == 0 or eval_only):
+        losses = estimate_loss()
+        print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        if wandb_log and master_process:
+            wandb.log({'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr, 'mfu': running_mfu * 100})
+        rng_states = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
+                      'numpy': np.random.get_state(), 'python': random.getstate()}
+        loader_states = gather_loader_states()
+        if ddp:
+            all_rng = [None] * ddp_world_size
+            dist.all_gather_object(all_rng, rng_states)
+        else:
+            all_rng = [rng_states]
+        if losses['val'] < best_val_loss or always_save_checkpoint:
+            best_val_loss = min(best_val_loss, losses['val'])
+            if iter_num > 0 and master_process:
+                ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
+                        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config,
+                        'train_loader': loader_states, 'rng': all_rng}
+                print0(f"saving checkpoint to {out_dir}")
+                save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'))
+    if eval_only:
+        break
+
+    # forward/backward with gradient accumulation; DDP syncs gradients on the last micro-step only
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp:
+            model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps  # the gradient is a mean over micro-steps
+        # prefetch the next batch while the GPU works on this one
+        train_loader_state = train_loader.state_dict()
+        X, Y = train_loader.next_batch()
+        X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+    t1 = time.time()
+    dt = t1 - t0
+    t0 = t1
+    if iter_num % log_interval == 0:
+        lossf = loss.item() * gradient_accumulation_steps  # a CPU-GPU sync point; the last micro-step's loss
+        line = f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {lr:.2e}"
+        if peak_flops and local_iter_num >= 5:  # let the first (compiling) iterations pass
+            mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)
+            running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+            line += f", mfu {running_mfu * 100:.2f}%"
+        print0(line)
+    iter_num += 1
+    local_iter_num += 1
+    if iter_num > max_iters:
+        break
+
+if ddp:
+    # sanity check that DDP kept the replicas identical: max |w_rank − w_rank0| over all parameters
+    flat = torch.cat([p.detach().float().flatten() for p in raw_model.parameters()])
+    ref = flat.clone()
+    dist.broadcast(ref, src=0)
+    diff = (flat - ref).abs().max()
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    print0(f"ddp: max weight difference across ranks {diff.item():.3e}")
+    dist.destroy_process_group()
