@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kernels
+
 
 
 @dataclass
@@ -38,6 +40,8 @@ class GPTConfig:
     mixer: str = 'softmax'     # per-layer pattern, e.g. 'kda*3,softmax' (see parse_mixer_pattern)
     n_kv_head: int = 0         # softmax GQA: number of K/V heads; 0 = same as n_head
     rope_base: float = 10000.0
+    head_dim: int = 64         # linear mixers: per-head key dim (values: see each mixer); Mamba2: headdim P
+    d_state: int = 128         # Mamba2: state size N per head (the d_k of its recurrence)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,6 +115,74 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(F.silu(self.c_fc(x)) * self.c_gate(x)))
 
 
+class ShortConv(nn.Module):
+    """Depthwise causal conv of width W over time, then SiLU: y_t = silu(Σ_j w[:, j]·x_{t−W+1+j} (+ b)).
+
+    Decode cache: the last W−1 *raw* inputs (before SiLU), stored under `cache[name]`; an empty cache
+    means zeros before the sequence start. One code path serves training, prefill and decode."""
+
+    def __init__(self, dim, name, width=4, bias=False):
+        super().__init__()
+        self.name, self.width = name, width
+        conv = nn.Conv1d(dim, dim, width, groups=dim, bias=bias)  # PyTorch's init: U(±1/sqrt(width))
+        self.weight = nn.Parameter(conv.weight.detach().squeeze(1))  # [dim, W]
+        self.bias = nn.Parameter(conv.bias.detach()) if bias else None
+
+    def forward(self, x, cache=None):
+        B, T, D = x.shape
+        if cache is not None and self.name in cache:
+            prev = cache[self.name]
+        else:
+            prev = x.new_zeros(B, self.width - 1, D)
+        xx = torch.cat([prev, x], dim=1)                 # [B, W-1+T, D]
+        if cache is not None:
+            cache[self.name] = xx[:, -(self.width - 1):]  # raw inputs, kept for the next call
+        w = self.weight.to(x.dtype)[:, None, :]          # [D, 1, W]
+        b = None if self.bias is None else self.bias.to(x.dtype)
+        y = F.conv1d(xx.transpose(1, 2), w, b, groups=D)  # 'valid' conv: exactly T outputs, [B, D, T]
+        return F.silu(y.transpose(1, 2))
+
+
+def l2norm(x, eps=1e-6):
+    """x / sqrt(Σx² + eps) over the head dim, in fp32: with unit keys I − βkkᵀ is non-expansive."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).type_as(x)
+
+
+def init_decay_rates(n, dt_min=1e-3, dt_max=0.1, a_min=1.0, a_max=16.0):
+    """Mamba-style gate g = −exp(A_log)·softplus(u + dt_bias): A ~ U(a_min, a_max), softplus(dt_bias) = dt
+    with dt log-uniform in [dt_min, dt_max], so per-step decays start in ≈ [0.2, 0.999]."""
+    A_log = torch.log(torch.empty(n).uniform_(a_min, a_max))
+    dt = torch.exp(torch.empty(n).uniform_(math.log(dt_min), math.log(dt_max))).clamp(min=1e-4)
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+    A_log, dt_bias = nn.Parameter(A_log), nn.Parameter(dt_bias)
+    A_log._no_weight_decay = dt_bias._no_weight_decay = True
+    return A_log, dt_bias
+
+
+def scan(cache, q, k, v, g=None, beta=None, scale=None):
+    """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule).
+
+    cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
+    store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
+    the chunked kernel."""
+    state = None if cache is None else cache.get('state')
+    if state is not None and q.size(1) == 1:
+        g1 = g if g is None or g.dim() == 1 else g[:, 0]   # [H] constants stay; [B,1,H(,Dk)] → [B,H(,Dk)]
+        if beta is None:
+            o = kernels.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], g1, state, scale=scale)
+        else:
+            o = kernels.delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g1, state, scale=scale)
+        return o[:, None]
+    if beta is None:
+        o, final = kernels.linear_attn(q, k, v, g, scale=scale, initial_state=state, output_final_state=cache is not None)
+    else:
+        o, final = kernels.delta_rule(q, k, v, beta, g, scale=scale, initial_state=state, output_final_state=cache is not None)
+    if cache is not None:
+        cache['state'] = final
+    return o
+
+
 # ------------------------------------------------------------------------------------------------
 # Softmax attention: causal, RoPE, optional GQA, F.scaled_dot_product_attention.
 #   o_t = Σ_{i≤t} softmax_i(q_t·k_i / √hs) v_i      cache: K, V of every past token (grows with T)
@@ -163,13 +235,197 @@ class CausalSelfAttention(nn.Module):
         return 2 * self.n_head * self.hs * T
 
 
-# (the linear mixers are added below by the linear-mixer section)
+# ------------------------------------------------------------------------------------------------
+# The linear mixers. Each keeps a fixed-size fp32 state [B, H, d_k, d_v] (+ short-conv inputs) in
+# its cache, so decoding costs O(1) per token whatever the context length.
+#
+# Sizing rule: at every width, each mixer's head count is chosen so that its parameters per layer
+# are within 20% of the softmax layer's 4·C² (C = n_embd); at C = 768, head_dim = 64 the counts are
+# in each class docstring (measured by test_model.py::test_param_budget).
+#
+# Glossary (mixers.md §0.1): S state, q/k/v query/key/value, g = log-decay (≤ 0), β write strength,
+# Δ (Mamba2 dt) step size, A decay rate, B/C Mamba2's input/output projections (= k/q), D skip.
+
+
+class RetNet(nn.Module):
+    """Multi-scale retention (RetNet; fla's layer without the score normalisations, mixers.md §2.2):
+        S_t = γ_h S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t / √d_k,  γ_h = 1 − 2^(−5−h)  (fixed per head)
+        y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h           q, k with RoPE; d_k = d_v = head_dim
+    Params ≈ 5·C·H·hd (q, k, v, g, o); H = round(0.8·C/hd): C=768, hd=64 → H=10, 2,457,664 (1.04× softmax)."""
+    cache_grows = False
+
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        C, hd = config.n_embd, config.head_dim
+        self.H, self.hd, self.rope_base = max(1, round(0.8 * C / hd)), hd, config.rope_base
+        inner = self.H * hd
+        self.q_proj, self.k_proj = nn.Linear(C, inner, bias=config.bias), nn.Linear(C, inner, bias=config.bias)
+        self.v_proj, self.g_proj = nn.Linear(C, inner, bias=config.bias), nn.Linear(C, inner, bias=config.bias)
+        self.o_norm = RMSNorm(hd, eps=1e-5)  # one weight shared by the heads, as in fla
+        self.c_proj = nn.Linear(inner, C, bias=config.bias)
+        self.c_proj.residual_out = True
+        self.register_buffer('log_gamma', torch.log(1 - 2.0 ** (-5.0 - torch.arange(self.H, dtype=torch.float32))),
+                             persistent=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cache=None):
+        B, T, C = x.shape
+        shape = (B, T, self.H, self.hd)
+        past = cache.get('pos', 0) if cache else 0
+        q = apply_rope(self.q_proj(x).view(shape), past, self.rope_base)
+        k = apply_rope(self.k_proj(x).view(shape), past, self.rope_base)
+        o = scan(cache, q, k, self.v_proj(x).view(shape), g=self.log_gamma)
+        if cache is not None:
+            cache['pos'] = past + T  # RoPE position of the next token
+        o = self.o_norm(o) * F.silu(self.g_proj(x).view(shape))
+        return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
+
+    def core_flops_per_token(self, T, chunk=64):
+        return self.H * (4 * self.hd * self.hd + 2 * chunk * 2 * self.hd)
+
+
+class Mamba2(nn.Module):
+    """Mamba2 / SSD (mixers.md §2.3), expand = 1, one group (B, C shared by all heads):
+        [z, xBC, dt] = in_proj(x);  x, B, C = split(SiLU(conv(xBC)));  Δ = softplus(dt + dt_bias);  A = −exp(A_log)
+        S_t = exp(Δ_t A_h) S_{t−1} + B_t (Δ_t x_t)ᵀ,   y_t = S_tᵀ C_t + D_h x_t       (state N × P per head)
+        out = out_proj(RMSNorm(y ⊙ SiLU(z)))   — the gate goes before the norm, over all of d_inner
+    Mapped onto kernels.linear_attn with q = C, k = B (one shared head), v = Δ·x, g = Δ·A, scale 1.
+    expand = 1 (not Mamba's 2) because this block also has an MLP; params ≈ 3C² + 2CN + CH:
+    C=768, P=64 (H=12), N=128 → 1,981,220 (0.84× softmax)."""
+    cache_grows = False
+
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        C, self.P, self.N = config.n_embd, config.head_dim, config.d_state
+        if C % self.P != 0:
+            raise ValueError(f"mamba2: n_embd={C} is not divisible by head_dim={self.P}")
+        self.d_inner, self.H = C, C // self.P
+        self.in_proj = nn.Linear(C, 2 * self.d_inner + 2 * self.N + self.H, bias=config.bias)
+        self.conv = ShortConv(self.d_inner + 2 * self.N, 'conv_xBC', bias=True)
+        self.A_log, self.dt_bias = init_decay_rates(self.H)
+        self.D = nn.Parameter(torch.ones(self.H))
+        self.D._no_weight_decay = True
+        self.norm = RMSNorm(self.d_inner, eps=1e-5)
+        self.c_proj = nn.Linear(self.d_inner, C, bias=config.bias)
+        self.c_proj.residual_out = True
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cache=None):
+        B, T, C = x.shape
+        z, xBC, dt = self.in_proj(x).split([self.d_inner, self.d_inner + 2 * self.N, self.H], dim=-1)
+        xs, Bm, Cm = self.conv(xBC, cache).split([self.d_inner, self.N, self.N], dim=-1)
+        dt = F.softplus(dt.float() + self.dt_bias)                   # Δ, [B, T, H], fp32
+        g = -torch.exp(self.A_log.float()) * dt                      # log-decay Δ·A ≤ 0
+        xs = xs.view(B, T, self.H, self.P)
+        v = (xs.float() * dt[..., None]).to(xs.dtype)                # Δ·x, [B, T, H, P]
+        y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), v, g=g, scale=1.0)
+        y = y + self.D[:, None].to(y.dtype) * xs                     # skip connection D·x
+        y = self.norm(y.reshape(B, T, self.d_inner) * F.silu(z))
+        return self.resid_dropout(self.c_proj(y))
+
+    def core_flops_per_token(self, T, chunk=64):
+        return 2 * chunk * self.N + self.H * (4 * self.N * self.P + 2 * chunk * self.P)
+
+
+class DeltaNet(nn.Module):
+    """DeltaNet (mixers.md §2.4): q, k = L2(SiLU(conv(W x))), v = SiLU(conv(W_v x)), β = σ(W_b x)
+        S_t = S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t / √d_k,   y = W_o [RMSNorm(o_h)]_h
+    H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
+    cache_grows = False
+    gated = False        # GatedDeltaNet and KDA below share this forward and add a decay
+
+    def __init__(self, config, layer_idx=0, n_head=None, v_dim=None):
+        super().__init__()
+        C, hd = config.n_embd, config.head_dim
+        self.H = n_head or max(1, C // hd)
+        self.dk, self.dv = hd, v_dim or hd
+        self.q_proj = nn.Linear(C, self.H * self.dk, bias=config.bias)
+        self.k_proj = nn.Linear(C, self.H * self.dk, bias=config.bias)
+        self.v_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
+        self.b_proj = nn.Linear(C, self.H, bias=config.bias)
+        self.q_conv = ShortConv(self.H * self.dk, 'conv_q')
+        self.k_conv = ShortConv(self.H * self.dk, 'conv_k')
+        self.v_conv = ShortConv(self.H * self.dv, 'conv_v')
+        self.o_norm = RMSNorm(self.dv, eps=1e-5)
+        self.c_proj = nn.Linear(self.H * self.dv, C, bias=config.bias)
+        self.c_proj.residual_out = True
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def decay(self, x):
+        return None  # no forgetting: g = 0
+
+    def output_gate(self, x, o):
+        return o
+
+    def forward(self, x, cache=None):
+        B, T, C = x.shape
+        q = l2norm(self.q_conv(self.q_proj(x), cache).view(B, T, self.H, self.dk))
+        k = l2norm(self.k_conv(self.k_proj(x), cache).view(B, T, self.H, self.dk))
+        v = self.v_conv(self.v_proj(x), cache).view(B, T, self.H, self.dv)
+        beta = torch.sigmoid(self.b_proj(x).float())                 # [B, T, H]
+        o = scan(cache, q, k, v, g=self.decay(x), beta=beta)
+        o = self.output_gate(x, self.o_norm(o))                      # [B, T, H, dv]
+        return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
+
+    def core_flops_per_token(self, T, chunk=64):
+        dk, dv = self.dk, self.dv
+        return self.H * (6 * dk * dv + 2 * chunk * (3 * dk + 2 * dv) + 0.6 * chunk * chunk)
+
+
+class GatedDeltaNet(DeltaNet):
+    """Gated DeltaNet (mixers.md §2.5): DeltaNet plus a scalar decay per head and a SiLU output gate
+        g = −exp(A_log)·softplus(W_a x + dt_bias);  S̃ = exp(g_t) S_{t−1};  S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ
+        y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h
+    d_v = 2·d_k (fla's expand_v = 2), H = C / (2 hd): C=768, hd=64 → H=6, 2,374,796 params (1.01× softmax)."""
+
+    def __init__(self, config, layer_idx=0):
+        C, hd = config.n_embd, config.head_dim
+        super().__init__(config, layer_idx, n_head=max(1, C // (2 * hd)), v_dim=2 * hd)
+        self.a_proj = nn.Linear(C, self.H, bias=False)
+        self.A_log, self.dt_bias = init_decay_rates(self.H)
+        self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
+
+    def decay(self, x):
+        return -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float() + self.dt_bias)  # [B, T, H]
+
+    def output_gate(self, x, o):
+        return o * F.silu(self.g_proj(x).view(o.shape))
+
+
+class KDA(DeltaNet):
+    """Kimi Delta Attention (mixers.md §2.6): Gated DeltaNet with a decay per head AND key channel
+        g = −exp(A_log[h])·softplus(W_f↑ W_f↓ x + dt_bias)  ∈ R^{H×d_k};  S̃ = Diag(exp g_t) S_{t−1}
+        S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ;   y = W_o [RMSNorm(o_h) ⊙ σ(W_g↑ W_g↓ x + b_g)_h]_h
+    Low-rank (rank hd) gate and output-gate projections. H = C / hd, d_k = d_v = hd:
+    C=768, hd=64 → H=12, 2,575,948 params (1.09× softmax); hd=128 → H=6, 2,768,006 (1.17×)."""
+
+    def __init__(self, config, layer_idx=0):
+        super().__init__(config, layer_idx)
+        C, hd, H = config.n_embd, self.dk, self.H
+        self.f_down, self.f_up = nn.Linear(C, hd, bias=False), nn.Linear(hd, H * hd, bias=False)
+        self.g_down, self.g_up = nn.Linear(C, hd, bias=False), nn.Linear(hd, H * self.dv, bias=True)
+        self.A_log, _ = init_decay_rates(H)
+        _, self.dt_bias = init_decay_rates(H * hd)   # one dt bias per (head, key channel)
+
+    def decay(self, x):
+        B, T, _ = x.shape
+        f = self.f_up(self.f_down(x)).float().view(B, T, self.H, self.dk)
+        return -torch.exp(self.A_log.float())[:, None] * F.softplus(f + self.dt_bias.view(self.H, self.dk))  # [B,T,H,dk]
+
+    def output_gate(self, x, o):
+        return o * torch.sigmoid(self.g_up(self.g_down(x)).view(o.shape))
+
 
 # ------------------------------------------------------------------------------------------------
 # The one place mixers are named. Adding a mixer = one class above + one line here.
 
 MIXERS = {
     'softmax': CausalSelfAttention,
+    'retnet': RetNet,
+    'mamba2': Mamba2,
+    'deltanet': DeltaNet,
+    'gdn': GatedDeltaNet,
+    'kda': KDA,
 }
 
 

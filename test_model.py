@@ -15,7 +15,7 @@ PATTERNS = list(MIXERS) + ['kda*3,softmax']
 
 
 def tiny(mixer='softmax', **kw):
-    args = dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=97, mixer=mixer)
+    args = dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=97, mixer=mixer, head_dim=16, d_state=16)
     args.update(kw)
     return GPTConfig(**args)
 
@@ -163,3 +163,12 @@ def test_checkpoint_roundtrip_and_missing(tmp_path):
     (tmp_path / 'bad.pt').write_bytes(b'not a checkpoint')
     with pytest.raises(RuntimeError, match='bad.pt'):
         load_checkpoint(str(tmp_path / 'bad.pt'))
+
+
+@pytest.mark.parametrize('mixer', list(MIXERS))
+@pytest.mark.parametrize('n_embd,head_dim', [(768, 64), (768, 128), (256, 32)])
+def test_param_budget(mixer, n_embd, head_dim):
+    """Every mixer's parameters per layer are within 20% of the softmax layer's 4·C² (issue 3's sizing rule)."""
+    layer = MIXERS[mixer](GPTConfig(n_embd=n_embd, n_head=n_embd // 64, head_dim=head_dim, mixer=mixer))
+    n = sum(p.numel() for p in layer.parameters())
+    assert 0.8 <= n / (4 * n_embd ** 2) <= 1.2, (mixer, n)

@@ -141,3 +141,12 @@ def test_sample_from_trained_checkpoint(trained):
     m = re.search(r'cache at (\d+) tokens of context: ([\d,]+) bytes', p.stdout)
     assert m and int(m.group(2).replace(',', '')) > 0
     assert p.stdout.count('def ') >= 2  # the prompt is echoed at the start of each sample
+
+
+@pytest.mark.parametrize('mixer', ['retnet', 'mamba2', 'deltanet', 'gdn', 'kda', 'kda*3,softmax'])
+def test_every_mixer_trains(pystdlib, tmp_path, mixer):
+    """A few iterations of each linear mixer (and the 3:1 hybrid) on pystdlib lower the loss."""
+    p = run(TINY + [f'--out_dir={tmp_path}', f'--mixer={mixer}', '--n_layer=4', '--head_dim=16', '--d_state=16',
+                    '--max_iters=12', '--eval_interval=12'])
+    evals = [float(x) for x in re.findall(r'val loss ([\d.]+)', p.stdout)]
+    assert len(evals) == 2 and evals[-1] < evals[0] - 0.5, p.stdout[-2000:]

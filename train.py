@@ -53,6 +53,8 @@ n_head = 12
 n_embd = 768
 n_kv_head = 0                   # softmax GQA K/V heads; 0 = n_head (plain multi-head attention)
 mixer = 'softmax'               # per-layer pattern: 'kda' | 'kda*3,softmax' | one name per layer ...
+head_dim = 64                   # linear mixers' per-head key dim (Mamba2: headdim); 128 for KDA at GPT-2 size
+d_state = 128                   # Mamba2 state size N per head
 dropout = 0.0                   # 0 for pretraining, 0.1+ for finetuning
 bias = False                    # bias in Linear layers
 vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64
@@ -144,7 +146,8 @@ eval_train_loader = ShardLoader(data_dir, 'train', batch_size, block_size, ddp_r
 iter_num = 0
 best_val_loss = 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                  vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head)
+                  vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head,
+                  head_dim=head_dim, d_state=d_state)
 checkpoint = None
 if init_from == 'resume':
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')

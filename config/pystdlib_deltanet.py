@@ -1,0 +1,30 @@
+# Small DeltaNet (delta rule, no decay) on the offline default dataset (Python's standard library source).
+# Hardware: a laptop CPU (2 cores: a few minutes, see the README's table), a GPU in seconds.
+# Expected loss: see the README's table of small CPU runs (measured there with this file).
+# $ python data/pystdlib/prepare.py && python train.py config/pystdlib_deltanet.py
+out_dir = 'out-pystdlib-deltanet'
+dataset = 'pystdlib'
+mixer = 'deltanet'
+
+# model: 4 layers x 128 wide; the 50304x128 tied embedding (6.4M) is most of the ~7.3M parameters
+n_layer = 4
+n_head = 4             # softmax heads (32 wide)
+n_embd = 128
+head_dim = 32          # linear mixers: per-head key dim (KDA/DeltaNet: 4 heads, GDN: 2 heads x 32/64)
+d_state = 32           # Mamba2 state size N per head
+block_size = 128
+dropout = 0.0
+
+# 16 x 128 = 2,048 tokens per step; 300 steps = 614k tokens (about 1/8 of the 5.1M train tokens)
+batch_size = 16
+gradient_accumulation_steps = 1
+max_iters = 300
+lr_decay_iters = 300
+warmup_iters = 30
+learning_rate = 3e-3   # small models tolerate a high LR
+min_lr = 3e-4
+weight_decay = 0.1
+
+eval_interval = 100
+eval_iters = 20        # 20 x 2,048 = 41k of the 157k val tokens
+log_interval = 10
