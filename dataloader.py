@@ -28,6 +28,17 @@ import os
 import numpy as np
 import torch
 
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE, the tokenizer of every dataset here. tiktoken downloads it once into its
+    cache; on an offline machine point TIKTOKEN_CACHE_DIR at a copy. A copy at ../shared/tiktoken beside
+    the checkout (how this project's offline CI machines carry it) is used when the variable is unset."""
+    import tiktoken
+    shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'shared', 'tiktoken')
+    if 'TIKTOKEN_CACHE_DIR' not in os.environ and os.path.isdir(shared):
+        os.environ['TIKTOKEN_CACHE_DIR'] = shared
+    return tiktoken.get_encoding('gpt2')
+
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256

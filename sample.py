@@ -14,9 +14,8 @@ import time
 from contextlib import nullcontext
 
 import torch
-import tiktoken
-
 from model import GPTConfig, GPT, load_checkpoint
+from dataloader import gpt2_encoding
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'           # folder holding ckpt.pt
@@ -50,7 +49,7 @@ print(model.describe())
 if compile:
     model = torch.compile(model)
 
-enc = tiktoken.get_encoding('gpt2')  # every dataset here is GPT-2 BPE
+enc = gpt2_encoding()  # every dataset here is GPT-2 BPE
 if start.startswith('FILE:'):
     with open(start[5:], 'r', encoding='utf-8') as f:
         start = f.read()

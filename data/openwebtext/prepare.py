@@ -32,13 +32,12 @@ import tarfile
 from multiprocessing import Pool
 
 import numpy as np
-import tiktoken
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))  # repo root
-from dataloader import ShardWriter  # noqa: E402
+from dataloader import ShardWriter, gpt2_encoding  # noqa: E402
 
-enc = tiktoken.get_encoding("gpt2")
+enc = gpt2_encoding()
 eot = enc._special_tokens['<|endoftext|>']  # 50256
 
 

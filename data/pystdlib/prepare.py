@@ -22,17 +22,16 @@ import zlib
 from multiprocessing import Pool
 
 import numpy as np
-import tiktoken
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))  # repo root
-from dataloader import ShardWriter  # noqa: E402
+from dataloader import ShardWriter, gpt2_encoding  # noqa: E402
 
 EXCLUDE_DIRS = {'site-packages', 'test', 'tests', 'idle_test', '__pycache__'}
 MAX_BYTES = 500_000
 VAL_PERMILLE = 20  # ~2% of files go to val
 
-enc = tiktoken.get_encoding("gpt2")
+enc = gpt2_encoding()
 eot = enc._special_tokens['<|endoftext|>']  # 50256
 
 
