@@ -150,3 +150,11 @@ def test_every_mixer_trains(pystdlib, tmp_path, mixer):
                     '--max_iters=12', '--eval_interval=12'])
     evals = [float(x) for x in re.findall(r'val loss ([\d.]+)', p.stdout)]
     assert len(evals) == 2 and evals[-1] < evals[0] - 0.5, p.stdout[-2000:]
+
+
+def test_wandb_offline(pystdlib, tmp_path):
+    """wandb is optional, imported lazily, and works without a network in offline mode."""
+    run(TINY + [f'--out_dir={tmp_path}/out', '--max_iters=2', '--eval_interval=2', '--wandb_log=True', '--wandb_mode=offline'],
+        env_extra={'WANDB_DIR': str(tmp_path), 'WANDB_SILENT': 'true'})
+    runs = [d for d in os.listdir(tmp_path / 'wandb') if d.startswith('offline-run-')]
+    assert len(runs) == 1 and any(f.endswith('.wandb') for f in os.listdir(tmp_path / 'wandb' / runs[0]))

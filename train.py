@@ -323,6 +323,8 @@ while True:
     if iter_num > max_iters:
         break
 
+if wandb_log and master_process:
+    wandb.finish()
 if ddp:
     # sanity check that DDP kept the replicas identical: max |w_rank − w_rank0| over all parameters
     flat = torch.cat([p.detach().float().flatten() for p in raw_model.parameters()])
