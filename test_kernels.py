@@ -1,0 +1,418 @@
+"""
+Tests for kernels.py on CPU: the chunked torch paths and the decode steps against the token-by-token references
+(outputs, final states and every gradient, in fp64 and fp32), the references against independent closed forms
+(numpy), state hand-off, causality, NaN safety under extreme gates, dispatch and argument checks.
+
+    python -m pytest test_kernels.py -q        (about 30 s on 2 CPU cores)
+
+Gates are drawn in four regimes (mixers.md §8): g = 0, mild (logsigmoid(x)/16), strong (<= -5) and mixed
+(mild with a fifth of the entries at -1000). Tiny sizes (B=2, H=2, Dk=16, Dv=8) and chunk 16 as well as 64 give
+many chunks and partial last chunks cheaply.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+B, H, DK, DV = 2, 2, 16, 8
+REGIMES = ("zero", "mild", "strong", "mixed")
+# (gate shape, regime); shapes: 'none', 'const' [H], 'token' [B,T,H] for linear attention;
+# 'none', 'scalar' [B,T,H], 'channel' [B,T,H,Dk] for the delta rule
+LINEAR_GATES = [("none", "zero")] + [(s, r) for s in ("const", "token") for r in REGIMES]
+DELTA_GATES = [("none", "zero")] + [(s, r) for s in ("scalar", "channel") for r in REGIMES]
+TS = (1, 63, 64, 65, 200)
+F64, F32 = torch.float64, torch.float32
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # the tensors here are tiny: OpenMP threads only add overhead (3x slower with 2 threads on a busy 2-core box)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+# -----------------------------------------------------------------------------
+# inputs
+
+def gate_values(shape, regime, gen, dtype=F64):
+    if regime == "zero":
+        return torch.zeros(shape, dtype=dtype)
+    if regime == "strong":
+        return -5 - 5 * torch.rand(shape, generator=gen, dtype=dtype)
+    g = F.logsigmoid(torch.randn(shape, generator=gen, dtype=dtype)) / 16
+    if regime == "mixed":
+        g = torch.where(torch.rand(shape, generator=gen, dtype=dtype) < 0.2, -1000.0, g)
+        g.view(-1)[0] = -1000.0  # at least one, also for a [H] gate
+    return g
+
+def linear_inputs(T, gate, regime, Hk=H, init=True, seed=0, dtype=F64, nh=H):
+    gen = torch.Generator().manual_seed(seed)
+    x = dict(q=torch.randn(B, T, Hk, DK, generator=gen, dtype=dtype),
+             k=torch.randn(B, T, Hk, DK, generator=gen, dtype=dtype),
+             v=torch.randn(B, T, nh, DV, generator=gen, dtype=dtype))
+    shape = {"none": None, "const": (nh,), "token": (B, T, nh)}[gate]
+    x["g"] = None if shape is None else gate_values(shape, regime, gen, dtype)
+    x["initial_state"] = torch.randn(B, nh, DK, DV, generator=gen, dtype=dtype) if init else None
+    return x
+
+def delta_inputs(T, gate, regime, init=True, seed=0, dtype=F64):
+    gen = torch.Generator().manual_seed(seed)
+    x = dict(q=F.normalize(torch.randn(B, T, H, DK, generator=gen, dtype=dtype), dim=-1),
+             k=F.normalize(torch.randn(B, T, H, DK, generator=gen, dtype=dtype), dim=-1),
+             v=torch.randn(B, T, H, DV, generator=gen, dtype=dtype),
+             beta=torch.rand(B, T, H, generator=gen, dtype=dtype))
+    shape = {"none": None, "scalar": (B, T, H), "channel": (B, T, H, DK)}[gate]
+    x["g"] = None if shape is None else gate_values(shape, regime, gen, dtype)
+    x["initial_state"] = torch.randn(B, H, DK, DV, generator=gen, dtype=dtype) if init else None
+    return x
+
+def cast(x, dtype):
+    """Inputs in dtype; the initial state stays fp32 (fp64 when dtype is fp64)."""
+    state_dtype = F64 if dtype == F64 else F32
+    return {n: None if t is None else t.to(state_dtype if n == "initial_state" else dtype) for n, t in x.items()}
+
+# -----------------------------------------------------------------------------
+# running with gradients
+
+def differentiable(name, t):
+    # a constant [H] gate is not differentiated by design
+    return t is not None and t.is_floating_point() and not (name == "g" and t.ndim == 1)
+
+def run(fn, x, seed=1, **kw):
+    """Forward with the final state, then gradients of <o, do> + <S, dS> for random cotangents do, dS
+    w.r.t. every differentiable input. Returns (o, S, {name: grad})."""
+    leaves = {n: (t.detach().clone().requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
+    o, S = fn(**leaves, output_final_state=True, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen, dtype=F64).to(o.dtype)
+    dS = torch.randn(S.shape, generator=gen, dtype=F64).to(S.dtype)
+    names = [n for n, t in leaves.items() if differentiable(n, t)]
+    grads = torch.autograd.grad((o * do).sum() + (S * dS).sum(), [leaves[n] for n in names])
+    return o.detach(), S.detach(), dict(zip(names, grads))
+
+def rel_err(a, ref):
+    """max |a - ref| / max |ref| (in fp64)."""
+    a, ref = a.double(), ref.double()
+    return ((a - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
+
+def assert_close(got, ref, tol, what=""):
+    o, S, grads = got
+    o_ref, S_ref, grads_ref = ref
+    assert torch.isfinite(o).all() and torch.isfinite(S).all(), what
+    assert rel_err(o, o_ref) < tol, f"{what} o: {rel_err(o, o_ref):.2e}"
+    assert rel_err(S, S_ref) < tol, f"{what} final state: {rel_err(S, S_ref):.2e}"
+    assert grads.keys() == grads_ref.keys()
+    for n in grads:
+        assert torch.isfinite(grads[n]).all(), f"{what} d{n} not finite"
+        if grads_ref[n].abs().max() == 0:  # e.g. dg when every decay underflows: must be exactly 0 too
+            assert grads[n].abs().max() == 0, f"{what} d{n} should be 0"
+        else:
+            assert rel_err(grads[n], grads_ref[n]) < tol, f"{what} d{n}: {rel_err(grads[n], grads_ref[n]):.2e}"
+
+# -----------------------------------------------------------------------------
+# the references against independent closed forms (numpy, fp64), so that a bug shared by both torch paths shows
+
+@pytest.mark.parametrize("gate", ["none", "const", "token"])
+def test_linear_attn_reference_vs_parallel_form(gate):
+    # o_t = s Σ_{i<=t} exp(G_t - G_i) (q_t·k_i) v_i + s exp(G_t) S0^T q_t, G a global cumsum;
+    # 4 heads on 2 q/k heads: head h reads q/k head h // 2 (Mamba2's groups), which pins the head mapping
+    T, nh, Hk = 12, 4, 2
+    x = linear_inputs(T, gate, "mild", Hk=Hk, nh=nh)
+    o, S = kernels.linear_attn_recurrent(**x, output_final_state=True)
+    q, k, v, S0 = (x[n].numpy() for n in ("q", "k", "v", "initial_state"))
+    g = np.zeros((B, T, nh)) if x["g"] is None else np.broadcast_to(x["g"].numpy(), (B, T, nh))
+    G = np.cumsum(g, axis=1)
+    s = DK ** -0.5
+    o_ref, S_ref = np.zeros((B, T, nh, DV)), np.zeros((B, nh, DK, DV))
+    for b in range(B):
+        for h in range(nh):
+            hk = h // 2
+            for t in range(T):
+                o_ref[b, t, h] = s * np.exp(G[b, t, h]) * S0[b, h].T @ q[b, t, hk]
+                for i in range(t + 1):
+                    o_ref[b, t, h] += s * np.exp(G[b, t, h] - G[b, i, h]) * (q[b, t, hk] @ k[b, i, hk]) * v[b, i, h]
+            S_ref[b, h] = np.exp(G[b, -1, h]) * S0[b, h] + sum(
+                np.exp(G[b, -1, h] - G[b, i, h]) * np.outer(k[b, i, hk], v[b, i, h]) for i in range(T))
+    np.testing.assert_allclose(o.numpy(), o_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(S.numpy(), S_ref, rtol=1e-12, atol=1e-12)
+
+@pytest.mark.parametrize("gate", ["none", "scalar", "channel"])
+def test_delta_rule_reference_vs_transition_matrices(gate):
+    # S_t = P(t,0) S0 + Σ_{i<=t} P(t,i) beta_i k_i v_i^T with P(t,i) = M_t ... M_{i+1} and the explicit transitions
+    # M_j = (I - beta_j k_j k_j^T) Diag(exp g_j): decay first, then the delta correction (mixers.md §7 #24)
+    T = 7
+    x = delta_inputs(T, gate, "mild")
+    x["beta"] = 2 * x["beta"]  # beta in (0, 2) (negative eigenvalues) is allowed as well
+    o, S = kernels.delta_rule_recurrent(**x, output_final_state=True)
+    q, k, v, beta, S0 = (x[n].numpy() for n in ("q", "k", "v", "beta", "initial_state"))
+    g = np.zeros((B, T, H, DK)) if x["g"] is None else x["g"].numpy()
+    g = g[..., None].repeat(DK, -1) if g.ndim == 3 else g
+    s, I = DK ** -0.5, np.eye(DK)
+    for b in range(B):
+        for h in range(H):
+            M = [(I - beta[b, j, h] * np.outer(k[b, j, h], k[b, j, h])) @ np.diag(np.exp(g[b, j, h])) for j in range(T)]
+            for t in range(T):
+                P = [np.linalg.multi_dot([I, I] + M[i + 1:t + 1][::-1]) for i in range(-1, t + 1)]  # P[i+1] = P(t, i)
+                St = P[0] @ S0[b, h] + sum(P[i + 1] @ np.outer(beta[b, i, h] * k[b, i, h], v[b, i, h]) for i in range(t + 1))
+                np.testing.assert_allclose(o[b, t, h].numpy(), s * St.T @ q[b, t, h], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(S[b, h].numpy(), St, rtol=1e-12, atol=1e-12)
+
+# -----------------------------------------------------------------------------
+# chunked == recurrent: outputs, final state and all gradients (fp64 tight; fp32 against the fp64 truth).
+# Measured: fp64 <= 4e-15; fp32 <= 6e-7, the same as the fp32 recurrence. Decays taken as differences of
+# chunk-local cumsums (instead of segment sums) would fail both bounds: 1e-12 (fp64) and 4e-4 (fp32) with -1000 gates.
+FP64_TOL, FP32_TOL = 1e-12, 1e-5
+
+@pytest.mark.parametrize("init", [False, True], ids=["S0=0", "S0"])
+@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("Hk", [H, 1], ids=["Hk=H", "Hk=1"])
+@pytest.mark.parametrize("gate,regime", LINEAR_GATES)
+def test_linear_attn_chunked_vs_recurrent(gate, regime, Hk, T, init):
+    x = linear_inputs(T, gate, regime, Hk=Hk, init=init)
+    ref = run(kernels.linear_attn_recurrent, x)
+    for C in (16, 64):
+        assert_close(run(kernels.linear_attn_chunked, x, chunk_size=C), ref, FP64_TOL, f"C={C}")
+
+@pytest.mark.parametrize("init", [False, True], ids=["S0=0", "S0"])
+@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("gate,regime", DELTA_GATES)
+def test_delta_rule_chunked_vs_recurrent(gate, regime, T, init):
+    x = delta_inputs(T, gate, regime, init=init)
+    ref = run(kernels.delta_rule_recurrent, x)
+    for C in (16, 64):
+        assert_close(run(kernels.delta_rule_chunked, x, chunk_size=C), ref, FP64_TOL, f"C={C}")
+
+# fp32 (the training dtype) against the fp64 truth; the fp32 recurrence must meet the same bound
+
+@pytest.mark.parametrize("gate,regime", LINEAR_GATES)
+def test_linear_attn_fp32(gate, regime):
+    x = linear_inputs(200, gate, regime, Hk=1)
+    ref = run(kernels.linear_attn_recurrent, x)
+    for fn, kw in ((kernels.linear_attn_chunked, dict(chunk_size=64)), (kernels.linear_attn_chunked, dict(chunk_size=16)),
+                   (kernels.linear_attn_recurrent, {})):
+        got = run(fn, cast(x, F32), **kw)
+        assert got[0].dtype == F32 and got[1].dtype == F32
+        assert_close(got, ref, FP32_TOL, f"{fn.__name__} {kw}")
+
+@pytest.mark.parametrize("gate,regime", DELTA_GATES)
+def test_delta_rule_fp32(gate, regime):
+    x = delta_inputs(200, gate, regime)
+    ref = run(kernels.delta_rule_recurrent, x)
+    for fn, kw in ((kernels.delta_rule_chunked, dict(chunk_size=64)), (kernels.delta_rule_chunked, dict(chunk_size=16)),
+                   (kernels.delta_rule_recurrent, {})):
+        got = run(fn, cast(x, F32), **kw)
+        assert got[0].dtype == F32 and got[1].dtype == F32
+        assert_close(got, ref, FP32_TOL, f"{fn.__name__} {kw}")
+
+@pytest.mark.parametrize("gate,regime", DELTA_GATES)
+def test_delta_rule_beta_up_to_2(gate, regime):
+    # beta in (0, 2) (negative eigenvalues, mixers.md §1.4) makes I + L worse conditioned; measured fp32 error 1.4e-6
+    x = delta_inputs(200, gate, regime)
+    x["beta"] = 2 * x["beta"]
+    ref = run(kernels.delta_rule_recurrent, x)
+    for C in (16, 64):
+        assert_close(run(kernels.delta_rule_chunked, x, chunk_size=C), ref, FP64_TOL, f"fp64 C={C}")
+        assert_close(run(kernels.delta_rule_chunked, cast(x, F32), chunk_size=C), ref, FP32_TOL, f"fp32 C={C}")
+
+# -----------------------------------------------------------------------------
+# decode steps: token by token from an initial state == the recurrence
+
+@pytest.mark.parametrize("gate,regime", [("none", "zero"), ("const", "mild"), ("token", "mild"), ("token", "mixed")])
+def test_linear_attn_step(gate, regime):
+    x = linear_inputs(20, gate, regime, Hk=1)
+    o_ref, S_ref = kernels.linear_attn_recurrent(**x, output_final_state=True)
+    state = x["initial_state"].clone()
+    g = x["g"]
+    for t in range(20):
+        gt = None if g is None else (g if g.ndim == 1 else g[:, t])
+        o = kernels.linear_attn_step(x["q"][:, t], x["k"][:, t], x["v"][:, t], gt, state)
+        assert rel_err(o, o_ref[:, t]) < 1e-12
+    assert rel_err(state, S_ref) < 1e-12
+
+@pytest.mark.parametrize("gate,regime", [("none", "zero"), ("scalar", "mild"), ("channel", "mild"), ("channel", "mixed")])
+def test_delta_rule_step(gate, regime):
+    x = delta_inputs(20, gate, regime)
+    o_ref, S_ref = kernels.delta_rule_recurrent(**x, output_final_state=True)
+    state = x["initial_state"].clone()
+    for t in range(20):
+        gt = None if x["g"] is None else x["g"][:, t]
+        o = kernels.delta_rule_step(x["q"][:, t], x["k"][:, t], x["v"][:, t], x["beta"][:, t], gt, state)
+        assert rel_err(o, o_ref[:, t]) < 1e-12
+    assert rel_err(state, S_ref) < 1e-12
+
+def test_steps_keep_fp32_state_with_bf16_inputs():
+    x = cast(delta_inputs(1, "channel", "mild"), torch.bfloat16)
+    state = x["initial_state"].clone()
+    o = kernels.delta_rule_step(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["beta"][:, 0], x["g"][:, 0], state)
+    assert o.dtype == torch.bfloat16 and state.dtype == F32
+    y = cast(linear_inputs(1, "token", "mild", Hk=1), torch.bfloat16)
+    o = kernels.linear_attn_step(y["q"][:, 0], y["k"][:, 0], y["v"][:, 0], y["g"][:, 0], y["initial_state"])
+    assert o.dtype == torch.bfloat16 and y["initial_state"].dtype == F32
+
+# -----------------------------------------------------------------------------
+# state hand-off: one call over T == two calls over [0, P) and [P, T) passing the final state on
+
+def split_run(fn, x, P, **kw):
+    first = {n: (t[:, :P] if t is not None and t.ndim >= 3 else t) for n, t in x.items()}
+    second = {n: (t[:, P:] if t is not None and t.ndim >= 3 else t) for n, t in x.items() if n != "initial_state"}
+    o1, S1 = fn(**first, output_final_state=True, **kw)
+    o2, S2 = fn(**second, initial_state=S1, output_final_state=True, **kw)
+    return torch.cat([o1, o2], dim=1), S2
+
+@pytest.mark.parametrize("P", [64, 70])
+@pytest.mark.parametrize("gate", ["none", "const", "token"])
+def test_linear_attn_split(gate, P):
+    x = linear_inputs(150, gate, "mild", Hk=1)
+    for C in (16, 64):
+        o, S = kernels.linear_attn_chunked(**x, output_final_state=True, chunk_size=C)
+        o2, S2 = split_run(kernels.linear_attn_chunked, x, P, chunk_size=C)
+        assert rel_err(o2, o) < 1e-12 and rel_err(S2, S) < 1e-12
+
+@pytest.mark.parametrize("P", [64, 70])
+@pytest.mark.parametrize("gate", ["none", "scalar", "channel"])
+def test_delta_rule_split(gate, P):
+    x = delta_inputs(150, gate, "mild")
+    for C in (16, 64):
+        o, S = kernels.delta_rule_chunked(**x, output_final_state=True, chunk_size=C)
+        o2, S2 = split_run(kernels.delta_rule_chunked, x, P, chunk_size=C)
+        assert rel_err(o2, o) < 1e-12 and rel_err(S2, S) < 1e-12
+
+# -----------------------------------------------------------------------------
+# causality: changing every input at positions >= P leaves the outputs before P, and the gradients of a loss on
+# those outputs w.r.t. the inputs before P, bit-identical; the gradients w.r.t. inputs at >= P are exactly 0.
+# Bit-identical holds for the chunked path because future entries only ever meet exact zeros (tril'd scores,
+# padded rows) in fixed-order sums, and the triangular solve never reads rows below the one it solves.
+
+def splice(x, y, P):
+    """x before position P, y from P on (the initial state from x)."""
+    return {n: (torch.cat([t[:, :P], y[n][:, P:]], dim=1) if t is not None and n != "initial_state" and t.ndim >= 3 else t)
+            for n, t in x.items()}
+
+def causal_check(fn, x, other, P, **kw):
+    y = splice(x, other, P)
+    results = []
+    for inp in (x, y):
+        leaves = {n: (t.detach().clone().requires_grad_() if differentiable(n, t) else t) for n, t in inp.items()}
+        o, _ = fn(**leaves, **kw)
+        names = [n for n, t in leaves.items() if differentiable(n, t)]
+        cot = torch.randn(o[:, :P].shape, generator=torch.Generator().manual_seed(6), dtype=o.dtype)
+        grads = torch.autograd.grad((o[:, :P] * cot).sum(), [leaves[n] for n in names])
+        results.append((o, dict(zip(names, grads))))
+    (o1, g1), (o2, g2) = results
+    assert torch.equal(o1[:, :P], o2[:, :P])
+    assert not torch.equal(o1[:, P:], o2[:, P:])
+    for n in g1:
+        if n == "initial_state":
+            assert torch.equal(g1[n], g2[n])
+        else:
+            assert torch.equal(g1[n][:, :P], g2[n][:, :P]), n
+            assert (g1[n][:, P:] == 0).all() and (g2[n][:, P:] == 0).all(), n
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("P", [1, 64, 100])
+@pytest.mark.parametrize("gate", ["none", "const", "token"])
+def test_linear_attn_causal(gate, P, dtype):
+    x, other = (cast(linear_inputs(150, gate, "mixed", Hk=1, seed=s), dtype) for s in (0, 1))
+    causal_check(kernels.linear_attn_chunked, x, other, P, chunk_size=64)
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("P", [1, 64, 100])
+@pytest.mark.parametrize("gate", ["none", "scalar", "channel"])
+def test_delta_rule_causal(gate, P, dtype):
+    x, other = (cast(delta_inputs(150, gate, "mixed", seed=s), dtype) for s in (0, 1))
+    causal_check(kernels.delta_rule_chunked, x, other, P, chunk_size=64)
+
+# -----------------------------------------------------------------------------
+# no NaN/Inf with extreme decays (fp32, chunk 64, through the public calls): strong gates, a third at -1000,
+# and every gate at -1000
+
+@pytest.mark.parametrize("extreme", ["third", "all"])
+@pytest.mark.parametrize("family,gate", [("linear", "const"), ("linear", "token"),
+                                         ("delta", "scalar"), ("delta", "channel")])
+def test_no_nan_extreme_gates(family, gate, extreme):
+    gen = torch.Generator().manual_seed(3)
+    x = cast(linear_inputs(200, gate, "strong", Hk=1) if family == "linear" else delta_inputs(200, gate, "strong"), F32)
+    mask = torch.rand(x["g"].shape, generator=gen) < (1 / 3 if extreme == "third" else 2)
+    x["g"] = torch.where(mask, -1000.0, x["g"])
+    fn = kernels.linear_attn if family == "linear" else kernels.delta_rule
+    o, S, grads = run(fn, x)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    for n, d in grads.items():
+        assert torch.isfinite(d).all(), n
+
+# -----------------------------------------------------------------------------
+# public calls: dispatch, the one-time log line, dtypes
+
+def test_dispatch_and_log_once(monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "_logged", set())
+    x = delta_inputs(70, "channel", "mild")
+    monkeypatch.delenv("KERNELS_PATH", raising=False)
+    o, _ = kernels.delta_rule(**x)
+    o_again, _ = kernels.delta_rule(**x)
+    assert torch.equal(o, kernels.delta_rule_chunked(**x, chunk_size=kernels.CHUNK_SIZE_PER_CHANNEL)[0])
+    assert torch.equal(o, o_again)
+    monkeypatch.setenv("KERNELS_PATH", "recurrent")
+    assert torch.equal(kernels.delta_rule(**x)[0], kernels.delta_rule_recurrent(**x)[0])
+    y = linear_inputs(70, "token", "mild", Hk=1)
+    assert torch.equal(kernels.linear_attn(**y)[0], kernels.linear_attn_recurrent(**y)[0])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["kernels: delta_rule uses the chunked torch path on cpu",
+                     "kernels: delta_rule uses the recurrent torch path on cpu",
+                     "kernels: linear_attn uses the recurrent torch path on cpu"]
+    monkeypatch.setenv("KERNELS_PATH", "triton")
+    with pytest.raises(ValueError, match="KERNELS_PATH"):
+        kernels.delta_rule(**x)
+
+def test_public_dtypes_bf16():
+    x = cast(delta_inputs(70, "scalar", "mild"), torch.bfloat16)
+    o, S = kernels.delta_rule(**x, output_final_state=True)
+    assert o.dtype == torch.bfloat16 and S.dtype == F32
+    y = cast(linear_inputs(70, "token", "mild", Hk=1), torch.bfloat16)
+    o, S = kernels.linear_attn(**y, output_final_state=True)
+    assert o.dtype == torch.bfloat16 and S.dtype == F32
+    assert kernels.linear_attn(**y)[1] is None
+
+# -----------------------------------------------------------------------------
+# argument checks: ValueError naming the problem
+
+def z(*shape, dtype=F32):
+    return torch.zeros(shape, dtype=dtype)
+
+LA = dict(q=z(2, 5, 2, 4), k=z(2, 5, 2, 4), v=z(2, 5, 4, 3))
+DR = dict(q=z(2, 5, 2, 4), k=z(2, 5, 2, 4), v=z(2, 5, 2, 3), beta=z(2, 5, 2))
+DS = dict(q=z(2, 2, 4), k=z(2, 2, 4), v=z(2, 2, 3), beta=z(2, 2), g=None, state=z(2, 2, 4, 3))  # one delta-rule step
+
+BAD = [
+    ("linear_attn", dict(LA, v=z(2, 5, 3, 3)), "not a multiple"),
+    ("linear_attn", dict(LA, k=z(2, 5, 2, 5)), "same shape"),
+    ("linear_attn", dict(LA, q=z(2, 5, 8)), "must have 4 dims"),
+    ("linear_attn", dict(LA, v=z(2, 6, 4, 3)), "leading dims"),
+    ("linear_attn", dict(LA, g=z(2, 5, 2)), "g must be"),
+    ("linear_attn", dict(LA, g=z(4, 1)), "g must be"),
+    ("linear_attn", dict(LA, initial_state=z(2, 4, 3, 4)), "initial_state must be"),
+    ("linear_attn", dict(LA, initial_state=z(2, 4, 4, 3, dtype=torch.bfloat16)), "float32"),
+    ("linear_attn", dict(LA, q=z(2, 5, 2, 4, dtype=torch.int64)), "floating-point"),
+    ("delta_rule", dict(DR, beta=z(2, 5)), "beta must have shape"),
+    ("delta_rule", dict(DR, v=z(2, 5, 4, 3)), "leading dims"),
+    ("delta_rule", dict(DR, g=z(2, 5, 2, 3)), "g must be"),
+    ("delta_rule", dict(DR, g=z(2)), "g must be"),
+    ("delta_rule", dict(DR, initial_state=z(2, 2, 3, 4)), "initial_state must be"),
+    ("linear_attn_step", dict(q=z(2, 2, 4), k=z(2, 2, 4), v=z(2, 4, 3), g=z(2, 2), state=z(2, 4, 4, 3)), "g must be"),
+    ("linear_attn_step", dict(q=z(2, 2, 4), k=z(2, 2, 4), v=z(2, 4, 3), g=None, state=z(2, 4, 3, 4)), "state must be"),
+    ("linear_attn_step", dict(q=z(2, 2, 4), k=z(2, 2, 4), v=z(2, 4, 3), g=None, state=None), "state .* is required"),
+    ("delta_rule_step", dict(DS, g=z(2, 2, 3)), "g must be"),
+    ("delta_rule_step", dict(DS, beta=z(2, 2, 1)), "beta"),
+    ("delta_rule_step", dict(DS, state=z(2, 2, 4, 3, dtype=torch.bfloat16)), "float32"),
+]
+
+@pytest.mark.parametrize("fn,args,match", BAD, ids=[f"{f}-{m}" for f, _, m in BAD])
+def test_bad_shapes(fn, args, match):
+    fns = [getattr(kernels, fn)]
+    if not fn.endswith("_step"):  # every path checks its arguments
+        fns += [getattr(kernels, fn + "_recurrent"), getattr(kernels, fn + "_chunked")]
+    for f in fns:
+        with pytest.raises(ValueError, match=match):
+            f(**args)
