@@ -1,7 +1,7 @@
 """
 nanoGPT-style configuration: config files, then --key=value overrides.
 
-    python train.py config/train_pystdlib_tiny.py --batch_size=8 --compile=False
+    python train.py config/pystdlib_kda_hybrid.py --batch_size=8 --compile=False
 
 Used from train.py / sample.py as
 
@@ -28,8 +28,8 @@ def _print0(*args):
 
 def _checked(key, value, default, source):
     """Return value converted to the default's type, or raise naming the key and both types."""
-    if default is None or value is None:
-        return value  # a None default means "any type"; None may be assigned to anything
+    if default is None:
+        return value  # a None default means "any type" (the script checks what it accepts)
     if isinstance(default, bool) or isinstance(value, bool):
         if isinstance(default, bool) and isinstance(value, bool):
             return value  # bool is an int subclass: keep True/False from passing as 0/1
@@ -53,14 +53,16 @@ def configure(config_globals, argv):
             with open(arg) as f:
                 source = f.read()
             _print0(source)
-            scope = {}
-            exec(compile(source, arg, 'exec'), {}, scope)
+            # run the file with a copy of the script's globals, so `x = 2 * batch_size` works
+            scope = {k: config_globals[k] for k in keys}
+            exec(compile(source, arg, 'exec'), scope)
             for key, value in scope.items():
                 if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
                     continue  # imports and helper functions in a config file are not settings
                 if key not in keys:
                     raise ValueError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
-                config_globals[key] = _checked(key, value, config_globals[key], arg)
+                if value is not config_globals[key]:
+                    config_globals[key] = _checked(key, value, config_globals[key], arg)
         else:
             if '=' not in arg:
                 raise ValueError(f"override '{arg}' must look like --key=value")

@@ -525,13 +525,14 @@ class GPT(nn.Module):
         return fixed, growing
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, caches=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, caches=None, n_vocab=None):
         """Prefill idx [B, T] in one forward, then decode token by token through the caches.
+        n_vocab: the tokenizer's vocabulary (50257 for GPT-2); ids in the padding above it are never drawn.
         Returns (idx extended by max_new_tokens, caches)."""
         caches = self.new_caches() if caches is None else caches
         logits, _ = self(idx, caches=caches)
         for _ in range(max_new_tokens):
-            logits = logits[:, -1, :].float()
+            logits = logits[:, -1, :n_vocab].float()
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:

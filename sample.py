@@ -2,8 +2,8 @@
 Sample from a trained model: prefill the prompt in one forward, then decode token by token
 through the per-layer caches (fixed-size state for the linear mixers, K/V for softmax).
 
-$ python sample.py --out_dir=out-pystdlib-kda-hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
-$ python sample.py --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
+$ python sample.py --out_dir=out-pystdlib-kda_hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
+$ python sample.py --out_dir=out-pystdlib-kda_hybrid --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
 
 At the end it prints the decode speed (tokens/s) and the bytes held by the caches, split into the
 fixed part (linear mixers) and the part that grows with the context (softmax K/V).
@@ -27,7 +27,6 @@ top_k = 200               # keep only the top_k most likely tokens (None = all)
 seed = 1337
 device = ''               # '' = cuda if available, else cpu
 dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere
-compile = False           # torch.compile the model (slower start, faster decode)
 # -----------------------------------------------------------------------------
 from configurator import configure
 configure(globals(), sys.argv[1:])
@@ -46,8 +45,6 @@ model = GPT(GPTConfig(**checkpoint['model_args']))
 model.load_state_dict(checkpoint['model'])
 model.eval().to(device)
 print(model.describe())
-if compile:
-    model = torch.compile(model)
 
 enc = gpt2_encoding()  # every dataset here is GPT-2 BPE
 if start.startswith('FILE:'):
@@ -62,7 +59,7 @@ for k in range(num_samples):
         if device_type == 'cuda':
             torch.cuda.synchronize()
         t0 = time.time()
-        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
+        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=enc.n_vocab)
         if device_type == 'cuda':
             torch.cuda.synchronize()
         total_time += time.time() - t0

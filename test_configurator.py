@@ -65,3 +65,19 @@ def test_config_file_errors(tmp_path):
         configure(defaults(), [str(tmp_path / 'missing.py')])
     with pytest.raises(ValueError, match='--key=value'):
         configure(defaults(), ['--n_layer'])
+
+
+def test_config_file_sees_script_globals(tmp_path):
+    cfg = tmp_path / 'c.py'
+    cfg.write_text("n_layer = 2 * n_layer\nout_dir = out_dir + '-x'\nsizes = [n_layer * i for i in range(3)]\nn_layer = sizes[1]\n".replace('sizes', '_sizes'))
+    g = defaults()
+    configure(g, [str(cfg)])
+    assert g['n_layer'] == 24 and g['out_dir'] == 'out-x'
+
+
+def test_none_only_where_default_is_none():
+    with pytest.raises(ValueError, match="'n_layer'.*expected int.*got NoneType"):
+        configure(defaults(), ['--n_layer=None'])
+    g = defaults()
+    configure(g, ['--top_k=None'])
+    assert g['top_k'] is None

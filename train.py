@@ -101,6 +101,8 @@ else:
 master_process = ddp_rank == 0
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 dtype = dtype or (('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32')
+if compile not in (None, True, False):
+    raise ValueError(f"compile must be None (auto), True or False, got {compile!r}")
 compile = (device_type == 'cuda') if compile is None else compile
 
 os.makedirs(out_dir, exist_ok=True)
@@ -153,8 +155,11 @@ if init_from == 'resume':
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     print0(f"Resuming training from {ckpt_path}")
     checkpoint = load_checkpoint(ckpt_path, map_location=device)
-    # the architecture comes from the checkpoint; dropout may be changed on resume
-    model_args.update({k: v for k, v in checkpoint['model_args'].items() if k != 'dropout'})
+    # the architecture comes from the checkpoint (dropout may be changed on resume): say what it overrides
+    for k, v in checkpoint['model_args'].items():
+        if k != 'dropout' and model_args.get(k) != v:
+            print0(f"resume: {k} = {v!r} from the checkpoint (the config asked for {model_args.get(k)!r})")
+            model_args[k] = v
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(checkpoint['model'])
     iter_num = checkpoint['iter_num']
@@ -170,6 +175,11 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if checkpoint is not None:
     optimizer.load_state_dict(checkpoint['optimizer'])
+    # the loaded param groups carry the old hyperparameters; this run's config wins (lr is set every step)
+    for group, wd in zip(optimizer.param_groups, (weight_decay, 0.0)):
+        group['weight_decay'], group['betas'] = wd, (beta1, beta2)
+    if 'scaler' in checkpoint:
+        scaler.load_state_dict(checkpoint['scaler'])
     train_loader.load_state_dict(checkpoint['train_loader'][ddp_rank] if ddp_rank < len(checkpoint['train_loader']) else checkpoint['train_loader'][0])
 
 raw_model = model
@@ -228,7 +238,7 @@ def gpu_peak_flops():
     if device_type != 'cuda':
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in (('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('4090', 165e12),
+    for key, flops in (('H200', 989e12), ('H100 PCIe', 756e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('4090', 165e12),
                        ('A10', 125e12), ('L4', 121e12), ('V100', 125e12), ('3090', 71e12)):
         if key in name:
             return flops
@@ -282,7 +292,7 @@ while True:
             if iter_num > 0 and master_process:
                 ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
                         'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config,
-                        'train_loader': loader_states, 'rng': all_rng}
+                        'train_loader': loader_states, 'rng': all_rng, 'scaler': scaler.state_dict()}
                 print0(f"saving checkpoint to {out_dir}")
                 save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'))
     if eval_only:

@@ -1,4 +1,4 @@
-# Small the 3:1 KDA:softmax hybrid of Kimi Linear on the offline default dataset (Python's standard library source).
+# Small 3:1 KDA:softmax hybrid (the Kimi Linear recipe) on the offline default dataset (Python stdlib source).
 # Hardware: a laptop CPU (2 cores: a few minutes, see the README's table), a GPU in seconds.
 # Expected loss: see the README's table of small CPU runs (measured there with this file).
 # $ python data/pystdlib/prepare.py && python train.py config/pystdlib_kda_hybrid.py
