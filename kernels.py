@@ -24,21 +24,32 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
 
 scale defaults to Dk ** -0.5. Outputs come back in v's dtype; states are fp32 (fp64 if the inputs are fp64),
-an initial state must be fp32 or fp64. Every call has three paths with the same meaning:
+an initial state must be fp32 or fp64. Every call has up to three paths with the same meaning:
   *_recurrent   token-by-token loop, fp32 (fp64 stays fp64), autograd: the reference the tests trust
   *_chunked     chunkwise-parallel torch version (mixers.md §4.1, §4.3), autograd: CPU training and prefill
                 (chunk 64; 16 for per-key-channel gates, where the exact pairwise decays cost C*Dk per token)
-  Triton        not written yet; on CUDA the chunked torch path runs for now, and the log says so.
-The public calls pick the path from the device and print it once per (function, path). Set the environment
-variable KERNELS_PATH=recurrent|chunked to force a path (debugging).
+  *_triton      delta rule only: Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as
+                torch.library custom ops (kernels::delta_rule_fwd, kernels::delta_rule_bwd, kernels::delta_rule_step)
+                so that torch.compile sees them as single nodes with no graph break
+The public calls pick the path from the device and print it once per (function, path): on CUDA the delta rule
+runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs; anything else runs the chunked
+torch path and the log line says why), the scalar-decay family runs the chunked torch path (no Triton kernel
+yet); on CPU everything runs the torch paths. KERNELS_PATH=recurrent|chunked|triton forces a path (triton on CPU
+needs TRITON_INTERPRET=1 set before triton is imported, which runs the kernels through Triton's interpreter).
 
-Tests: python -m pytest test_kernels.py -q
+Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
+small shapes; with a GPU: the full Triton matrix of mixers.md §8)
+Benchmark: python bench.py
 """
 
+import math
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 # -----------------------------------------------------------------------------
 # argument checks (shared by every path; a wrong shape fails here with its name, not deep inside an einsum)
@@ -270,7 +281,453 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
     return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
 
 # -----------------------------------------------------------------------------
+# Triton kernels for the delta rule: DeltaNet (GATE=0, no gate), Gated DeltaNet (GATE=1, g [B,T,H]) and KDA
+# (GATE=2, g [B,T,H,Dk]); chunk C = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
+# Numerical rules kept in every kernel below (mixers.md §4.5, §7):
+# - all arithmetic in fp32 registers; dots in tf32 (bf16/fp16 inputs) or IEEE fp32 (fp32 inputs);
+# - the only decay exponents ever formed are G_r - G_i with r >= i, G_r and G_n - G_r inside one chunk
+#   (G = chunk-local cumsum of g), so every exp is of a number <= 0 and lies in [0, 1];
+# - masked entries are removed with a select (tl.where) before the exp, never by multiplying by 0, so padded rows
+#   of a partial last chunk cannot make inf * 0 = NaN;
+# - token offsets are int64 (B*T*H*D can pass 2^31).
+# T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
+# head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
+# TODO (speed, notes/perf.md: DeltaNet 4.75x fla forward, 5.06x forward+backward on an H200): the inverse is a
+# 64-step row-by-row substitution (fla: 16x16 blocks + merges), the kernels spill registers at D=128 (the author's
+# notes), and A, W, h, Delta are recomputed in the backward.
+
+TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
+
+# Shared device helpers: gated Gram products within a chunk.
+#
+# Inside a chunk every intra-chunk matrix is a "decayed Gram" product
+#     P[r, i] = sum_c a[r, c] b[i, c] exp(G[r, c] - G[i, c])          (i <= r)
+# (P_qk with a=q, b=k; L with a=k, b=k and rows scaled by beta). A scalar gate (GDN) gives one
+# [C, C] factor exp(G_r - G_i) applied after an ordinary dot. A per-channel gate (KDA) does not
+# factor out of the sum over c, and splitting exp(G_r - G_i) = exp(G_r - nu) exp(nu - G_i) with a
+# single reference nu overflows for strong gates (mixers.md §7 item 3). We use a dyadic split
+# instead: for a pair i < r take the smallest block size 2s (s = 1, 2, 4, ... C/2) with r and i in
+# the same 2s-block but different halves; nu = G at the last row of the left half. Then
+# r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
+# free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1.
+
+@triton.jit
+def _gram(a, b, Gm, g_ptr, sg, n, DIAG: tl.constexpr, GATE: tl.constexpr, C: tl.constexpr,
+          DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # a, b [C, DK] fp32 (rows >= n are 0); Gm [C, DG] chunk-local cumsum (rows >= n are 0);
+    # g_ptr/sg: row 0 of this chunk's G and its row stride (KDA reference rows are gathered).
+    # Returns [C, C]: sum_c a_rc b_ic exp(G_rc - G_ic) for i <= r (DIAG) or i < r, else 0.
+    r = tl.arange(0, C)[:, None]
+    i = tl.arange(0, C)[None, :]
+    if GATE == 2:
+        valid = r < n
+        cols = tl.arange(0, DK)[None, :]
+        acc = tl.zeros([C, C], dtype=tl.float32)
+        for lvl in tl.static_range(LOG2C):
+            s = 1 << lvl  # half-block size of this level (compile-time)
+            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)  # last row of the left half
+            nu = tl.load(g_ptr + ref * sg + cols)                       # [C, DK]
+            right = (r % (2 * s)) >= s
+            left = (r % (2 * s)) < s
+            ar = a * tl.exp(tl.where(right & valid, Gm - nu, float('-inf')))  # exp(G_r - nu) <= 1
+            bl = b * tl.exp(tl.where(left & valid, nu - Gm, float('-inf')))   # exp(nu - G_i) <= 1
+            blk = tl.dot(ar, tl.trans(bl), input_precision=PREC)
+            acc += tl.where((r // (2 * s)) == (i // (2 * s)), blk, 0.)  # only pairs of this level
+        if DIAG:
+            acc += tl.where(r == i, tl.sum(a * b, 1)[:, None], 0.)
+    else:
+        if DIAG:
+            keep = (i <= r) & (r < n)
+        else:
+            keep = (i < r) & (r < n)
+        acc = tl.dot(a, tl.trans(b), input_precision=PREC)
+        if GATE == 1:
+            acc = acc * tl.exp(tl.where(keep, Gm - tl.trans(Gm), float('-inf')))
+        acc = tl.where(keep, acc, 0.)
+    return acc
+
+@triton.jit
+def _gram_apply(dP, x, Gm, g_ptr, sg, n, TRANS: tl.constexpr, GATE: tl.constexpr, C: tl.constexpr,
+                DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # Backward of _gram. dP [C, C] is zero outside the kept triangle; x [C, DK].
+    #   TRANS=False: out[r, c] = sum_i dP[r, i] x[i, c] exp(G_rc - G_ic)   (gradient w.r.t. a)
+    #   TRANS=True:  out[i, c] = sum_r dP[r, i] x[r, c] exp(G_rc - G_ic)   (gradient w.r.t. b)
+    # Same dyadic reference rows as _gram, so again every exp is of a number <= 0.
+    r = tl.arange(0, C)[:, None]
+    i = tl.arange(0, C)[None, :]
+    if GATE == 2:
+        valid = r < n
+        cols = tl.arange(0, DK)[None, :]
+        out = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None] * x  # diagonal, factor 1
+        for lvl in tl.static_range(LOG2C):
+            s = 1 << lvl  # half-block size of this level (compile-time)
+            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
+            nu = tl.load(g_ptr + ref * sg + cols)
+            right = (r % (2 * s)) >= s
+            left = (r % (2 * s)) < s
+            up = tl.exp(tl.where(right & valid, Gm - nu, float('-inf')))  # rows r (right half)
+            dn = tl.exp(tl.where(left & valid, nu - Gm, float('-inf')))   # rows i (left half)
+            blk = tl.where((r // (2 * s)) == (i // (2 * s)), dP, 0.)
+            if TRANS:
+                out += dn * tl.dot(tl.trans(blk), x * up, input_precision=PREC)
+            else:
+                out += up * tl.dot(blk, x * dn, input_precision=PREC)
+    else:
+        D = dP
+        if GATE == 1:
+            D = dP * tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
+        if TRANS:
+            out = tl.dot(tl.trans(D), x, input_precision=PREC)
+        else:
+            out = tl.dot(D, x, input_precision=PREC)
+    return out
+
+@triton.jit
+def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr, DG: tl.constexpr,
+               SG: tl.constexpr):
+    # G [C, DG] of the chunk (0 on padded rows), G_n as a row [1, DG] and as a column [DG, 1];
+    # SG = gate values per token (DG < SG reads a tile of key channels). DeltaNet (GATE=0) uses
+    # G = 0: every decay factor becomes exp(0) = 1.
+    cg = tl.arange(0, DG)
+    if GATE > 0:
+        Gm = tl.load(G_ptr + tok[:, None] * SG + cg[None, :], mask=valid[:, None], other=0.)
+        Gn = tl.load(G_ptr + last_tok * SG + cg)
+    else:
+        Gm = tl.zeros([C, DG], dtype=tl.float32)
+        Gn = tl.zeros([DG], dtype=tl.float32)
+    return Gm, Gn[None, :], Gn[:, None]
+
+# -----------------------------------------------------------------------------
+# Triton forward
+#
+# Per chunk (n <= C rows, chunk-start state S, mixers.md §4.3.1):
+#   L   = StrictTril(Diag(beta) (K K^T decayed by exp(G_r - G_i)))      A = (I + L)^-1
+#   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
+#   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
+#   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (parallel)
+# Kernels: _chunk_cumsum (G), _wy_fwd (A, W, U), _state_fwd (snapshots h[c] = S, Delta), _output_fwd.
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
+    # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
+    # -1e4 over a long sequence and G_r - G_i would lose all its digits (mixers.md §4.0).
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    t = c * C + tl.arange(0, C)
+    offs = ((b * T + t) * H + h)[:, None] * DG + tl.arange(0, DG)[None, :]
+    mask = (t < T)[:, None]
+    g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
+    tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
+                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
+                   C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h                       # [C] int64 token-head index
+    tok0 = (b * T + c * C) * H + h
+    ck = tl.arange(0, DK)
+    cv = tl.arange(0, DV)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+
+    L = _gram(kk, kk, Gm, G_ptr + tok0 * DG, H * DG, n, False, GATE, C, DK, LOG2C, PREC) * beta[:, None]
+    # A = (I + L)^-1 by forward substitution in fp32, one row per step: row r of X = (I + L)^-1 is
+    # e_r - sum_{m<r} L_rm X_m, and rows m < r are final by then. Exact arithmetic (no powers of L,
+    # which grow like binomials when keys are correlated).
+    X = tl.where(rows[:, None] == rows[None, :], 1., 0.)
+    for r in range(1, C):
+        l_r = tl.sum(tl.where(rows[:, None] == r, L, 0.), 0)   # L[r, :]
+        x_r = tl.sum(l_r[:, None] * X, 0)                        # sum_m L[r, m] X[m, :]
+        X = tl.where(rows[:, None] == r, X - x_r[None, :], X)
+    tl.store(A_ptr + tok[:, None] * C + rows[None, :], X, mask=valid[:, None])
+
+    eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))    # exp(G_r) <= 1, 0 on padded rows
+    w = tl.dot(X, kk * eg * beta[:, None], input_precision=PREC)
+    u = tl.dot(X, vv * beta[:, None], input_precision=PREC)
+    tl.store(w_ptr + tok[:, None] * DK + ck[None, :], w.to(w_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(u_ptr + tok[:, None] * DV + cv[None, :], u.to(u_ptr.dtype.element_ty), mask=valid[:, None])
+
+@triton.jit(do_not_specialize=["T", "NT", "H"])
+def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, T, NT,
+                      H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                      DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers.
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    if HAS_H0:
+        S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        S = tl.zeros([DK, BV], dtype=tl.float32)
+    for c in range(NT):
+        t = c * C + rows
+        valid = t < T
+        n = tl.minimum(T - c * C, C)
+        tok = (b * T + t) * H + h
+        tok0 = (b * T + c * C) * H + h
+        tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
+        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
+        # when the state already predicts v: mixers.md §7 item 8)
+        d = uu - tl.dot(ww, S, input_precision=PREC)
+        tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+        kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # K * exp(G_n - G)
+        if GATE > 0:
+            S = S * tl.exp(Gn_col)
+        S += tl.dot(tl.trans(kd), d, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * DK * DV + s_offs, S)
+
+@triton.jit(do_not_specialize=["T", "NT", "H"])
+def _output_fwd_kernel(q_ptr, k_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
+                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                       DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
+                       PREC: tl.constexpr):
+    iv = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tok0 = (b * T + c * C) * H + h
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    P = _gram(qq, kk, Gm, G_ptr + tok0 * DG, H * DG, n, True, GATE, C, DK, LOG2C, PREC)
+    S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+    d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
+    o = scale * (tl.dot(qg, S, input_precision=PREC) + tl.dot(P, d, input_precision=PREC))
+    tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+# -----------------------------------------------------------------------------
+# Triton backward (mixers.md §5.2; A, W, h, Delta are recomputed by the forward kernels)
+#
+# _dv_local: dDelta_intra = P_qk^T dO                                       (parallel over chunks)
+# _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
+#   dDelta = dDelta_intra + Kd dS'                    Kd = K * exp(G_n - G)
+#   dS     = Diag(exp G_n) dS' + scale (Q * exp G)^T dO - W^T dDelta   (after chunk 0: d initial_state)
+# _grads_bwd, per chunk and key tile, with S = h[c], dS' = dh[c]:
+#   dP = Tril(dO Delta^T);  dQg = scale dO S^T;  dKd = Delta dS'^T;  dW = -dDelta S^T;  dU = dDelta
+#   dA = dU (beta V)^T + dW (beta exp(G) K)^T = dDelta (beta V - (beta exp(G) K) S)^T
+#   X = A^T dU;  Y = A^T dW;  dL = -StrictTril(A^T dA A^T)
+#   dv = beta X;  dbeta = rowsum(X V) + rowsum(Y exp(G) K) + rowsum(M' K)
+#   dq = dQg exp(G) + M;   dk = beta exp(G) Y + dKd exp(G_n - G) + N + beta M' + N'
+#   dG = Y beta exp(G) K + dQg Qg - dKd Kd + Q M - K N + beta K M' - K N';  dG[n-1] += dG_n
+#   dG_n = exp(G_n) rowsum(S dS') + colsum(dKd Kd);   dg = reverse cumsum of dG within the chunk
+# with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_gram_apply).
+# Every term but the C x C matrices is per key channel, so programs split Dk into tiles of BK
+# (keeps the live tiles within registers and shared memory); the row sums over channels (dbeta,
+# and dg for GDN) come back as one partial per key tile and are added up outside.
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _dv_local_kernel(q_ptr, k_ptr, G_ptr, do_ptr, dvn_ptr, scale, T,
+                     H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                     DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
+                     PREC: tl.constexpr):
+    iv = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tok0 = (b * T + c * C) * H + h
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    P = _gram(qq, kk, Gm, G_ptr + tok0 * DG, H * DG, n, True, GATE, C, DK, LOG2C, PREC)
+    dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    dd = scale * tl.dot(tl.trans(P), dO, input_precision=PREC)
+    tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
+
+@triton.jit(do_not_specialize=["T", "NT", "H"])
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
+                      H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                      DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
+                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        dS = tl.zeros([DK, BV], dtype=tl.float32)
+    for cc in range(NT):
+        c = NT - 1 - cc
+        t = c * C + rows
+        valid = t < T
+        n = tl.minimum(T - c * C, C)
+        tok = (b * T + t) * H + h
+        tok0 = (b * T + c * C) * H + h
+        tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS)
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        dd = tl.load(dvn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+        kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
+        dd += tl.dot(kd, dS, input_precision=PREC)
+        tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
+        qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
+        if GATE > 0:
+            dS = dS * tl.exp(Gn_col)
+        dS += scale * tl.dot(tl.trans(qg), dO, input_precision=PREC) - tl.dot(tl.trans(ww), dd, input_precision=PREC)
+    if STORE_DH0:
+        tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
+
+@triton.jit(do_not_specialize=["T", "NT", "H"])
+def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
+                      dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
+                      H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
+                      PREC: tl.constexpr):
+    ik = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    r2 = rows[:, None]
+    i2 = rows[None, :]
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tok0 = (b * T + c * C) * H + h
+    ck = ik * BK + tl.arange(0, BK)                 # this program's key channels
+    ca = tl.arange(0, DK)                           # all key channels (for W = A kb and kb S)
+    if GATE == 2:
+        g_tile = G_ptr + ik * BK                    # KDA: this tile's gate channels
+        Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
+    else:
+        g_tile = G_ptr
+        Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    ka = tl.load(k_ptr + tok[:, None] * DK + ca[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    Ga, _, _ = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
+    egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
+    kba = ka * tl.exp(tl.where(valid[:, None], Ga, float('-inf'))) * beta[:, None]  # beta exp(G) K, all channels
+
+    # (a)-(c): contractions over the value dimension, one V-tile at a time
+    dP = tl.zeros([C, C], dtype=tl.float32)
+    dA = tl.zeros([C, C], dtype=tl.float32)
+    dqg = tl.zeros([C, BK], dtype=tl.float32)
+    dkd = tl.zeros([C, BK], dtype=tl.float32)
+    dw = tl.zeros([C, BK], dtype=tl.float32)
+    dbeta = tl.zeros([C], dtype=tl.float32)
+    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(S * dS')
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    for iv in range(DV // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        x_offs = tok[:, None] * DV + cv[None, :]
+        Sa = tl.load(h_ptr + s_base + ca[:, None] * DV + cv[None, :]).to(tl.float32)
+        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
+        dP += tl.dot(dO, tl.trans(d), input_precision=PREC)
+        dqg += tl.dot(dO, tl.trans(S), input_precision=PREC)
+        dkd += tl.dot(d, tl.trans(dS), input_precision=PREC)
+        dw -= tl.dot(dd, tl.trans(S), input_precision=PREC)
+        vb = vv * beta[:, None]
+        dA += tl.dot(dd, tl.trans(vb - tl.dot(kba, Sa, input_precision=PREC)), input_precision=PREC)
+        sds += tl.sum(S * dS, 1)
+        if ik == 0:  # the value-side outputs, once per chunk
+            X = tl.dot(tl.trans(A), dd, input_precision=PREC)            # A^T dU
+            tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
+            dbeta += tl.sum(X * vv, 1)
+    dqg = dqg * scale
+    dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
+
+    # (c) W = A kb:  Y = A^T dW
+    Y = tl.dot(tl.trans(A), dw, input_precision=PREC)
+    kb = kk * eg * beta[:, None]
+    dk = Y * eg * beta[:, None]
+    dbeta += tl.sum(Y * eg * kk, 1)
+    dG = Y * kb
+    # (d) A = (I + L)^-1
+    dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=PREC), tl.trans(A), input_precision=PREC)
+    dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+    # (e) Qg, Kd
+    kd = kk * egn
+    dq = dqg * eg
+    dG += dqg * qq * eg
+    dk += dkd * egn
+    dG -= dkd * kd
+    # (f) P_qk (scale folded into dP)
+    g_base = g_tile + tok0 * DG
+    M = _gram_apply(dP, kk, Gm, g_base, H * DG, n, False, GATE, C, BK, LOG2C, PREC)
+    N = _gram_apply(dP, qq, Gm, g_base, H * DG, n, True, GATE, C, BK, LOG2C, PREC)
+    dq += M
+    dk += N
+    dG += qq * M - kk * N
+    # (g) L = beta_r (K K^T decayed), strictly lower
+    M2 = _gram_apply(dL, kk, Gm, g_base, H * DG, n, False, GATE, C, BK, LOG2C, PREC)
+    N2 = _gram_apply(dL * beta[:, None], kk, Gm, g_base, H * DG, n, True, GATE, C, BK, LOG2C, PREC)
+    dbeta += tl.sum(M2 * kk, 1)
+    dk += beta[:, None] * M2 + N2
+    dG += beta[:, None] * kk * M2 - kk * N2
+
+    tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+    # partial sums per key tile: dbeta [NK, B, T, H], GDN dg [NK, B, T, H]; KDA dg has its own columns
+    part = ik.to(tl.int64) * T * H * (tl.num_programs(2) // H)           # ik * B*T*H
+    tl.store(dbeta_ptr + part + tok, dbeta, mask=valid)
+    if GATE > 0:
+        # (h) G_n enters the state decay exp(G_n) S and Kd; it is row n-1 of the cumsum
+        dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]   # [1, BK]
+        dG += tl.where(r2 == n - 1, dGn, 0.)
+        if GATE == 1:
+            dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)             # G = cumsum(g) => reverse
+            tl.store(dg_ptr + part + tok, dg, mask=valid)
+        else:
+            dg = tl.cumsum(dG, axis=0, reverse=True)
+            tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
+
+# -----------------------------------------------------------------------------
 # decode steps: one token, the state [B, H, Dk, Dv] (fp32) is updated in place; same equations as the recurrences
+#   linear attention:  S <- exp(g) S + k v^T;                                 o = s S^T q
+#   delta rule:        S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q
+# torch versions (any device and dtype), then the Triton delta-rule step: one program per (V-tile, b, h) keeps its
+# [Dk, BV] state tile in registers, decay, delta update and readout fused, one read and one write of the state.
 
 def linear_attn_step(q, k, v, g, state, scale=None):
     _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
@@ -282,7 +739,7 @@ def linear_attn_step(q, k, v, g, state, scale=None):
     state.add_(k[:, :, :, None] * v.to(dt)[:, :, None, :])
     return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
 
-def delta_rule_step(q, k, v, beta, g, state, scale=None):
+def delta_rule_step_torch(q, k, v, beta, g, state, scale=None):
     _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
     dt = state.dtype
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -293,45 +750,280 @@ def delta_rule_step(q, k, v, beta, g, state, scale=None):
     state.add_(k[:, :, :, None] * err[:, :, None, :])
     return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
 
-# -----------------------------------------------------------------------------
-# public calls: pick the path from the device, say it once in the log
+@triton.jit
+def _step_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s_ptr, o_ptr, scale,
+                 DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    q = tl.load(q_ptr + bh * DK + ck).to(tl.float32)
+    k = tl.load(k_ptr + bh * DK + ck).to(tl.float32)
+    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
+    beta = tl.load(beta_ptr + bh).to(tl.float32)
+    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
+    S = tl.load(s_ptr + s_offs)
+    if GATE == 1:
+        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
+    if GATE == 2:
+        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
+    e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
+    S += k[:, None] * e[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + s_offs, S)
+    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
 
-# TODO: the Triton kernels (chunked fwd/bwd, decode) are not written yet. Until they are, CUDA tensors also
-# run the chunked torch path, and the log line says so. They will slot in as `_pick_path` returning "triton".
-HAVE_TRITON_KERNELS = False
+# -----------------------------------------------------------------------------
+# the Triton path as custom ops, and the public calls
+#
+# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> A, W, U (_wy_fwd) -> h[c], Delta, final state
+# (_state_fwd) -> O (_output_fwd). Only q, k, v, beta, G and the initial state are saved; the backward
+# (kernels::delta_rule_bwd) recomputes A, W, h, Delta, then runs _dv_local, _state_bwd (reverse over chunks) and
+# _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered as the
+# forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
+# break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
+
+def _gate_kind(g, k):
+    """0: DeltaNet (no gate), 1: GDN (g [B,T,H]), 2: KDA (g [B,T,H,Dk]); and DG, the gate values per token."""
+    if g is None:
+        return 0, 1
+    return (1, 1) if g.dim() == k.dim() - 1 else (2, k.shape[-1])
+
+def _meta(q, k, v):
+    B, T, H, DK = k.shape
+    DV = v.shape[-1]
+    prec = 'ieee' if q.dtype == torch.float32 else 'tf32'
+    return B, T, H, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
+
+def _warps(DK, DV):
+    # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
+    return 8 if max(DK, DV) >= 128 else 4
+# The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
+# and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
+
+def _fwd_recompute(k, v, beta, G, h0, output_final_state, GATE, DG):
+    """A, W per chunk, then the sequential pass: state snapshots h[c] (k's dtype), Delta, final state (fp32)."""
+    B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
+    C = TRITON_CHUNK
+    Gp = G if G is not None else k  # any pointer; unused when GATE == 0
+    A = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, int(math.log2(C)), GATE, prec,
+                                num_warps=_warps(DK, DV))
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
+    vn = torch.empty_like(v)
+    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    _state_fwd_kernel[(DV // BV, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
+                                         T, NT, H, DK, DV, BV, DG, C, GATE, prec, h0 is not None, ht is not None,
+                                         num_warps=_warps(DK, DV), num_stages=2)
+    return A, w, h, vn, ht
+
+@torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
+def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
+                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
+    G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet)."""
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
+    GATE, DG = _gate_kind(g, k)
+    G = torch.empty(0, device=k.device, dtype=torch.float32)
+    if GATE > 0:
+        G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
+        _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK)
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    A, w, h, vn, ht = _fwd_recompute(k, v, beta, G if GATE > 0 else None, h0, output_final_state, GATE, DG)
+    o = torch.empty_like(v)
+    Gp = G if GATE > 0 else k
+    _output_fwd_kernel[(DV // BV, NT, B * H)](q, k, Gp, h, vn, o, scale, T, NT, H, DK, DV, BV, DG, TRITON_CHUNK,
+                                              int(math.log2(TRITON_CHUNK)), GATE, prec, num_warps=_warps(DK, DV))
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G
+
+@_delta_rule_fwd.register_fake
+def _(q, k, v, beta, g, scale, initial_state, output_final_state):
+    B, T, H, DK = k.shape
+    GATE, DG = _gate_kind(g, k)
+    ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    G = q.new_empty((B, T, H, DG) if GATE > 0 else (0,), dtype=torch.float32)
+    return v.new_empty(v.shape), ht, G
+
+@torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
+def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
+                    initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
+    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet)."""
+    q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
+    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
+    GATE, DG = (0, 1) if G is None else ((1, 1) if G.shape[-1] == 1 else (2, G.shape[-1]))
+    C, LOG2C = TRITON_CHUNK, int(math.log2(TRITON_CHUNK))
+    Gp = G if G is not None else k
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    A, w, h, vn, _ = _fwd_recompute(k, v, beta, G, h0, False, GATE, DG)
+    dvn = torch.empty(B, T, H, DV, device=k.device, dtype=torch.float32)
+    _dv_local_kernel[(DV // BV, NT, B * H)](q, k, Gp, do, dvn, scale, T, H, DK, DV, BV, DG, C, LOG2C, GATE,
+                                            prec, num_warps=_warps(DK, DV))
+    dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=torch.float32)
+    dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
+    if dht is not None:
+        dht = dht.contiguous().float()
+    _state_bwd_kernel[(DV // BV, B * H)](q, k, w, Gp, do, dvn, dh, dht if dht is not None else dh,
+                                         dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BV, DG,
+                                         C, GATE, prec, dht is not None, dh0 is not None, num_warps=_warps(DK, DV),
+                                         num_stages=2)
+    BK = min(DK, 64)
+    NK = DK // BK
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # dbeta (and GDN's dg) come back as one partial sum per key tile, added up below
+    dbeta = torch.empty(NK, B, T, H, device=k.device, dtype=torch.float32)
+    dg = torch.empty(0, device=k.device, dtype=torch.float32)
+    if GATE == 1:
+        dg = torch.empty(NK, B, T, H, device=k.device, dtype=torch.float32)
+    elif GATE == 2:
+        dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
+    _grads_bwd_kernel[(NK, NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta,
+                                       dg if GATE > 0 else dbeta, scale, T, NT, H, DK, DV, BK, BV,
+                                       DG, C, LOG2C, GATE, prec, num_warps=8, num_stages=1)
+    if GATE == 1:
+        dg = dg.sum(0)
+    return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+
+@_delta_rule_bwd.register_fake
+def _(q, k, v, beta, G, initial_state, do, dht, scale):
+    f32 = torch.float32
+    dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
+    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
+
+def _delta_rule_setup(ctx, inputs, output):
+    q, k, v, beta, g, scale, initial_state, output_final_state = inputs
+    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, initial_state)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+    ctx.g_dtype = None if g is None else g.dtype
+
+def _delta_rule_backward(ctx, do, dht, dG):
+    q, k, v, beta, G, h0 = ctx.saved_tensors
+    dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, h0, do, dht, ctx.scale)
+    return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
+            None if h0 is None else dh0.to(h0.dtype), None)
+
+_delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
+
+@torch.library.custom_op("kernels::delta_rule_step", mutates_args=("state",))
+def _delta_rule_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                        g: Optional[torch.Tensor], state: torch.Tensor, scale: float) -> torch.Tensor:
+    B, H, DK = k.shape
+    DV = v.shape[-1]
+    GATE = 0 if g is None else (1 if g.dim() == 2 else 2)
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    o = torch.empty_like(v)
+    BV = min(DV, 32)
+    _step_kernel[(DV // BV, B * H)](q, k, v, beta, g.contiguous() if g is not None else beta, state, o, scale,
+                                    DK, DV, BV, GATE)
+    return o
+
+@_delta_rule_step_op.register_fake
+def _(q, k, v, beta, g, state, scale):
+    return v.new_empty(v.shape)
+
+def _triton_unsupported(q, v, state=None):
+    """Why the Triton kernels cannot take these inputs, or None when they can."""
+    pow2 = lambda d: 16 <= d <= 128 and d & (d - 1) == 0
+    if not (pow2(q.shape[-1]) and pow2(v.shape[-1])):
+        return f"the Triton kernels need Dk, Dv powers of two in [16, 128], got {q.shape[-1]}, {v.shape[-1]}"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the Triton kernels take fp16/bf16/fp32 inputs, got {q.dtype}"
+    if state is not None and not (state.dtype == torch.float32 and state.is_contiguous()):
+        return "the Triton step needs a contiguous fp32 state"
+    return None
+
+def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
+    """The delta rule through the Triton kernels (custom ops, differentiable); same arguments and result as
+    delta_rule. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
+    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
+    why = _triton_unsupported(q, v)
+    if why:
+        _fail("delta_rule", why)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    o, ht, _ = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state)
+    return o, (ht if output_final_state else None)
+
+def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
+    """One delta-rule decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
+    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
+    why = _triton_unsupported(q, v, state)
+    if why:
+        _fail("delta_rule_step", why)
+    return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+HAVE_TRITON_KERNELS = True  # for the delta rule; the scalar-decay family has none yet
 CHUNK_SIZE = 64  # chunk of the chunked torch path
 CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
-_PATHS = ("recurrent", "chunked")
+_PATHS = ("recurrent", "chunked", "triton")
 _logged = set()
 
-def _pick_path(x):
-    """'recurrent' | 'chunked' (later 'triton' on CUDA). KERNELS_PATH=recurrent|chunked forces a path."""
+def _pick_path(fn, q, v, state=None):
+    """-> (path, note): 'recurrent' | 'chunked' | 'triton' and why, for the log line.
+    KERNELS_PATH=recurrent|chunked|triton forces a path."""
     forced = os.environ.get("KERNELS_PATH", "")
     if forced:
         if forced not in _PATHS:
             raise ValueError(f"KERNELS_PATH must be one of {_PATHS}, got {forced!r}")
-        return forced
-    return "chunked"  # CPU, and CUDA while HAVE_TRITON_KERNELS is False
+        if forced == "triton" and fn.startswith("linear_attn"):
+            raise ValueError("KERNELS_PATH=triton: the scalar-decay family (linear_attn) has no Triton kernels yet")
+        if forced == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("KERNELS_PATH=triton on CPU needs TRITON_INTERPRET=1, set before triton is imported")
+        return forced, " (forced by KERNELS_PATH)"
+    if not q.is_cuda:
+        return "chunked", ""
+    if fn.startswith("linear_attn"):
+        return "chunked", " (no Triton kernel for the scalar-decay family yet)"
+    why = _triton_unsupported(q, v, state)
+    return ("chunked", f" ({why})") if why else ("triton", "")
 
-def _log_path(fn, path, x):
-    if (fn, path) not in _logged:
-        _logged.add((fn, path))
-        note = " (Triton kernels are not written yet)" if x.is_cuda and not HAVE_TRITON_KERNELS else ""
-        print(f"kernels: {fn} uses the {path} torch path on {x.device.type}{note}")
+def _say_once(line):
+    if line not in _logged:
+        _logged.add(line)
+        print(line)
+
+def _log_path(fn, path, note, x):
+    what = {"recurrent": "the recurrent torch path", "chunked": "the chunked torch path", "triton": "the Triton kernels",
+            "step": "the torch step", "triton step": "the Triton step kernel"}[path]
+    line = f"kernels: {fn} uses {what} on {x.device.type}{note}"
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace print: say it once while tracing (comptime runs at trace time), with no guard on
+        # _logged (a guard would recompile the model once the line is logged). Imported here: torch._dynamo is
+        # loaded by then, and importing it with kernels.py costs eager users ~2 s (measured on a 2-core box).
+        from torch._dynamo.comptime import comptime
+        comptime(lambda ctx: _say_once(ctx.get_local("line").as_python_constant()))
+    else:
+        _say_once(line)
 
 def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
-    path = _pick_path(q)
-    _log_path("linear_attn", path, q)
+    path, note = _pick_path("linear_attn", q, v)
+    _log_path("linear_attn", path, note, q)
     if path == "recurrent":
         return linear_attn_recurrent(q, k, v, g, scale, initial_state, output_final_state)
     return linear_attn_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size=CHUNK_SIZE)
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
     """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
-    path = _pick_path(q)
-    _log_path("delta_rule", path, q)
+    path, note = _pick_path("delta_rule", q, v)
+    _log_path("delta_rule", path, note, q)
     if path == "recurrent":
         return delta_rule_recurrent(q, k, v, beta, g, scale, initial_state, output_final_state)
+    if path == "triton":
+        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state)
     C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.ndim == 4 else CHUNK_SIZE
     return delta_rule_chunked(q, k, v, beta, g, scale, initial_state, output_final_state, chunk_size=C)
+
+def delta_rule_step(q, k, v, beta, g, state, scale=None):
+    """One delta-rule decode token (state updated in place); see the module docstring. -> o"""
+    path, note = _pick_path("delta_rule_step", q, v, state)
+    _log_path("delta_rule_step", "triton step" if path == "triton" else "step", note, q)
+    if path == "triton":
+        return delta_rule_step_triton(q, k, v, beta, g, state, scale)
+    return delta_rule_step_torch(q, k, v, beta, g, state, scale)
