@@ -48,8 +48,15 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # no triton wheel off Linux: the kernels below are defined but never run, the torch paths work
+    import types
+    HAVE_TRITON = False
+    triton = types.SimpleNamespace(jit=lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
+    tl = types.SimpleNamespace(constexpr=int)  # only used in the kernels' signatures
 
 # -----------------------------------------------------------------------------
 # argument checks (shared by every path; a wrong shape fails here with its name, not deep inside an einsum)
@@ -930,6 +937,8 @@ def _(q, k, v, beta, g, state, scale):
 
 def _triton_unsupported(q, v, state=None):
     """Why the Triton kernels cannot take these inputs, or None when they can."""
+    if not HAVE_TRITON:
+        return "triton is not installed"
     pow2 = lambda d: 16 <= d <= 128 and d & (d - 1) == 0
     if not (pow2(q.shape[-1]) and pow2(v.shape[-1])):
         return f"the Triton kernels need Dk, Dv powers of two in [16, 128], got {q.shape[-1]}, {v.shape[-1]}"
@@ -973,6 +982,8 @@ def _pick_path(fn, q, v, state=None):
             raise ValueError(f"KERNELS_PATH must be one of {_PATHS}, got {forced!r}")
         if forced == "triton" and fn.startswith("linear_attn"):
             raise ValueError("KERNELS_PATH=triton: the scalar-decay family (linear_attn) has no Triton kernels yet")
+        if forced == "triton" and not HAVE_TRITON:
+            raise ValueError("KERNELS_PATH=triton: triton is not installed")
         if forced == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("KERNELS_PATH=triton on CPU needs TRITON_INTERPRET=1, set before triton is imported")
         return forced, " (forced by KERNELS_PATH)"
