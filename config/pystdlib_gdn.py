@@ -1,6 +1,6 @@
 # Small Gated DeltaNet (delta rule + scalar decay per head) on the offline default dataset (Python's standard library source).
-# Hardware: a laptop CPU (2 cores: a few minutes, see the README's table), a GPU in seconds.
-# Expected loss: see the README's table of small CPU runs (measured there with this file).
+# Hardware: 2 CPU cores: ~1,038 tokens/s, so 300 steps take ~5-6 min plus evals; an H200 (eager): ~54k tokens/s.
+# Expected: val loss 3.411 at step 300 (H200, bf16, one seed); see the README's table.
 # $ python data/pystdlib/prepare.py && python train.py config/pystdlib_gdn.py
 out_dir = 'out-pystdlib-gdn'
 dataset = 'pystdlib'

@@ -1,6 +1,6 @@
 # Small Mamba2 / SSD (data-dependent scalar decay) on the offline default dataset (Python's standard library source).
-# Hardware: a laptop CPU (2 cores: a few minutes, see the README's table), a GPU in seconds.
-# Expected loss: see the README's table of small CPU runs (measured there with this file).
+# Hardware: 2 CPU cores: ~983 tokens/s, so 300 steps take ~5-6 min plus evals; an H200 (eager): ~56k tokens/s.
+# Expected: val loss 3.414 at step 300 (H200, bf16, one seed); see the README's table.
 # $ python data/pystdlib/prepare.py && python train.py config/pystdlib_mamba2.py
 out_dir = 'out-pystdlib-mamba2'
 dataset = 'pystdlib'
