@@ -554,8 +554,9 @@ class GPT(nn.Module):
         decay = [p for p in params.values() if p.dim() >= 2 and not getattr(p, '_no_weight_decay', False)]
         no_decay = [p for p in params.values() if p.dim() < 2 or getattr(p, '_no_weight_decay', False)]
         groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
-        print(f"num decayed parameter tensors: {len(decay)}, with {sum(p.numel() for p in decay):,} parameters")
-        print(f"num non-decayed parameter tensors: {len(no_decay)}, with {sum(p.numel() for p in no_decay):,} parameters")
+        if int(os.environ.get('RANK', '0')) == 0:  # once, not once per DDP rank
+            print(f"num decayed parameter tensors: {len(decay)}, with {sum(p.numel() for p in decay):,} parameters")
+            print(f"num non-decayed parameter tensors: {len(no_decay)}, with {sum(p.numel() for p in no_decay):,} parameters")
         fused = device_type == 'cuda'
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
