@@ -4,6 +4,10 @@ Train a GPT whose token mixer is chosen per layer. One process, or several throu
 CPU, a few minutes (the offline default dataset; run `python data/pystdlib/prepare.py` once):
 $ python train.py config/pystdlib_softmax.py
 
+Synthetic recall tasks, generated on the fly (tasks.py; eval also prints answer accuracy):
+$ python train.py config/mqar.py --mixer=kda
+$ python train.py config/statetrack.py --mixer='kda*3,softmax'
+
 One GPU:
 $ python train.py config/softmax_owt.py
 
@@ -27,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPTConfig, GPT, save_checkpoint, load_checkpoint
 from dataloader import ShardLoader
+from tasks import MQAR, StateTracking, TaskLoader, count_correct
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -43,10 +48,16 @@ wandb_project = 'linear-gpt'
 wandb_run_name = 'run'
 wandb_mode = 'online'           # 'offline' writes runs locally for `wandb sync` later
 # data
-dataset = 'openwebtext'         # folder under data/ holding <dataset>_{train,val}_*.bin shards
+dataset = 'openwebtext'         # folder under data/ holding <dataset>_{train,val}_*.bin shards, or a task: 'mqar', 'statetrack'
 gradient_accumulation_steps = 5 * 8  # GLOBAL micro-steps per optimizer step, divided among DDP ranks
 batch_size = 12                 # micro-batch size per rank
 block_size = 1024               # training context length
+# synthetic tasks (tasks.py), used when dataset is 'mqar' or 'statetrack'; block_size is the sequence length
+task_vocab_size = 8192          # tokens of the task; the model's vocab_size is set to it (Zoology's MQAR: 8192)
+mqar_num_pairs = 16             # MQAR key-value pairs per sequence; each key is queried once (needs 4x <= block_size+1)
+statetrack_num_vars = 16        # state tracking: distinct variables
+statetrack_num_assignments = 64 # assignments per sequence: each variable is re-assigned ~ this / num_vars times
+statetrack_num_queries = 16     # queries per sequence, interleaved with the assignments (2*assignments + 3*queries <= block_size+1)
 # model
 n_layer = 12
 n_head = 12
@@ -138,11 +149,25 @@ torch.backends.cudnn.allow_tf32 = True
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
-# data: each rank reads its own slice of the same sequential stream
+# data: each rank reads its own slice of the same sequential stream (shards), or of the task's generated sequences
+task = None
+if dataset == 'mqar':
+    task = MQAR(task_vocab_size, block_size, mqar_num_pairs)
+elif dataset == 'statetrack':
+    task = StateTracking(task_vocab_size, block_size, statetrack_num_vars, statetrack_num_assignments, statetrack_num_queries)
+if task is not None:
+    vocab_size = task.vocab_size  # the model's vocabulary is the task's
+    print0(f"task {dataset}: vocab_size {vocab_size}, sequences of {block_size} tokens, loss and accuracy on answers only")
 data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-train_loader = ShardLoader(data_dir, 'train', batch_size, block_size, ddp_rank, ddp_world_size)
-val_loader = ShardLoader(data_dir, 'val', batch_size, block_size, ddp_rank, ddp_world_size)
-eval_train_loader = ShardLoader(data_dir, 'train', batch_size, block_size, ddp_rank, ddp_world_size)
+
+
+def make_loader(split):
+    if task is not None:
+        return TaskLoader(task, split, batch_size, seed, ddp_rank, ddp_world_size)
+    return ShardLoader(data_dir, split, batch_size, block_size, ddp_rank, ddp_world_size)
+
+
+train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 # model
 iter_num = 0
@@ -192,22 +217,30 @@ if ddp:
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over the same first eval_iters batches of each split, averaged over ranks."""
+    """Mean loss over the same first eval_iters batches of each split, averaged over ranks; for a task
+    also the answer accuracy (out['train_acc'], out['val_acc']): the fraction of answers whose argmax is right."""
     out = {}
     model.eval()
     for split, loader in (('train', eval_train_loader), ('val', val_loader)):
         loader.reset()
         losses = torch.zeros(eval_iters, device=device)
+        answers = torch.zeros(2, device=device)  # correct, total
         for k in range(eval_iters):
             X, Y = loader.next_batch()
+            X, Y = X.to(device), Y.to(device)
             with ctx:
-                _, loss = model(X.to(device), Y.to(device))
+                logits, loss = model(X, Y)
             losses[k] = loss.item()
+            if task is not None:
+                answers += torch.stack(count_correct(logits, Y))
         mean = losses.mean()
         if ddp:
             dist.all_reduce(mean, op=dist.ReduceOp.SUM)  # SUM then divide: gloo has no AVG
             mean = mean / ddp_world_size
+            dist.all_reduce(answers, op=dist.ReduceOp.SUM)
         out[split] = mean.item()
+        if task is not None:
+            out[f'{split}_acc'] = (answers[0] / answers[1]).item()
     model.train()
     return out
 
@@ -276,9 +309,14 @@ while True:
 
     if iter_num % eval_interval == 0 and (iter_num > start_iter or iter_num == 0 or eval_only):
         losses = estimate_loss()
-        print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        line = f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        metrics = {'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr, 'mfu': running_mfu * 100}
+        if task is not None:
+            line += f", train acc {losses['train_acc']:.4f}, val acc {losses['val_acc']:.4f}"
+            metrics.update({'train/acc': losses['train_acc'], 'val/acc': losses['val_acc']})
+        print0(line)
         if wandb_log and master_process:
-            wandb.log({'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr, 'mfu': running_mfu * 100})
+            wandb.log(metrics)
         rng_states = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
                       'numpy': np.random.get_state(), 'python': random.getstate()}
         loader_states = gather_loader_states()
