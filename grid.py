@@ -1,11 +1,11 @@
 """
 The recall grid: train every mixer (and the 3:1 KDA:softmax hybrid) on MQAR and on state tracking, at several
-task sizes and model widths, one run after another, and write one markdown results table: the final val answer
-accuracy of each mixer × (pairs or assignments) × width.
+task sizes and model widths, one run after another (or --jobs at a time), and write one markdown results table:
+the final val answer accuracy of each mixer × (pairs or assignments) × width.
 
-$ python grid.py                    # the real run, on a GPU: config/mqar.py and config/statetrack.py as sized there
+$ python grid.py --jobs=8           # the real run, on one GPU: config/mqar.py and config/statetrack.py as sized there
 $ python grid.py --quick            # a tiny version (vocab 32, 32 tokens, 200 steps per run) that runs on 2 CPU cores
-$ python grid.py --tasks mqar --mixers softmax kda 'kda*3,softmax' --sizes 16 64 --widths 128 --device=cuda:1
+$ python grid.py --tasks mqar --mixers softmax kda 'kda*3,softmax' --sizes 8 24 --widths 128 --device=cuda:1
 $ python grid.py --resume           # keep the runs that finished (an interrupted grid, or parts run on other GPUs
                                     #   into the same --out_root), run the rest, rewrite the table from all the logs
 $ python grid.py --learning_rates 3e-4 1e-3 3e-3    # each cell keeps its best LR (Zoology's protocol)
@@ -14,7 +14,7 @@ Every run is `python train.py config/<task>.py --mixer=M --<size key>=N --n_embd
 --out_dir=<out_root>/<task>/<run>` plus any train.py override given here after the grid's own flags (`--device=cpu`,
 `--max_iters=1000`, ...). The table is read back from the runs' log.txt files (plot.py's read_log), so it only
 ever shows what the runs printed. Plot one cell's curves with plot.py, e.g.
-$ python plot.py out-grid/mqar/*_n64_w128_* --metric=val_acc --out=mqar_n64_w128.png
+$ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_n16_w128.png
 """
 import argparse
 import os
@@ -36,12 +36,12 @@ HEAD_WIDTH = 32  # the configs' softmax head width (n_head = width / 32) and lin
 TASKS = {
     'mqar': dict(
         config='config/mqar.py', size_key='mqar_num_pairs', size_name='pairs',
-        sizes=[16, 32, 64], widths=[64, 128, 256],
+        sizes=[8, 16, 24], widths=[64, 128, 256],
         quick=dict(sizes=[2, 4], widths=[64],
                    overrides=['--task_vocab_size=32', '--block_size=32'])),
     'statetrack': dict(
         config='config/statetrack.py', size_key='statetrack_num_assignments', size_name='assignments',
-        sizes=[16, 48, 96], widths=[64, 128, 256],
+        sizes=[32, 64, 96], widths=[64, 128, 256],
         quick=dict(sizes=[4, 8], widths=[64],
                    overrides=['--task_vocab_size=32', '--block_size=32', '--statetrack_num_vars=4',
                               '--statetrack_num_queries=4'])),
@@ -74,16 +74,14 @@ def train_args(task, mixer, size, width, lr, out_dir, extra):
             f'--n_head={width // HEAD_WIDTH}', f'--learning_rate={lr}', f'--min_lr={lr / 10}', f'--out_dir={out_dir}'] + extra
 
 
-def train(task, mixer, size, width, lr, out_dir, extra):
-    """One train.py run; its stdout and stderr go to out_dir/run.txt. Returns (ok, seconds)."""
+def start(task, mixer, size, width, lr, out_dir, extra, env):
+    """Start one train.py run in the background; its stdout and stderr go to out_dir/run.txt. Returns the Popen."""
     cmd = [sys.executable, 'train.py'] + train_args(task, mixer, size, width, lr, out_dir, extra)
     os.makedirs(out_dir, exist_ok=True)
-    t0 = time.time()
     with open(os.path.join(out_dir, 'run.txt'), 'w') as f:
         f.write(' '.join(cmd) + '\n')
         f.flush()
-        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    return p.returncode == 0, time.time() - t0
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
 def table(task, mixers, sizes, widths, lrs, out_root):
@@ -147,6 +145,8 @@ def main():
     ap.add_argument('--learning_rates', nargs='+', type=float, default=[1e-3], help="each cell keeps its best")
     ap.add_argument('--quick', action='store_true', help="tiny tasks and 200 steps per run: a CPU-sized smoke run")
     ap.add_argument('--resume', action='store_true', help="skip runs whose log already ends at max_iters")
+    ap.add_argument('--jobs', type=int, default=1, help="runs at once; small models leave a GPU mostly idle, so "
+                    "several on one GPU cost little more time each than one alone")
     ap.add_argument('--out_root', default=None, help="runs go to <out_root>/<task>/<run> (default out-grid, out-grid-quick)")
     ap.add_argument('--table', default=None, help="the markdown file to write (default <out_root>/results.md)")
     args, extra = ap.parse_known_args()
@@ -163,27 +163,41 @@ def main():
         widths = args.widths or (spec['quick']['widths'] if args.quick else spec['widths'])
         overrides = (spec['quick']['overrides'] + QUICK if args.quick else []) + extra  # the user's come last and win
         plan.append((task, args.mixers, sizes, widths, overrides))
-    n_runs = sum(len(m) * len(s) * len(w) for _, m, s, w, _ in plan) * len(args.learning_rates)
-    print(f"grid: {n_runs} runs into {out_root}/, table -> {table_path}")
 
-    failures, k, t_start = [], 0, time.time()
-    for task, mixers, sizes, widths, overrides in plan:
-        for width in widths:
-            for size in sizes:
-                for mixer in mixers:
-                    for lr in args.learning_rates:
-                        k += 1
-                        out_dir = os.path.join(out_root, task, run_name(mixer, size, width, lr))
-                        if args.resume and finished(out_dir):
-                            print(f"[{k}/{n_runs}] {out_dir}: finished earlier, kept")
-                            continue
-                        shutil.rmtree(out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
-                        ok, dt = train(task, mixer, size, width, lr, out_dir, overrides)
-                        evals = read_log(out_dir)['evals'] if os.path.isfile(os.path.join(out_dir, 'log.txt')) else []
-                        result = f"val acc {evals[-1]['val_acc']:.3f}" if ok and evals else f"FAILED, see {out_dir}/run.txt"
-                        print(f"[{k}/{n_runs}] {out_dir}: {result} ({dt:.0f}s)", flush=True)
-                        if not ok:
-                            failures.append(out_dir)
+    runs = [(task, mixer, size, width, lr, os.path.join(out_root, task, run_name(mixer, size, width, lr)), overrides)
+            for task, mixers, sizes, widths, overrides in plan
+            for width in widths for size in sizes for mixer in mixers for lr in args.learning_rates]
+    print(f"grid: {len(runs)} runs into {out_root}/, {args.jobs} at a time, table -> {table_path}")
+    env = dict(os.environ)
+    if args.jobs > 1:
+        env.setdefault('OMP_NUM_THREADS', '1')  # the runs share the CPU too: one thread each, unless the caller chose
+    failures, running, t_start = [], [], time.time()  # running: (k, out_dir, Popen, start time)
+
+    def wait_for_one():
+        while True:
+            for item in running:
+                k, out_dir, proc, t0 = item
+                if proc.poll() is not None:
+                    running.remove(item)
+                    evals = read_log(out_dir)['evals'] if os.path.isfile(os.path.join(out_dir, 'log.txt')) else []
+                    ok = proc.returncode == 0 and len(evals) > 0
+                    result = f"val acc {evals[-1]['val_acc']:.3f}" if ok else f"FAILED, see {out_dir}/run.txt"
+                    print(f"[{k}/{len(runs)}] {out_dir}: {result} ({time.time() - t0:.0f}s)", flush=True)
+                    if not ok:
+                        failures.append(out_dir)
+                    return
+            time.sleep(0.5)
+
+    for k, (task, mixer, size, width, lr, out_dir, overrides) in enumerate(runs, 1):
+        if args.resume and finished(out_dir):
+            print(f"[{k}/{len(runs)}] {out_dir}: finished earlier, kept")
+            continue
+        if len(running) == args.jobs:
+            wait_for_one()
+        shutil.rmtree(out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
+        running.append((k, out_dir, start(task, mixer, size, width, lr, out_dir, overrides, env), time.time()))
+    while running:
+        wait_for_one()
 
     cmd = ' '.join(['python', 'grid.py'] + sys.argv[1:])
     parts = [f"# Recall grid: final val answer accuracy\n",

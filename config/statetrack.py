@@ -3,7 +3,9 @@
 # $ python train.py config/statetrack.py --mixer=gdn --out_dir=out-statetrack-gdn
 # $ python train.py config/statetrack.py --mixer=retnet --statetrack_num_assignments=96
 # grid.py runs every mixer x assignments x width from this file and writes the results table (README, "What the mixers can and cannot do").
-# Hardware: one GPU. Time and accuracy per mixer: not measured yet (see the README section).
+# Hardware: one GPU. Measured while sizing this file (H100, torch 2.11, 12 runs sharing the GPU, 4,000 steps, 4 x 128, the
+# committed kernels of 6b6d714): softmax and kda reached val acc 1.000 at 32 and 64 assignments, retnet 0.943 and 0.947;
+# the 12 runs (with 6 MQAR runs at 256 tokens) took 8.2 min. One seed, one LR. The grid's results: see the README section.
 out_dir = 'out-statetrack'
 dataset = 'statetrack'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
@@ -13,7 +15,7 @@ compile = False        # many short runs: compiling each would cost more than it
 task_vocab_size = 256  # PAD, '?', 16 variables, 238 values
 block_size = 256
 statetrack_num_vars = 16
-statetrack_num_assignments = 64   # up to (257 - 3 x 16) // 2 = 104
+statetrack_num_assignments = 64   # up to (257 - 3 x 16) // 2 = 104; grid.py: 32, 64, 96
 statetrack_num_queries = 16
 
 # model: as config/mqar.py (4 layers, 32-wide heads, state ~32 x n_embd per layer for every linear mixer)
