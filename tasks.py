@@ -43,7 +43,8 @@ Seeds and DDP (TaskLoader): sequence j of a split is made by its own generator, 
 run, whatever its seed. Batches take consecutive sequence numbers in the order (call, rank), exactly as
 ShardLoader takes token positions: rank r's b-th sequence of its c-th batch is j = (c · world_size + r) · B + b.
 So ranks get disjoint shares, a run is deterministic for its seed, and 2 ranks × 1 micro-step see the same
-sequences as 1 process × 2 micro-steps.
+sequences as 1 process × 2 micro-steps. The loader's state (in checkpoints) is the global position of its next
+batch, so a resume continues the stream, also with another number of ranks.
 """
 import numpy as np
 import torch

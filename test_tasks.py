@@ -268,3 +268,31 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path):
         assert abs(a[it] - b[it]) < 1e-4, (it, a[it], b[it])
     final = read_log(ddp_dir)['evals'][-1]
     assert final['step'] == 6 and abs(final['val_loss'] - log['evals'][-1]['val_loss']) < 1e-4
+
+
+def test_plot_reads_logs_and_draws(tmp_path):
+    """read_log takes the last start's config and tokens per iteration, and the last line of a step evaluated twice
+    (a resume appends to log.txt); plot() draws a PNG when matplotlib is installed (it is optional)."""
+    run_dir = tmp_path / 'out-a'
+    run_dir.mkdir()
+    (run_dir / 'log.txt').write_text(
+        "config: {'max_iters': 4, 'mixer': 'kda'}\n"
+        "tokens per iteration: 1 grad accum × 1 ranks × 8 batch × 16 context = 128\n"
+        "step 0: train loss 4.0000, val loss 4.1000, train acc 0.0000, val acc 0.0100\n"
+        "iter 0: loss 4.0000, time 1.00ms, tok/s 1, lr 1.00e-03\n"
+        "step 2: train loss 3.0000, val loss 3.1000, train acc 0.2000, val acc 0.2100\n"
+        "config: {'max_iters': 6, 'mixer': 'kda'}\n"
+        "tokens per iteration: 1 grad accum × 1 ranks × 8 batch × 16 context = 128\n"
+        "step 2: train loss 2.9000, val loss 3.0000, train acc 0.2500, val acc 0.2600\n"
+        "step 6: train loss nan, val loss nan, train acc 0.0000, val acc 0.0000\n")
+    log = read_log(run_dir)
+    assert log['config'] == {'max_iters': 6, 'mixer': 'kda'} and log['tokens_per_iter'] == 128
+    assert [e['step'] for e in log['evals']] == [0, 2, 6]
+    assert log['evals'][1]['val_loss'] == 3.0 and log['evals'][1]['val_acc'] == 0.26
+    assert np.isnan(log['evals'][2]['val_loss'])
+    assert grid.finished(str(run_dir))  # an eval at max_iters
+    pytest.importorskip('matplotlib')
+    from plot import plot
+    plot([str(run_dir)], str(tmp_path / 'acc.png'), metric='val_acc')
+    with open(tmp_path / 'acc.png', 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
