@@ -319,75 +319,128 @@ TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 
 # free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1.
 
 @triton.jit
-def _gram(a, b, Gm, g_ptr, sg, n, DIAG: tl.constexpr, GATE: tl.constexpr, C: tl.constexpr,
-          DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
-    # a, b [C, DK] fp32 (rows >= n are 0); Gm [C, DG] chunk-local cumsum (rows >= n are 0);
+def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
+           DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # q, k [C, DK] fp32 (rows >= n are 0); Gm [C, DG] chunk-local cumsum (rows >= n are 0);
     # g_ptr/sg: row 0 of this chunk's G and its row stride (KDA reference rows are gathered).
-    # Returns [C, C]: sum_c a_rc b_ic exp(G_rc - G_ic) for i <= r (DIAG) or i < r, else 0.
+    # Returns the two decayed Grams of the chunk, [C, C] each:
+    #   P[r, i] = sum_c q_rc k_ic exp(G_rc - G_ic) for i <= r,   K[r, i] = the same with k_r for i < r.
+    # Computed together because the key-side factor k_i exp(nu - G_i) is shared (KDA: one exp per level).
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
     if GATE == 2:
         valid = r < n
         cols = tl.arange(0, DK)[None, :]
-        acc = tl.zeros([C, C], dtype=tl.float32)
+        P = tl.where(r == i, tl.sum(q * k, 1)[:, None], 0.)  # the diagonal, factor 1
+        K = tl.zeros([C, C], dtype=tl.float32)
         for lvl in tl.static_range(LOG2C):
             s = 1 << lvl  # half-block size of this level (compile-time)
             ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)  # last row of the left half
             nu = tl.load(g_ptr + ref * sg + cols)                       # [C, DK]
-            right = (r % (2 * s)) >= s
-            left = (r % (2 * s)) < s
-            ar = a * tl.exp(tl.where(right & valid, Gm - nu, float('-inf')))  # exp(G_r - nu) <= 1
-            bl = b * tl.exp(tl.where(left & valid, nu - Gm, float('-inf')))   # exp(nu - G_i) <= 1
-            blk = tl.dot(ar, tl.trans(bl), input_precision=PREC)
-            acc += tl.where((r // (2 * s)) == (i // (2 * s)), blk, 0.)  # only pairs of this level
-        if DIAG:
-            acc += tl.where(r == i, tl.sum(a * b, 1)[:, None], 0.)
+            up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # exp(G_r - nu) <= 1
+            kl = k * tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))  # k_i exp(nu - G_i)
+            same = (r // (2 * s)) == (i // (2 * s))                     # only pairs of this level
+            P += tl.where(same, tl.dot(q * up, tl.trans(kl), input_precision=PREC), 0.)
+            K += tl.where(same, tl.dot(k * up, tl.trans(kl), input_precision=PREC), 0.)
     else:
-        if DIAG:
-            keep = (i <= r) & (r < n)
-        else:
-            keep = (i < r) & (r < n)
-        acc = tl.dot(a, tl.trans(b), input_precision=PREC)
+        P = tl.dot(q, tl.trans(k), input_precision=PREC)
+        K = tl.dot(k, tl.trans(k), input_precision=PREC)
         if GATE == 1:
-            acc = acc * tl.exp(tl.where(keep, Gm - tl.trans(Gm), float('-inf')))
-        acc = tl.where(keep, acc, 0.)
-    return acc
+            decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
+            P = P * decay
+            K = K * decay
+        P = tl.where((i <= r) & (r < n), P, 0.)
+        K = tl.where((i < r) & (r < n), K, 0.)
+    return P, K
 
 @triton.jit
-def _gram_apply(dP, x, Gm, g_ptr, sg, n, TRANS: tl.constexpr, GATE: tl.constexpr, C: tl.constexpr,
-                DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
-    # Backward of _gram. dP [C, C] is zero outside the kept triangle; x [C, DK].
-    #   TRANS=False: out[r, c] = sum_i dP[r, i] x[i, c] exp(G_rc - G_ic)   (gradient w.r.t. a)
-    #   TRANS=True:  out[i, c] = sum_r dP[r, i] x[r, c] exp(G_rc - G_ic)   (gradient w.r.t. b)
-    # Same dyadic reference rows as _gram, so again every exp is of a number <= 0.
+def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # Backward of P = _grams' P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
+    # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
+    # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
+    #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
+    #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
+    # KDA: the same dyadic reference rows as _grams, so every exp is of a number <= 0; the two exp factors of a
+    # level are shared by the four products.
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
+    dLb = dL * beta[:, None]
     if GATE == 2:
         valid = r < n
         cols = tl.arange(0, DK)[None, :]
-        out = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None] * x  # diagonal, factor 1
+        dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
+        dq += dPd * k
+        dk += dPd * q
         for lvl in tl.static_range(LOG2C):
             s = 1 << lvl  # half-block size of this level (compile-time)
             ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
             nu = tl.load(g_ptr + ref * sg + cols)
-            right = (r % (2 * s)) >= s
-            left = (r % (2 * s)) < s
-            up = tl.exp(tl.where(right & valid, Gm - nu, float('-inf')))  # rows r (right half)
-            dn = tl.exp(tl.where(left & valid, nu - Gm, float('-inf')))   # rows i (left half)
-            blk = tl.where((r // (2 * s)) == (i // (2 * s)), dP, 0.)
-            if TRANS:
-                out += dn * tl.dot(tl.trans(blk), x * up, input_precision=PREC)
-            else:
-                out += up * tl.dot(blk, x * dn, input_precision=PREC)
+            up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # rows r (right half)
+            dn = tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))   # rows i (left half)
+            same = (r // (2 * s)) == (i // (2 * s))
+            kdn = k * dn
+            m = up * tl.dot(tl.where(same, dP, 0.), kdn, input_precision=PREC)
+            dq += m
+            dG += q * m
+            m = dn * tl.dot(tl.trans(tl.where(same, dP, 0.)), q * up, input_precision=PREC)
+            dk += m
+            dG -= k * m
+            m = up * tl.dot(tl.where(same, dL, 0.), kdn, input_precision=PREC)
+            dk += beta[:, None] * m
+            dG += beta[:, None] * k * m
+            dbeta += tl.sum(m * k, 1)
+            m = dn * tl.dot(tl.trans(tl.where(same, dLb, 0.)), k * up, input_precision=PREC)
+            dk += m
+            dG -= k * m
     else:
-        D = dP
         if GATE == 1:
-            D = dP * tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
-        if TRANS:
-            out = tl.dot(tl.trans(D), x, input_precision=PREC)
-        else:
-            out = tl.dot(D, x, input_precision=PREC)
-    return out
+            decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
+            dP = dP * decay
+            dL = dL * decay
+            dLb = dLb * decay
+        m = tl.dot(dP, k, input_precision=PREC)
+        dq += m
+        dG += q * m
+        m = tl.dot(tl.trans(dP), q, input_precision=PREC)
+        dk += m
+        dG -= k * m
+        m = tl.dot(dL, k, input_precision=PREC)
+        dk += beta[:, None] * m
+        dG += beta[:, None] * k * m
+        dbeta += tl.sum(m * k, 1)
+        m = tl.dot(tl.trans(dLb), k, input_precision=PREC)
+        dk += m
+        dG -= k * m
+    return dq, dk, dG, dbeta
+
+@triton.jit
+def _inv16(Lb, IPREC: tl.constexpr):
+    # (I + Lb)^-1 for one 16x16 strictly lower block, by forward substitution: row s of X is
+    # e_s - sum_{m<s} Lb[s, m] X[m], and rows m < s are final by step s. Exact arithmetic, not powers of L
+    # (which grow like binomials when keys are correlated).
+    a = tl.arange(0, 16)
+    X = tl.where(a[:, None] == a[None, :], 1., 0.)
+    for s in tl.static_range(1, 16):
+        X = tl.where(a[:, None] == s, X - tl.dot(Lb, X, input_precision=IPREC), X)
+    return X
+
+@triton.jit
+def _block_ptrs(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
+    # pointers and row mask of the 16x16 block (i, j) of this chunk's [C=64, C] matrix (row r at token tok0 + r H)
+    a = tl.arange(0, 16)
+    rows = 16 * i + a
+    return ptr + (tok0 + rows[:, None] * H) * 64 + 16 * j + a[None, :], (rows < n)[:, None]
+
+@triton.jit
+def _ld(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
+    p, m = _block_ptrs(ptr, tok0, H, n, i, j)
+    return tl.load(p, mask=m, other=0.)
+
+@triton.jit
+def _st(ptr, tok0, H, n, x, i: tl.constexpr, j: tl.constexpr):
+    p, m = _block_ptrs(ptr, tok0, H, n, i, j)
+    tl.store(p, x, mask=m)
 
 @triton.jit
 def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr, DG: tl.constexpr,
@@ -428,9 +481,10 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
-                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
-                   C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, DG: tl.constexpr,
+                      C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # P_qk (with its diagonal) and L = StrictTril(Diag(beta) K K^T), both decayed, as fp32 rows [B, T, H, C].
+    # Its own kernel: together with the inverse the live tiles spilled registers (notes/perf.md).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -441,23 +495,71 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
     tok = (b * T + t) * H + h                       # [C] int64 token-head index
     tok0 = (b * T + c * C) * H + h
     ck = tl.arange(0, DK)
+    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    P, K = _grams(qq, kk, Gm, G_ptr + tok0 * DG, H * DG, n, GATE, C, DK, LOG2C, PREC)
+    tl.store(P_ptr + tok[:, None] * C + rows[None, :], P, mask=valid[:, None])
+    tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
+                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
+                   C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, IPREC: tl.constexpr):
+    # A = (I + L)^-1 in place of L (from _grams_fwd), then W = A (beta exp(G) K), U = A (beta V).
+    # The inverse by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal blocks by forward substitution,
+    # then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj: 16 small dots on the
+    # tensor cores instead of 64 dependent row steps. IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h                       # [C] int64 token-head index
+    tok0 = (b * T + c * C) * H + h
+    L10 = _ld(A_ptr, tok0, H, n, 1, 0)
+    L20 = _ld(A_ptr, tok0, H, n, 2, 0)
+    L21 = _ld(A_ptr, tok0, H, n, 2, 1)
+    L30 = _ld(A_ptr, tok0, H, n, 3, 0)
+    L31 = _ld(A_ptr, tok0, H, n, 3, 1)
+    L32 = _ld(A_ptr, tok0, H, n, 3, 2)
+    X00 = _inv16(_ld(A_ptr, tok0, H, n, 0, 0), IPREC)
+    X11 = _inv16(_ld(A_ptr, tok0, H, n, 1, 1), IPREC)
+    X22 = _inv16(_ld(A_ptr, tok0, H, n, 2, 2), IPREC)
+    X33 = _inv16(_ld(A_ptr, tok0, H, n, 3, 3), IPREC)
+    tl.debug_barrier()  # every block of L is read before any of A is written over it
+    X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=IPREC), input_precision=IPREC)
+    X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=IPREC), input_precision=IPREC)
+    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=IPREC), input_precision=IPREC)
+    X20 = -tl.dot(X22, tl.dot(L20, X00, input_precision=IPREC) + tl.dot(L21, X10, input_precision=IPREC),
+                  input_precision=IPREC)
+    X31 = -tl.dot(X33, tl.dot(L31, X11, input_precision=IPREC) + tl.dot(L32, X21, input_precision=IPREC),
+                  input_precision=IPREC)
+    X30 = -tl.dot(X33, tl.dot(L30, X00, input_precision=IPREC) + tl.dot(L31, X10, input_precision=IPREC)
+                  + tl.dot(L32, X20, input_precision=IPREC), input_precision=IPREC)
+    # the blocks above the diagonal stay 0 as _grams_fwd wrote them
+    _st(A_ptr, tok0, H, n, X00, 0, 0)
+    _st(A_ptr, tok0, H, n, X10, 1, 0)
+    _st(A_ptr, tok0, H, n, X11, 1, 1)
+    _st(A_ptr, tok0, H, n, X20, 2, 0)
+    _st(A_ptr, tok0, H, n, X21, 2, 1)
+    _st(A_ptr, tok0, H, n, X22, 2, 2)
+    _st(A_ptr, tok0, H, n, X30, 3, 0)
+    _st(A_ptr, tok0, H, n, X31, 3, 1)
+    _st(A_ptr, tok0, H, n, X32, 3, 2)
+    _st(A_ptr, tok0, H, n, X33, 3, 3)
+    tl.debug_barrier()  # the CTA's stores are visible to all its threads; '.cg' reads them from L2, not a stale L1
+    X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0., cache_modifier='.cg')
+
+    ck = tl.arange(0, DK)
     cv = tl.arange(0, DV)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-
-    L = _gram(kk, kk, Gm, G_ptr + tok0 * DG, H * DG, n, False, GATE, C, DK, LOG2C, PREC) * beta[:, None]
-    # A = (I + L)^-1 by forward substitution in fp32, one row per step: row r of X = (I + L)^-1 is
-    # e_r - sum_{m<r} L_rm X_m, and rows m < r are final by then. Exact arithmetic (no powers of L,
-    # which grow like binomials when keys are correlated).
-    X = tl.where(rows[:, None] == rows[None, :], 1., 0.)
-    for r in range(1, C):
-        l_r = tl.sum(tl.where(rows[:, None] == r, L, 0.), 0)   # L[r, :]
-        x_r = tl.sum(l_r[:, None] * X, 0)                        # sum_m L[r, m] X[m, :]
-        X = tl.where(rows[:, None] == r, X - x_r[None, :], X)
-    tl.store(A_ptr + tok[:, None] * C + rows[None, :], X, mask=valid[:, None])
-
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))    # exp(G_r) <= 1, 0 on padded rows
     w = tl.dot(X, kk * eg * beta[:, None], input_precision=PREC)
     u = tl.dot(X, vv * beta[:, None], input_precision=PREC)
@@ -504,7 +606,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
-def _output_fwd_kernel(q_ptr, k_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
+def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
                        H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                        DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
                        PREC: tl.constexpr):
@@ -521,9 +623,8 @@ def _output_fwd_kernel(q_ptr, k_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     ck = tl.arange(0, DK)
     cv = iv * BV + tl.arange(0, BV)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-    P = _gram(qq, kk, Gm, G_ptr + tok0 * DG, H * DG, n, True, GATE, C, DK, LOG2C, PREC)
+    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
     S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
     d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
@@ -551,10 +652,8 @@ def _output_fwd_kernel(q_ptr, k_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
 # and dg for GDN) come back as one partial per key tile and are added up outside.
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _dv_local_kernel(q_ptr, k_ptr, G_ptr, do_ptr, dvn_ptr, scale, T,
-                     H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                     DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
-                     PREC: tl.constexpr):
+def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, scale, T,
+                     H, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -562,15 +661,9 @@ def _dv_local_kernel(q_ptr, k_ptr, G_ptr, do_ptr, dvn_ptr, scale, T,
     rows = tl.arange(0, C)
     t = c * C + rows
     valid = t < T
-    n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
-    tok0 = (b * T + c * C) * H + h
-    ck = tl.arange(0, DK)
     cv = iv * BV + tl.arange(0, BV)
-    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-    P = _gram(qq, kk, Gm, G_ptr + tok0 * DG, H * DG, n, True, GATE, C, DK, LOG2C, PREC)
+    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
     dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dd = scale * tl.dot(tl.trans(P), dO, input_precision=PREC)
     tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
@@ -699,19 +792,9 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
     dG += dqg * qq * eg
     dk += dkd * egn
     dG -= dkd * kd
-    # (f) P_qk (scale folded into dP)
-    g_base = g_tile + tok0 * DG
-    M = _gram_apply(dP, kk, Gm, g_base, H * DG, n, False, GATE, C, BK, LOG2C, PREC)
-    N = _gram_apply(dP, qq, Gm, g_base, H * DG, n, True, GATE, C, BK, LOG2C, PREC)
-    dq += M
-    dk += N
-    dG += qq * M - kk * N
-    # (g) L = beta_r (K K^T decayed), strictly lower
-    M2 = _gram_apply(dL, kk, Gm, g_base, H * DG, n, False, GATE, C, BK, LOG2C, PREC)
-    N2 = _gram_apply(dL * beta[:, None], kk, Gm, g_base, H * DG, n, True, GATE, C, BK, LOG2C, PREC)
-    dbeta += tl.sum(M2 * kk, 1)
-    dk += beta[:, None] * M2 + N2
-    dG += beta[:, None] * kk * M2 - kk * N2
+    # (f) P_qk (scale folded into dP) and (g) L = beta_r (K K^T decayed), strictly lower
+    dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
+                                   GATE, C, BK, LOG2C, PREC)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
@@ -808,23 +891,26 @@ def _warps(DK, DV):
 # The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
 # and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
 
-def _fwd_recompute(k, v, beta, G, h0, output_final_state, GATE, DG):
-    """A, W per chunk, then the sequential pass: state snapshots h[c] (k's dtype), Delta, final state (fp32)."""
+def _fwd_recompute(q, k, v, beta, G, h0, output_final_state, GATE, DG):
+    """P_qk, A, W per chunk, then the sequential pass: state snapshots h[c] (k's dtype), Delta, final state (fp32)."""
     B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
     A = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
+    P = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, int(math.log2(C)), GATE, prec,
-                                num_warps=_warps(DK, DV))
+    LOG2C = int(math.log2(C))
+    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, DG, C, LOG2C, GATE, prec, num_warps=_warps(DK, DK))
+    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec,
+                                'ieee' if prec == 'ieee' else 'tf32x3', num_warps=_warps(DK, DV))
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
     vn = torch.empty_like(v)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     _state_fwd_kernel[(DV // BV, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
                                          T, NT, H, DK, DV, BV, DG, C, GATE, prec, h0 is not None, ht is not None,
                                          num_warps=_warps(DK, DV), num_stages=2)
-    return A, w, h, vn, ht
+    return P, A, w, h, vn, ht
 
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
@@ -840,10 +926,10 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
         _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    A, w, h, vn, ht = _fwd_recompute(k, v, beta, G if GATE > 0 else None, h0, output_final_state, GATE, DG)
+    P, A, w, h, vn, ht = _fwd_recompute(q, k, v, beta, G if GATE > 0 else None, h0, output_final_state, GATE, DG)
     o = torch.empty_like(v)
     Gp = G if GATE > 0 else k
-    _output_fwd_kernel[(DV // BV, NT, B * H)](q, k, Gp, h, vn, o, scale, T, NT, H, DK, DV, BV, DG, TRITON_CHUNK,
+    _output_fwd_kernel[(DV // BV, NT, B * H)](q, P, Gp, h, vn, o, scale, T, NT, H, DK, DV, BV, DG, TRITON_CHUNK,
                                               int(math.log2(TRITON_CHUNK)), GATE, prec, num_warps=_warps(DK, DV))
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G
 
@@ -867,10 +953,9 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     C, LOG2C = TRITON_CHUNK, int(math.log2(TRITON_CHUNK))
     Gp = G if G is not None else k
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    A, w, h, vn, _ = _fwd_recompute(k, v, beta, G, h0, False, GATE, DG)
+    P, A, w, h, vn, _ = _fwd_recompute(q, k, v, beta, G, h0, False, GATE, DG)
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=torch.float32)
-    _dv_local_kernel[(DV // BV, NT, B * H)](q, k, Gp, do, dvn, scale, T, H, DK, DV, BV, DG, C, LOG2C, GATE,
-                                            prec, num_warps=_warps(DK, DV))
+    _dv_local_kernel[(DV // BV, NT, B * H)](P, do, dvn, scale, T, H, DV, BV, C, prec, num_warps=_warps(DK, DV))
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=torch.float32)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
