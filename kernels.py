@@ -481,10 +481,11 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, DG: tl.constexpr,
-                      C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     # P_qk (with its diagonal) and L = StrictTril(Diag(beta) K K^T), both decayed, as fp32 rows [B, T, H, C].
-    # Its own kernel: together with the inverse the live tiles spilled registers (notes/perf.md).
+    # Its own kernel, summed over key tiles of BK channels: with the inverse in the same kernel, or whole Dk = 128
+    # rows, the live tiles spilled registers (notes/perf.md).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -494,32 +495,37 @@ def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h                       # [C] int64 token-head index
     tok0 = (b * T + c * C) * H + h
-    ck = tl.arange(0, DK)
-    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    P = tl.zeros([C, C], dtype=tl.float32)
+    K = tl.zeros([C, C], dtype=tl.float32)
+    for kt in tl.static_range(DK // BK):
+        ck = kt * BK + tl.arange(0, BK)
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        if GATE == 2:
+            g_tile = G_ptr + kt * BK                # KDA: this tile's gate channels
+            Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
+        else:
+            g_tile = G_ptr
+            Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+        Pt, Kt = _grams(qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, GATE, C, BK, LOG2C, PREC)
+        P += Pt
+        K += Kt
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-    P, K = _grams(qq, kk, Gm, G_ptr + tok0 * DG, H * DG, n, GATE, C, DK, LOG2C, PREC)
     tl.store(P_ptr + tok[:, None] * C + rows[None, :], P, mask=valid[:, None])
     tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
-                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
-                   C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, IPREC: tl.constexpr):
-    # A = (I + L)^-1 in place of L (from _grams_fwd), then W = A (beta exp(G) K), U = A (beta V).
-    # The inverse by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal blocks by forward substitution,
-    # then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj: 16 small dots on the
-    # tensor cores instead of 64 dependent row steps. IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
+def _inverse_kernel(A_ptr, T, H, IPREC: tl.constexpr):
+    # A = (I + L)^-1 in place of L (from _grams_fwd), by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal
+    # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
+    # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
+    # many programs per SM hide the latency (inside _wy_fwd, one 255-register program per SM took 2.0 ms at
+    # B8 T4096 H16 on an H100). IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
-    rows = tl.arange(0, C)
-    t = c * C + rows
-    valid = t < T
-    n = tl.minimum(T - c * C, C)
-    tok = (b * T + t) * H + h                       # [C] int64 token-head index
-    tok0 = (b * T + c * C) * H + h
+    n = tl.minimum(T - c * 64, 64)
+    tok0 = (b * T + c * 64) * H + h                 # int64 token-head index of the chunk's first row
     L10 = _ld(A_ptr, tok0, H, n, 1, 0)
     L20 = _ld(A_ptr, tok0, H, n, 2, 0)
     L21 = _ld(A_ptr, tok0, H, n, 2, 1)
@@ -551,9 +557,22 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
     _st(A_ptr, tok0, H, n, X31, 3, 1)
     _st(A_ptr, tok0, H, n, X32, 3, 2)
     _st(A_ptr, tok0, H, n, X33, 3, 3)
-    tl.debug_barrier()  # the CTA's stores are visible to all its threads; '.cg' reads them from L2, not a stale L1
-    X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0., cache_modifier='.cg')
 
+@triton.jit(do_not_specialize=["T", "H"])
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
+                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
+                   C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # W = A (beta exp(G) K), U = A (beta V) with A = (I + L)^-1 from _inverse
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h                       # [C] int64 token-head index
+    tok0 = (b * T + c * C) * H + h
+    X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
     ck = tl.arange(0, DK)
     cv = tl.arange(0, DV)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
@@ -901,9 +920,10 @@ def _fwd_recompute(q, k, v, beta, G, h0, output_final_state, GATE, DG):
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     LOG2C = int(math.log2(C))
-    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, DG, C, LOG2C, GATE, prec, num_warps=_warps(DK, DK))
-    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec,
-                                'ieee' if prec == 'ieee' else 'tf32x3', num_warps=_warps(DK, DV))
+    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, min(DK, 64), DG, C, LOG2C, GATE, prec,
+                                   num_warps=4)
+    _inverse_kernel[(NT, B * H)](A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=2)
+    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec, num_warps=_warps(DK, DV))
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
     vn = torch.empty_like(v)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
