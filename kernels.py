@@ -920,8 +920,11 @@ def _fwd_recompute(q, k, v, beta, G, h0, output_final_state, GATE, DG):
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     LOG2C = int(math.log2(C))
-    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, min(DK, 64), DG, C, LOG2C, GATE, prec,
-                                   num_warps=4)
+    # key tile and warps of _grams_fwd, measured at B8 T4096 H16 D128 on an H100 (notes/perf.md): DeltaNet 64-channel
+    # tiles with 4 warps (0.26 ms; whole rows with 8 warps 0.33); KDA whole rows with 8 warps (1.76 ms; 64-channel
+    # tiles with 4 warps 4.05: its six gate levels spill)
+    BK, nw = (DK, _warps(DK, DK)) if GATE == 2 else (min(DK, 64), 4)
+    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, BK, DG, C, LOG2C, GATE, prec, num_warps=nw)
     _inverse_kernel[(NT, B * H)](A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=2)
     _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec, num_warps=_warps(DK, DV))
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
