@@ -299,9 +299,9 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # - token offsets are int64 (B*T*H*D can pass 2^31).
 # T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
 # head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
-# TODO (speed, notes/perf.md: DeltaNet 4.75x fla forward, 5.06x forward+backward on an H200): the inverse is a
-# 64-step row-by-row substitution (fla: 16x16 blocks + merges), the kernels spill registers at D=128 (the author's
-# notes), and A, W, h, Delta are recomputed in the backward.
+# TODO (speed, notes/perf.md, H100: KDA 1.9x fla forward, 2.7x forward+backward; DeltaNet 1.7x / 2.6x): the backward
+# kernel _grads_bwd is most of the time (KDA 20 of 29 ms) and spills registers at D=128 (255 regs, 434 spills);
+# P, A, W, h, Delta are recomputed in the backward.
 
 TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
 
@@ -465,7 +465,8 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 #   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
 #   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
 #   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (parallel)
-# Kernels: _chunk_cumsum (G), _wy_fwd (A, W, U), _state_fwd (snapshots h[c] = S, Delta), _output_fwd.
+# Kernels: _chunk_cumsum (G), _grams_fwd (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
+# _state_fwd (snapshots h[c] = S, Delta), _output_fwd (O, from the stored P_qk).
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
@@ -665,7 +666,7 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
 #   dq = dQg exp(G) + M;   dk = beta exp(G) Y + dKd exp(G_n - G) + N + beta M' + N'
 #   dG = Y beta exp(G) K + dQg Qg - dKd Kd + Q M - K N + beta K M' - K N';  dG[n-1] += dG_n
 #   dG_n = exp(G_n) rowsum(S dS') + colsum(dKd Kd);   dg = reverse cumsum of dG within the chunk
-# with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_gram_apply).
+# with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_grams_bwd).
 # Every term but the C x C matrices is per key channel, so programs split Dk into tiles of BK
 # (keeps the live tiles within registers and shared memory); the row sums over channels (dbeta,
 # and dg for GDN) come back as one partial per key tile and are added up outside.
