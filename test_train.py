@@ -167,3 +167,21 @@ def test_wandb_offline(pystdlib, tmp_path):
         env_extra={'WANDB_DIR': str(tmp_path), 'WANDB_SILENT': 'true'})
     runs = [d for d in os.listdir(tmp_path / 'wandb') if d.startswith('offline-run-')]
     assert len(runs) == 1 and any(f.endswith('.wandb') for f in os.listdir(tmp_path / 'wandb' / runs[0]))
+
+
+def test_text_config_runs_and_plot_table_reads_its_log(pystdlib, tmp_path):
+    """config/text.py (the README's equal-size text comparison) trains with the hybrid pattern at a tiny size, and
+    plot.py --table reads the real log back: mixer, parameters, tokens, final/best val loss, tokens/s."""
+    from plot import table
+    out = str(tmp_path / 'kdax3+softmax')
+    p = run(['config/text.py', "--mixer=kda*3,softmax", f'--out_dir={out}', '--n_layer=4', '--n_embd=64', '--n_head=2',
+             '--head_dim=32', '--d_state=32', '--block_size=32', '--batch_size=2', '--max_iters=4', '--lr_decay_iters=4',
+             '--warmup_iters=1', '--eval_interval=2', '--eval_iters=1', '--log_interval=1', '--device=cpu'])
+    val = [float(x) for x in re.findall(r'val loss ([\d.]+)', p.stdout)]
+    params = re.search(r'number of parameters: ([\d.]+M)', p.stdout).group(1)
+    md = table([out]).splitlines()
+    assert len(md) == 3 and md[0].startswith('| run | mixer |')
+    cells = [c.strip() for c in md[2].strip('|').split('|')]
+    assert cells[:4] == ['kdax3+softmax', '`kda*3,softmax`', params, f"{4 * 2 * 32 / 1e6:.1f}M"]
+    assert float(cells[4]) == val[-1] and float(cells[5]) == min(val)
+    assert float(cells[6].replace(',', '')) > 0

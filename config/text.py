@@ -1,0 +1,37 @@
+# The text comparison of the README ("What the mixers can and cannot do"): every mixer, and the 3:1 KDA:softmax
+# hybrid, at the same shape (8 layers x 384, ~33-34M parameters, of which the tied 50304x384 embedding is 19.3M)
+# and the same tokens, on the offline default dataset (Python standard library source, 5.1M train tokens).
+# The mixer is an override; one run per mixer, then the table and the picture:
+# $ for m in softmax retnet mamba2 deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m --out_dir=out-text/$(echo $m | tr '*,' 'x+'); done
+# $ python plot.py out-text/* --table && python plot.py out-text/* --out=text_val_loss.png --title="pystdlib, 8 x 384, equal tokens"
+# Hardware: one GPU (bf16); on 2 CPU cores a run would take hours. Parameters per mixer (model.py, measured):
+# softmax 33.48M, retnet 33.68M, mamba2 32.73M, deltanet 33.53M, gdn 33.52M, kda 34.33M, 'kda*3,softmax' 34.12M.
+# Expected: not measured yet (see the README section for the results once run).
+out_dir = 'out-text/softmax'
+dataset = 'pystdlib'
+mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
+compile = False        # equal conditions for every mixer, and no compile time in a short run
+
+# model: 8 layers (so 'kda*3,softmax' is two kda kda kda softmax blocks), 64-wide heads for every mixer
+n_layer = 8
+n_head = 6             # softmax heads (64 wide)
+n_embd = 384
+head_dim = 64          # linear mixers: per-head key dim (Mamba2: headdim)
+d_state = 64           # Mamba2 state size N per head
+block_size = 256
+dropout = 0.0
+
+# 32 sequences x 256 tokens = 8,192 tokens per step; 1,200 steps = 9.8M tokens (about 1.9 passes over the train split)
+batch_size = 32
+gradient_accumulation_steps = 1
+max_iters = 1200
+lr_decay_iters = 1200
+warmup_iters = 100
+learning_rate = 1.5e-3
+min_lr = 1.5e-4
+weight_decay = 0.1
+
+eval_interval = 100    # divides max_iters, so the last eval is at max_iters
+eval_iters = 20        # 20 x 8,192 = 164k tokens: the whole val split (157k) about once
+log_interval = 50
+always_save_checkpoint = False
