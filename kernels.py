@@ -833,6 +833,212 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
             tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
+# Triton kernels for scalar-decay linear attention: plain linear attention, RetNet, Mamba2 (mixers.md §4.1, §5.5).
+# Same chunk (C = 64) and numerical rules as the delta-rule kernels above. Per chunk (n <= C rows, chunk-start state
+# S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
+#   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
+#   O     = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V)          _la_output_fwd: parallel over chunks
+# These are the delta-rule state pass and output with Delta = V: no W, no (I + L)^-1. They are small kernels of
+# their own rather than flags on _state_fwd / _output_fwd because q, k are indexed per group (below) and P = Q K^T ⊙ D
+# is formed in the output kernel instead of being loaded; they share _chunk_cumsum_kernel (the gate cumsum, DG = 1)
+# and the rules: exp only of a number <= 0 (masked with a select before the exp), fp32 state and accumulation,
+# int64 token offsets, any T (a partial last chunk is masked).
+# DECAY: 0 no gate (plain linear attention); 1 a gate per token (g [B, T, H], Mamba2's Δ·A; g_ptr holds its
+#        chunk-local cumsum G); 2 a constant per head (g [H], RetNet's log γ; g_ptr holds g and G_r = (r + 1) g_h
+#        is generated in-kernel, no [B, T, H] tensor).
+# Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
+# h // (H // HK); no per-head copy is made. The backward writes per-head dq, dk and sums a group's heads in torch.
+
+@triton.jit
+def _la_gates(g_ptr, tok, valid, rows, n, h, tok_last, C: tl.constexpr, DECAY: tl.constexpr):
+    # -> G [C] of this chunk (0 on padded rows), G_n, and g_h (DECAY 2, else 0)
+    if DECAY == 1:
+        Gm = tl.load(g_ptr + tok, mask=valid, other=0.)
+        Gn = tl.load(g_ptr + tok_last)
+        gh = 0.
+    elif DECAY == 2:
+        gh = tl.load(g_ptr + h).to(tl.float32)
+        Gm = tl.where(valid, (rows + 1).to(tl.float32) * gh, 0.)
+        Gn = n.to(tl.float32) * gh
+    else:
+        Gm = tl.zeros([C], dtype=tl.float32)
+        Gn = 0.
+        gh = 0.
+    return Gm, Gn, gh
+
+@triton.jit
+def _la_decay(Gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
+    # D [C, C] = exp(G_r - G_i) for i <= r < n, 0 elsewhere (select before the exp: never exp of a positive number).
+    # A constant gate uses (r - i) g_h, exact, rather than the difference of two rounded products.
+    r = tl.arange(0, C)[:, None]
+    i = tl.arange(0, C)[None, :]
+    if DECAY == 2:
+        diff = (r - i).to(tl.float32) * gh
+    else:
+        diff = Gm[:, None] - Gm[None, :]
+    return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, HK,
+                         DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                         DECAY: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers.
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)                             # the q/k head (group) this head reads
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    if HAS_H0:
+        S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        S = tl.zeros([DK, BV], dtype=tl.float32)
+    for c in range(NT):
+        t = c * C + rows
+        valid = t < T
+        n = tl.minimum(T - c * C, C)
+        tok = (b * T + t) * H + h                   # [C] int64 token-head index of v, G
+        tokk = (b * T + t) * HK + hk                # ... and of q, k
+        tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
+        kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        Gm, Gn, _ = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+        kd = kk * tl.exp(tl.where(valid, Gn - Gm, float('-inf')))[:, None]  # K * exp(G_n - G)
+        if DECAY > 0:
+            S = S * tl.exp(Gn)
+        S += tl.dot(tl.trans(kd), vv, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * DK * DV + s_offs, S)
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
+                          DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                          DECAY: tl.constexpr, PREC: tl.constexpr):
+    iv = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tokk = (b * T + t) * HK + hk
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+    Gm, Gn, gh = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+    qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]           # Q * exp(G)
+    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * _la_decay(Gm, gh, n, C, DECAY)
+    o = scale * (tl.dot(qg, S, input_precision=PREC) + tl.dot(P, vv, input_precision=PREC))
+    tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+# Backward (h[c] recomputed by _la_state_fwd in fp32; dh[c] = gradient of the state at the END of chunk c):
+#   _la_state_bwd, reverse over chunks:  dh[c-1] = Γ_n dh[c] + scale (Q * Γ)^T dO_c    (after chunk 0: d initial_state)
+#   _la_grads_bwd, parallel over chunks, with dA = scale (dO V^T) ⊙ D (the gradient of the decayed scores):
+#     dq = scale (dO h^T) * Γ + dA K
+#     dk = (V dh^T) * exp(G_n - G) + dA^T Q                 (the first term: dk_inter)
+#     dv = (K * exp(G_n - G)) dh + scale (Q K^T ⊙ D)^T dO
+#     dG_r = q_r·dq_r - k_r·dk_r,  and on the last row + Γ_n Σ(h ⊙ dh) + Σ_r k_r·dk_inter_r;  dg = reverse cumsum
+#   (every G_r enters through exp(G_r - G_i), exp(G_r) or exp(G_n - G_r); the q·dq and k·dk sums collect exactly
+#   the + and - sides of those exponents). Only DECAY 1 has a gate gradient (RetNet's constant is not trained).
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT, H, HK,
+                         DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                         DECAY: tl.constexpr, PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)
+    rows = tl.arange(0, C)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        dS = tl.zeros([DK, BV], dtype=tl.float32)
+    for cc in range(NT):
+        c = NT - 1 - cc
+        t = c * C + rows
+        valid = t < T
+        n = tl.minimum(T - c * C, C)
+        tok = (b * T + t) * H + h
+        tokk = (b * T + t) * HK + hk
+        tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS)
+        qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        Gm, Gn, _ = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+        qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]
+        if DECAY > 0:
+            dS = dS * tl.exp(Gn)
+        dS += scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
+    if STORE_DH0:
+        tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _la_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr,
+                         scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                         C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
+    # One program per (chunk, b, h), whole Dk rows, a loop over V-tiles. dq, dk are per head (dq_ptr, dk_ptr
+    # [B, T, H, Dk]); dv, dg go straight to their outputs.
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tokk = (b * T + t) * HK + hk
+    ck = tl.arange(0, DK)
+    qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    Gm, Gn, gh = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+    eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]             # exp(G), 0 on padded rows
+    egn = tl.exp(tl.where(valid, Gn - Gm, float('-inf')))[:, None]       # exp(G_n - G)
+    D = _la_decay(Gm, gh, n, C, DECAY)
+    P = scale * tl.dot(qq, tl.trans(kk), input_precision=PREC) * D      # the scaled decayed scores
+    kd = kk * egn
+    dA = tl.zeros([C, C], dtype=tl.float32)
+    dqi = tl.zeros([C, DK], dtype=tl.float32)                            # dO h^T
+    dki = tl.zeros([C, DK], dtype=tl.float32)                            # V dh^T
+    sds = tl.zeros([DK], dtype=tl.float32)                               # rowsum(h ⊙ dh)
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    for iv in range(DV // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        x_offs = tok[:, None] * DV + cv[None, :]
+        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        dA += tl.dot(dO, tl.trans(vv), input_precision=PREC)
+        dqi += tl.dot(dO, tl.trans(S), input_precision=PREC)
+        dki += tl.dot(vv, tl.trans(dS), input_precision=PREC)
+        sds += tl.sum(S * dS, 1)
+        dv = tl.dot(kd, dS, input_precision=PREC) + tl.dot(tl.trans(P), dO, input_precision=PREC)
+        tl.store(dv_ptr + x_offs, dv.to(dv_ptr.dtype.element_ty), mask=valid[:, None])
+    dA = scale * dA * D
+    dq = scale * dqi * eg + tl.dot(dA, kk, input_precision=PREC)
+    dk_inter = dki * egn
+    dk = dk_inter + tl.dot(tl.trans(dA), qq, input_precision=PREC)
+    tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+    if DECAY == 1:
+        dG = tl.sum(qq * dq, 1) - tl.sum(kk * dk, 1)
+        dGn = tl.exp(Gn) * tl.sum(sds, 0) + tl.sum(tl.sum(kk * dk_inter, 1), 0)
+        dG += tl.where(rows == n - 1, dGn, 0.)
+        tl.store(dg_ptr + tok, tl.cumsum(dG, axis=0, reverse=True), mask=valid)   # G = cumsum(g) => reverse
+
+# -----------------------------------------------------------------------------
 # decode steps: one token, the state [B, H, Dk, Dv] (fp32) is updated in place; same equations as the recurrences
 #   linear attention:  S <- exp(g) S + k v^T;                                 o = s S^T q
 #   delta rule:        S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q
