@@ -1042,10 +1042,10 @@ def _la_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_p
 # decode steps: one token, the state [B, H, Dk, Dv] (fp32) is updated in place; same equations as the recurrences
 #   linear attention:  S <- exp(g) S + k v^T;                                 o = s S^T q
 #   delta rule:        S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q
-# torch versions (any device and dtype), then the Triton delta-rule step: one program per (V-tile, b, h) keeps its
-# [Dk, BV] state tile in registers, decay, delta update and readout fused, one read and one write of the state.
+# torch versions (any device and dtype), then the Triton steps: one program per (V-tile, b, h) keeps its
+# [Dk, BV] state tile in registers, decay, update and readout fused, one read and one write of the state.
 
-def linear_attn_step(q, k, v, g, state, scale=None):
+def linear_attn_step_torch(q, k, v, g, state, scale=None):
     _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
     H, dt = v.shape[1], state.dtype
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -1085,6 +1085,31 @@ def _step_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s_ptr, o_ptr, scale,
         S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
     e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
     S += k[:, None] * e[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + s_offs, S)
+    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
+
+@triton.jit(do_not_specialize=["H", "HK"])
+def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
+                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr):
+    # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
+    # g: DECAY 1 [B, H] (Mamba2's Δ·A of this token), DECAY 2 [H] (RetNet's log γ), DECAY 0 none
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    bhk = b * HK + h // (H // HK)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    q = tl.load(q_ptr + bhk * DK + ck).to(tl.float32)
+    k = tl.load(k_ptr + bhk * DK + ck).to(tl.float32)
+    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
+    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
+    S = tl.load(s_ptr + s_offs)
+    if DECAY == 1:
+        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
+    if DECAY == 2:
+        S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
+    S += k[:, None] * v[None, :]
     o = scale * tl.sum(S * q[:, None], 0)
     tl.store(s_ptr + s_offs, S)
     tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
@@ -1186,6 +1211,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     P, A, w, h, vn, _ = _fwd_recompute(q, k, v, beta, G, h0, False, GATE, DG)
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=torch.float32)
     _dv_local_kernel[(DV // BV, NT, B * H)](P, do, dvn, scale, T, H, DV, BV, C, prec, num_warps=_warps(DK, DV))
+    del P  # its last use: freed before dh, the largest buffer, is allocated (peak memory of forward+backward)
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=torch.float32)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
@@ -1282,7 +1308,151 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
         _fail("delta_rule_step", why)
     return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
-HAVE_TRITON_KERNELS = True  # for the delta rule; the scalar-decay family has none yet
+# The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): G = chunk-local cumsum(g)
+# (gate per token) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd). Saved: q, k, v, G (or the constant
+# [H] gate) and the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] in fp32, then runs
+# _la_state_bwd (reverse over chunks) and _la_grads_bwd.
+
+def _decay_kind(g):
+    """0: no gate, 1: a gate per token ([B,T,H] g, or its cumsum G), 2: a constant per head ([H])."""
+    return 0 if g is None else (2 if g.dim() == 1 else 1)
+
+def _la_meta(q, v):
+    B, T, H, DV = v.shape
+    HK, DK = q.shape[2], q.shape[3]
+    prec = 'ieee' if q.dtype == torch.float32 else 'tf32'
+    return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
+
+def _la_states(k, v, gp, h0, DECAY, h_dtype, output_final_state):
+    """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None)."""
+    B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(k, v)
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype)
+    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    _la_state_fwd_kernel[(DV // BV, B * H)](k, v, gp, h, h0 if h0 is not None else h, ht if ht is not None else h,
+                                            T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec, h0 is not None,
+                                            ht is not None, num_warps=_warps(DK, DV), num_stages=2)
+    return h, ht
+
+@torch.library.custom_op("kernels::linear_attn_fwd", mutates_args=())
+def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], scale: float,
+                     initial_state: Optional[torch.Tensor], output_final_state: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
+    G fp32 [B,T,H] (chunk-local cumsum of a per-token g, saved for the backward; empty otherwise)."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(q, v)
+    DECAY = _decay_kind(g)
+    G = torch.empty(0, device=k.device, dtype=torch.float32)
+    if DECAY == 1:
+        G = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
+        _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, 1, TRITON_CHUNK)
+    gp = G if DECAY == 1 else (g.float().contiguous() if DECAY == 2 else k)  # any pointer when DECAY == 0
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    h, ht = _la_states(k, v, gp, h0, DECAY, k.dtype, output_final_state)
+    o = torch.empty_like(v)
+    _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BV, TRITON_CHUNK,
+                                                 DECAY, prec, num_warps=_warps(DK, DV))
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G
+
+@_linear_attn_fwd.register_fake
+def _(q, k, v, g, scale, initial_state, output_final_state):
+    B, T, H, DV = v.shape
+    ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
+    G = q.new_empty((B, T, H) if _decay_kind(g) == 1 else (0,), dtype=torch.float32)
+    return v.new_empty(v.shape), ht, G
+
+@torch.library.custom_op("kernels::linear_attn_bwd", mutates_args=())
+def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                     initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H] (empty unless g is per token), d initial_state
+    fp32 (empty without one). g: the forward's cumsum G [B,T,H] (gate per token), the constant [H] gate, or None."""
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(q, v)
+    DECAY = _decay_kind(g)
+    gp = g.float().contiguous() if g is not None else k
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    h, _ = _la_states(k, v, gp, h0, DECAY, torch.float32, False)  # fp32 snapshots: they enter dq, dv and dg
+    dh = torch.empty_like(h)
+    dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
+    if dht is not None:
+        dht = dht.contiguous().float()
+    _la_state_bwd_kernel[(DV // BV, B * H)](q, gp, do, dh, dht if dht is not None else dh, dh0 if dh0 is not None else dh,
+                                            scale, T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec,
+                                            dht is not None, dh0 is not None, num_warps=_warps(DK, DV), num_stages=2)
+    # grouped q/k: per-head partial gradients (fp32), summed over the heads of each group below
+    part = torch.float32 if HK != H else q.dtype
+    dq = torch.empty(B, T, H, DK, device=k.device, dtype=part)
+    dk = torch.empty(B, T, H, DK, device=k.device, dtype=part)
+    dv = torch.empty_like(v)
+    dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if DECAY == 1 else torch.empty(0, device=k.device)
+    _la_grads_bwd_kernel[(NT, B * H)](q, k, v, gp, h, do, dh, dq, dk, dv, dg if DECAY == 1 else dv, scale,
+                                      T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec, num_warps=_warps(DK, DV))
+    if HK != H:
+        dq = dq.view(B, T, HK, H // HK, DK).sum(3).to(q.dtype)
+        dk = dk.view(B, T, HK, H // HK, DK).sum(3).to(k.dtype)
+    return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+
+@_linear_attn_bwd.register_fake
+def _(q, k, v, g, initial_state, do, dht, scale):
+    f32 = torch.float32
+    dg = q.new_empty(v.shape[:3] if _decay_kind(g) == 1 else (0,), dtype=f32)
+    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dg, dh0
+
+def _linear_attn_setup(ctx, inputs, output):
+    q, k, v, g, scale, initial_state, output_final_state = inputs
+    DECAY = _decay_kind(g)
+    ctx.save_for_backward(q, k, v, output[2] if DECAY == 1 else g, initial_state)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+    ctx.g_dtype = None if g is None else g.dtype
+
+def _linear_attn_backward(ctx, do, dht, dG):
+    q, k, v, g, h0 = ctx.saved_tensors
+    dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
+    dq, dk, dv, dg, dh0 = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale)
+    # a constant [H] gate is not differentiated (as in linear_attn_recurrent)
+    return (dq, dk, dv, dg.to(ctx.g_dtype) if _decay_kind(g) == 1 else None, None,
+            None if h0 is None else dh0.to(h0.dtype), None)
+
+_linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
+
+@torch.library.custom_op("kernels::linear_attn_step", mutates_args=("state",))
+def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                         state: torch.Tensor, scale: float) -> torch.Tensor:
+    B, HK, DK = k.shape
+    H, DV = v.shape[1:]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(v)
+    BV = min(DV, 32)
+    _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
+                                       DK, DV, BV, 0 if g is None else (2 if g.dim() == 1 else 1))
+    return o
+
+@_linear_attn_step_op.register_fake
+def _(q, k, v, g, state, scale):
+    return v.new_empty(v.shape)
+
+def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
+    """Scalar-decay linear attention through the Triton kernels (custom ops, differentiable); same arguments and
+    result as linear_attn. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
+    why = _triton_unsupported(q, v)
+    if why:
+        _fail("linear_attn", why)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    o, ht, _ = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state)
+    return o, (ht if output_final_state else None)
+
+def linear_attn_step_triton(q, k, v, g, state, scale=None):
+    """One scalar-decay decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
+    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
+    why = _triton_unsupported(q, v, state)
+    if why:
+        _fail("linear_attn_step", why)
+    return _linear_attn_step_op(q, k, v, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+HAVE_TRITON_KERNELS = True  # both families; the scalar-decay ones are opt-in (KERNELS_PATH=triton), see _pick_path
 CHUNK_SIZE = 64  # chunk of the chunked torch path
 CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
 _PATHS = ("recurrent", "chunked", "triton")
@@ -1290,13 +1460,13 @@ _logged = set()
 
 def _pick_path(fn, q, v, state=None):
     """-> (path, note): 'recurrent' | 'chunked' | 'triton' and why, for the log line.
-    KERNELS_PATH=recurrent|chunked|triton forces a path."""
+    KERNELS_PATH=recurrent|chunked|triton forces a path. The scalar-decay Triton kernels (linear_attn, linear_attn_step)
+    are opt-in until the GPU tests of test_kernels.py pass on a Hopper GPU: they were written and tested only through
+    the Triton interpreter, so on CUDA linear_attn keeps the chunked torch path unless KERNELS_PATH=triton."""
     forced = os.environ.get("KERNELS_PATH", "")
     if forced:
         if forced not in _PATHS:
             raise ValueError(f"KERNELS_PATH must be one of {_PATHS}, got {forced!r}")
-        if forced == "triton" and fn.startswith("linear_attn"):
-            raise ValueError("KERNELS_PATH=triton: the scalar-decay family (linear_attn) has no Triton kernels yet")
         if forced == "triton" and not HAVE_TRITON:
             raise ValueError("KERNELS_PATH=triton: triton is not installed")
         if forced == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -1305,7 +1475,7 @@ def _pick_path(fn, q, v, state=None):
     if not q.is_cuda:
         return "chunked", ""
     if fn.startswith("linear_attn"):
-        return "chunked", " (no Triton kernel for the scalar-decay family yet)"
+        return "chunked", " (its Triton kernels are opt-in, KERNELS_PATH=triton, until tested on a GPU)"
     why = _triton_unsupported(q, v, state)
     return ("chunked", f" ({why})") if why else ("triton", "")
 
@@ -1333,6 +1503,8 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
     _log_path("linear_attn", path, note, q)
     if path == "recurrent":
         return linear_attn_recurrent(q, k, v, g, scale, initial_state, output_final_state)
+    if path == "triton":
+        return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state)
     return linear_attn_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size=CHUNK_SIZE)
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
@@ -1353,3 +1525,11 @@ def delta_rule_step(q, k, v, beta, g, state, scale=None):
     if path == "triton":
         return delta_rule_step_triton(q, k, v, beta, g, state, scale)
     return delta_rule_step_torch(q, k, v, beta, g, state, scale)
+
+def linear_attn_step(q, k, v, g, state, scale=None):
+    """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
+    path, note = _pick_path("linear_attn_step", q, v, state)
+    _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
+    if path == "triton":
+        return linear_attn_step_triton(q, k, v, g, state, scale)
+    return linear_attn_step_torch(q, k, v, g, state, scale)
