@@ -28,18 +28,20 @@ an initial state must be fp32 or fp64. Every call has up to three paths with the
   *_recurrent   token-by-token loop, fp32 (fp64 stays fp64), autograd: the reference the tests trust
   *_chunked     chunkwise-parallel torch version (mixers.md §4.1, §4.3), autograd: CPU training and prefill
                 (chunk 64; 16 for per-key-channel gates, where the exact pairwise decays cost C*Dk per token)
-  *_triton      delta rule only: Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as
-                torch.library custom ops (kernels::delta_rule_fwd, kernels::delta_rule_bwd, kernels::delta_rule_step)
-                so that torch.compile sees them as single nodes with no graph break
+  *_triton      Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as torch.library custom
+                ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step) so that torch.compile sees
+                them as single nodes with no graph break
 The public calls pick the path from the device and print it once per (function, path): on CUDA the delta rule
 runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs; anything else runs the chunked
-torch path and the log line says why), the scalar-decay family runs the chunked torch path (no Triton kernel
-yet); on CPU everything runs the torch paths. KERNELS_PATH=recurrent|chunked|triton forces a path (triton on CPU
-needs TRITON_INTERPRET=1 set before triton is imported, which runs the kernels through Triton's interpreter).
+torch path and the log line says why); the scalar-decay family keeps the chunked torch path (and the torch step)
+on CUDA: its Triton kernels are opt-in (KERNELS_PATH=triton) until the GPU tests of test_kernels.py pass on a
+Hopper GPU (so far they were checked only through the interpreter). On CPU everything runs the torch paths.
+KERNELS_PATH=recurrent|chunked|triton forces a path (triton on CPU needs TRITON_INTERPRET=1 set before triton is
+imported, which runs the kernels through Triton's interpreter).
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
 small shapes; with a GPU: the full Triton matrix of mixers.md §8)
-Benchmark: python bench.py
+Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,mamba2   (scalar decay)
 """
 
 import math
@@ -1474,7 +1476,7 @@ def _pick_path(fn, q, v, state=None):
         return forced, " (forced by KERNELS_PATH)"
     if not q.is_cuda:
         return "chunked", ""
-    if fn.startswith("linear_attn"):
+    if fn.startswith("linear_attn"):  # opt-in until the GPU tests of test_kernels.py pass on a Hopper GPU
         return "chunked", " (its Triton kernels are opt-in, KERNELS_PATH=triton, until tested on a GPU)"
     why = _triton_unsupported(q, v, state)
     return ("chunked", f" ({why})") if why else ("triton", "")
