@@ -3,10 +3,18 @@ Kernel benchmark (CUDA): the Triton delta-rule kernels of kernels.py — DeltaNe
 and KDA (g [B,T,H,Dk]) — side by side with flash-linear-attention (fla-core: chunk_delta_rule,
 chunk_gated_delta_rule, chunk_kda, when importable) and causal softmax attention (F.scaled_dot_product_attention)
 at the same shapes; then the one-token decode step against fla's fused recurrent kernels.
+The scalar-decay family (variants retnet, mamba2; not in the default run) has its own tables: RetNet's Triton kernels
+(kernels.linear_attn_triton, opt-in on CUDA) vs fla chunk_retention, SDPA and the chunked torch path (today's CUDA
+default); the Mamba2 core (Δ = softplus(dt + dt_bias), v = Δ·x, g = Δ·A, the scan, + D·x: model.py's math between
+the conv output and the gated norm) in absolute times at the mamba_ssm shapes of issue 5, next to mamba_ssm's
+mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Triton step vs the torch step).
 
     python bench.py            # B=8 T=4096 H=16 D=128; B=2 T=16384 H=16 D=128; B=8 T=4096 H=12 D=64; decode at 1 and 64
     python bench.py --quick    # B=2 T=4096 H=16 D=128; decode at batch 1
     python bench.py --variants kda,gdn     # a subset of kda, gdn, deltanet
+    python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
+                                               # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
+                                               # 16 heads x 128, 16 groups; decode at batch 1 and 64
 A cold run (empty Triton cache) spends minutes compiling before it measures anything: on an H200 (Triton 3.6),
 the first shape of the full run got through SDPA, DeltaNet (ours, fla) and GDN (ours) in about 4.5 minutes, with our
 kernels already compiled by the tests and fla's chunk_kda backward still compiling.
@@ -24,6 +32,7 @@ of the two outputs. A kernel that refuses or fails is reported in its row.
 """
 
 import argparse
+import math
 import sys
 
 import torch
@@ -35,7 +44,13 @@ import kernels
 
 SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 12, 64)]  # B, T, H, D (Dk = Dv = D)
 QUICK_SHAPES = [(2, 4096, 16, 128)]
-VARIANTS = ("kda", "gdn", "deltanet")  # KDA first: the headline target of issue 4
+VARIANTS = ("kda", "gdn", "deltanet")  # KDA first: the headline target of issue 4; the default run
+SCALAR_VARIANTS = ("retnet", "mamba2")  # issue 5, opt-in: --variants retnet,mamba2
+RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128)]  # B, T, H, D
+MAMBA2_SHAPES = [(8, 4096, 32, 64, 128, 1), (8, 4096, 16, 128, 128, 16)]  # B, T, heads, headdim P, d_state N, groups
+# mamba_ssm's mamba_chunk_scan_combined at these shapes as issue 5 quotes it (H200, torch 2.11, Triton 3.6, bf16,
+# chunk 256): (fwd ms, fwd+bwd ms); printed for reference only, not measured here
+MAMBA2_ISSUE = {MAMBA2_SHAPES[0]: (0.59, 3.15), MAMBA2_SHAPES[1]: (0.73, 4.52)}
 DEVICE = "cuda"
 
 
@@ -192,14 +207,157 @@ def bench_decode(batches, variants, fla, H=16, D=128):
                 row([f"ours delta_rule_step ({variant})", B, first_line(e, 60)], widths=(40, 6, 60))
 
 
+# -----------------------------------------------------------------------------
+# scalar-decay family (issue 5): RetNet and the Mamba2 core
+
+def load_scalar_peers():
+    """(fla chunk_retention, mamba_ssm mamba_chunk_scan_combined), each a function or the import error string."""
+    out = []
+    for mod, name in (("fla.ops.retention", "chunk_retention"), ("mamba_ssm.ops.triton.ssd_combined",
+                                                                 "mamba_chunk_scan_combined")):
+        try:
+            out.append(getattr(__import__(mod, fromlist=[name]), name))
+        except Exception as e:  # noqa: BLE001 (not installed, or fails to import)
+            out.append(f"import {name}: {first_line(e)}")
+    return tuple(out)
+
+
+def retnet_gate(H):
+    return torch.log(1 - 2.0 ** (-5.0 - torch.arange(H, device=DEVICE, dtype=torch.float32)))  # as fla and model.py
+
+
+def bench_retnet(shapes, chunk_retention):
+    """RetNet: bf16 q, k, v (randn), the constant gate log(1 - 2^(-5-h)), scale D^-0.5, no states."""
+    print("\nRetNet (scalar decay, constant per head)", flush=True)
+    row(["kernel", "shape (B,T,H,D)", "fwd ms", "fwd+bwd ms", "peak MiB", "ours/fla", "o vs fla"])
+    row(["-" * w for w in (27, 15, 7, 10, 8, 13, 8)])
+    for B, T, H, D in shapes:
+        shape = f"{B},{T},{H},{D}"
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        x = {n: torch.randn(B, T, H, D, device=DEVICE, generator=gen, dtype=torch.bfloat16) for n in "qkv"}
+        try:
+            sdpa = lambda x: F.scaled_dot_product_attention(*(x[n].transpose(1, 2) for n in "qkv"), is_causal=True)
+            f, fb, peak = measure(sdpa, x, "qkv")
+            row(["sdpa causal (flash)", shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", "", ""])
+        except Exception as e:  # noqa: BLE001
+            row(["sdpa causal (flash)", shape, first_line(e)])
+        g = retnet_gate(H)
+        fla_fwd = chunk_retention if isinstance(chunk_retention, str) else (
+            lambda x: chunk_retention(x["q"], x["k"], x["v"])[0])  # computes the same gate from H
+        impls = (("ours retnet (triton)", lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], g)[0]),
+                 ("ours retnet (chunked torch)", lambda x: kernels.linear_attn_chunked(x["q"], x["k"], x["v"], g)[0]),
+                 ("fla chunk_retention", fla_fwd))
+        ours, o_ours = None, None
+        for name, fwd in impls:
+            try:
+                if isinstance(fwd, str):
+                    raise RuntimeError(fwd)  # the import failed
+                f, fb, peak = measure(fwd, x, "qkv")
+                with torch.no_grad():
+                    o = fwd(x).float()
+                ratio, diff = "", ""
+                if ours is None:
+                    ours, o_ours = (f, fb), o  # the Triton row: the others are compared with it
+                elif name.startswith("fla"):
+                    ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
+                    diff = f"{((o_ours - o).norm() / o.norm()).item():.1e}"
+                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ratio, diff])
+            except Exception as e:  # noqa: BLE001
+                row([name, shape, first_line(e)])
+            torch.cuda.empty_cache()
+        del x, o_ours
+        torch.cuda.empty_cache()
+
+
+def mamba2_inputs(B, T, H, P, N, G, seed=0):
+    """What model.py's Mamba2 has after the conv: x [B,T,H,P], B/C [B,T,G,N] (bf16), dt [B,T,H] (bf16, before the
+    softplus), and its parameters A_log, dt_bias, D [H] (fp32, mamba_ssm's init ranges)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device=DEVICE, generator=gen)
+    dt0 = torch.exp(torch.rand(H, device=DEVICE, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+    return dict(x=F.silu(rnd(B, T, H, P)).bfloat16(), Bm=F.silu(rnd(B, T, G, N)).bfloat16(),
+                Cm=F.silu(rnd(B, T, G, N)).bfloat16(), dt=rnd(B, T, H).bfloat16(),
+                A_log=torch.log(1 + 15 * torch.rand(H, device=DEVICE, generator=gen)),
+                dt_bias=dt0 + torch.log(-torch.expm1(-dt0)), D=torch.ones(H, device=DEVICE))
+
+
+def mamba2_core(x):
+    """model.py's Mamba2 between the conv output and the gated norm, on the Triton kernels."""
+    dt = F.softplus(x["dt"].float() + x["dt_bias"])                  # Δ [B, T, H] fp32
+    g = -torch.exp(x["A_log"]) * dt                                  # Δ·A <= 0
+    v = (x["x"].float() * dt[..., None]).to(x["x"].dtype)            # Δ·x
+    y = kernels.linear_attn_triton(x["Cm"], x["Bm"], v, g, scale=1.0)[0]
+    return y + x["D"][:, None].to(y.dtype) * x["x"]
+
+
+def bench_mamba2(shapes, scan_combined):
+    print("\nMamba2 core (conv output -> before the gated norm), absolute times; mamba_ssm figures of issue 5 "
+          "(H200, chunk 256) for reference", flush=True)
+    widths = (30, 26, 7, 10, 8, 15)
+    row(["kernel", "shape (B,T,H,P,N,groups)", "fwd ms", "fwd+bwd ms", "peak MiB", "issue: mamba_ssm"], widths)
+    row(["-" * w for w in widths], widths)
+    leaves = ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"]
+    for sh in shapes:
+        B, T, H, P, N, G = sh
+        shape = ",".join(map(str, sh))
+        x = mamba2_inputs(B, T, H, P, N, G)
+        ref = "{:.2f} / {:.2f}".format(*MAMBA2_ISSUE[sh]) if sh in MAMBA2_ISSUE else ""
+        peer = lambda x: scan_combined(x["x"], x["dt"], -torch.exp(x["A_log"]), x["Bm"], x["Cm"], chunk_size=256,
+                                       D=x["D"], dt_bias=x["dt_bias"], dt_softplus=True)
+        for name, fwd in (("ours mamba2 core (triton)", mamba2_core), ("mamba_ssm chunk_scan_combined", peer)):
+            try:
+                if name.startswith("mamba_ssm") and isinstance(scan_combined, str):
+                    raise RuntimeError(scan_combined)
+                f, fb, peak = measure(fwd, x, leaves)
+                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ref if name.startswith("ours") else ""],
+                    widths)
+            except Exception as e:  # noqa: BLE001
+                row([name, shape, first_line(e)], widths)
+            torch.cuda.empty_cache()
+        del x
+        torch.cuda.empty_cache()
+
+
+def bench_scalar_decode(batches, variants):
+    """One token, one layer: the Triton step (kernels.linear_attn_step_triton) vs the torch step, state in place."""
+    print("\ndecode step, one layer, fp32 state, bf16 inputs (median ms)", flush=True)
+    widths = (40, 6, 9, 12)
+    row(["kernel", "batch", "ms", "triton/torch"], widths)
+    # RetNet H=16 D=128; Mamba2 32 heads x 64, d_state 128, one group
+    setups = {"retnet": (16, 16, 128, 128), "mamba2": (32, 1, 128, 64)}  # H, q/k heads, Dk, Dv
+    for B in batches:
+        for variant in variants:
+            H, HK, DK, DV = setups[variant]
+            gen = torch.Generator(device=DEVICE).manual_seed(0)
+            q, k = (torch.randn(B, HK, DK, device=DEVICE, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+            v = torch.randn(B, H, DV, device=DEVICE, generator=gen, dtype=torch.bfloat16)
+            g = retnet_gate(H) if variant == "retnet" else -torch.rand(B, H, device=DEVICE, generator=gen)
+            state = torch.randn(B, H, DK, DV, device=DEVICE, generator=gen)
+            t_torch = None
+            for name, step in (("torch step", kernels.linear_attn_step_torch),
+                               ("triton step", kernels.linear_attn_step_triton)):
+                label = f"ours {name} ({variant}, H={H} {DK}x{DV})"
+                try:
+                    with torch.no_grad():
+                        t = do_bench(lambda: step(q, k, v, g, state), return_mode="median")
+                    ratio = f"{t / t_torch:.2f}" if t_torch and name == "triton step" else ""
+                    t_torch = t if name == "torch step" else t_torch
+                    row([label, B, f"{t:.4f}", ratio], widths)
+                except Exception as e:  # noqa: BLE001
+                    row([label, B, first_line(e, 60)], (40, 6, 60))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    if not variants or set(variants) - set(VARIANTS):
-        sys.exit(f"--variants must be a subset of {VARIANTS}, got {args.variants!r}")
+    if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
+        sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
+    delta = [v for v in variants if v in VARIANTS]
+    scalar = [v for v in variants if v in SCALAR_VARIANTS]
     if not torch.cuda.is_available():
         sys.exit("bench.py needs a CUDA GPU (the Triton path of kernels.py runs on CUDA only)")
     fla, fla_version = load_fla()
@@ -207,8 +365,16 @@ def main():
           f"fla-core {fla_version}")
     print("command: python " + " ".join(sys.argv), flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    bench_chunked(QUICK_SHAPES if args.quick else SHAPES, variants, fla)
-    bench_decode((1,) if args.quick else (1, 64), variants, fla)
+    if delta:
+        bench_chunked(QUICK_SHAPES if args.quick else SHAPES, delta, fla)
+        bench_decode((1,) if args.quick else (1, 64), delta, fla)
+    if scalar:
+        chunk_retention, scan_combined = load_scalar_peers()
+        if "retnet" in scalar:
+            bench_retnet(QUICK_SHAPES if args.quick else RETNET_SHAPES, chunk_retention)
+        if "mamba2" in scalar:
+            bench_mamba2(MAMBA2_SHAPES[:1] if args.quick else MAMBA2_SHAPES, scan_combined)
+        bench_scalar_decode((1,) if args.quick else (1, 64), scalar)
 
 
 if __name__ == "__main__":
