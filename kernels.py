@@ -1388,8 +1388,12 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     dk = torch.empty(B, T, H, DK, device=k.device, dtype=part)
     dv = torch.empty_like(v)
     dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if DECAY == 1 else torch.empty(0, device=k.device)
+    # V-tiles of 32 in _la_grads_bwd: with 64, Dk = Dv = 128 needs 240 KB of shared memory (bf16, Triton 3.9, sm_90,
+    # compiled without a GPU), over Hopper's 227 KB; with 32, 176 KB. TODO (speed, GPU session): it spills registers
+    # (255 + stack) at every D; split dv from dq/dk/dg (dg is linear in key tiles, so partial sums per key tile work)
     _la_grads_bwd_kernel[(NT, B * H)](q, k, v, gp, h, do, dh, dq, dk, dv, dg if DECAY == 1 else dv, scale,
-                                      T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec, num_warps=_warps(DK, DV))
+                                      T, NT, H, HK, DK, DV, min(DV, 32), TRITON_CHUNK, DECAY, prec,
+                                      num_warps=_warps(DK, DV))
     if HK != H:
         dq = dq.view(B, T, HK, H // HK, DK).sum(3).to(q.dtype)
         dk = dk.view(B, T, HK, H // HK, DK).sum(3).to(k.dtype)
