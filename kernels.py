@@ -850,6 +850,10 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
 #        is generated in-kernel, no [B, T, H] tensor).
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
 # h // (H // HK); no per-head copy is made. The backward writes per-head dq, dk and sums a group's heads in torch.
+# Status: opt-in (KERNELS_PATH=triton), checked against the fp64 recurrence only through the interpreter; compiled for
+# sm_90 without a GPU (Triton 3.9): every kernel fits in shared memory, but like the delta-rule kernels they use 255
+# registers with some spilling at D = 128. TODO (GPU session): run the tests, measure the chunk size (64 is the
+# delta-rule choice; mamba_ssm uses 256 for Mamba2, whose C B^T is shared by a group's heads) and the tiles.
 
 @triton.jit
 def _la_gates(g_ptr, tok, valid, rows, n, h, tok_last, C: tl.constexpr, DECAY: tl.constexpr):
