@@ -120,7 +120,7 @@ def settings(task, out_root):
         if os.path.isfile(os.path.join(task_dir, name, 'log.txt')):
             c = read_log(os.path.join(task_dir, name))['config']
             if c is not None:
-                extra = {'mqar': 'every key queried once',
+                extra = {'mqar': 'N queries of random stored keys',
                          'statetrack': f"{c['statetrack_num_vars']} variables, {c['statetrack_num_queries']} queries"}[task]
                 return (f"Sequences of {c['block_size']} tokens, vocabulary {c['task_vocab_size']}, {extra}; "
                         f"{c['n_layer']} layers; {c['max_iters']:,} steps × {c['batch_size'] * c['gradient_accumulation_steps']} "

@@ -42,7 +42,7 @@ def test_mqar_layout(V, T, N):
         assert len(set(keys)) == N and all(1 <= k <= K for k in keys)            # distinct keys from the key range
         assert len(set(values)) == N and all(K < v < V for v in values)          # distinct values from the value range
         pairs = dict(zip(keys, values))
-        # after the pairs: filler, and each key once, directly followed by its value, which is the answer
+        # after the pairs: filler, and N queries of stored keys, each directly followed by its value, the answer
         queried, expected_answer = [], np.zeros(T + 1, dtype=bool)
         i = 2 * N
         while i <= T:
@@ -53,8 +53,23 @@ def test_mqar_layout(V, T, N):
             queried.append(seq[i])
             expected_answer[i + 1] = True
             i += 2
-        assert sorted(queried) == sorted(keys)
+        assert len(queried) == N
         assert (answer == expected_answer).all()
+
+
+def test_mqar_queries_draw_keys_with_replacement():
+    # no elimination shortcut: some sequences ask a key twice (and so leave another out); over many, every pair
+    # is asked about equally often, in every query slot
+    task, N = MQAR(64, 127, 8), 8
+    repeats, counts = 0, np.zeros((N, N))  # counts[slot, pair index]
+    for rng in rngs(400):
+        seq, answer = task.sequence(rng)
+        keys = list(seq[0:2 * N:2])
+        asked = [keys.index(k) for k in seq[np.flatnonzero(answer) - 1]]
+        repeats += len(set(asked)) < N
+        counts[np.arange(N), asked] += 1
+    assert repeats > 300  # with replacement, P(all 8 distinct) = 8!/8^8 = 0.0024
+    assert counts.min() > 20 and counts.max() < 80  # uniform: 50 expected per (slot, pair)
 
 
 def replay_statetrack(seq, num_vars):

@@ -54,7 +54,7 @@ batch_size = 12                 # micro-batch size per rank
 block_size = 1024               # training context length
 # synthetic tasks (tasks.py), used when dataset is 'mqar' or 'statetrack'; block_size is the sequence length
 task_vocab_size = 8192          # tokens of the task; the model's vocab_size is set to it (Zoology's MQAR: 8192)
-mqar_num_pairs = 16             # MQAR key-value pairs per sequence; each key is queried once (needs 4x <= block_size+1)
+mqar_num_pairs = 16             # MQAR key-value pairs per sequence, then as many queries of random stored keys (needs 4x <= block_size+1)
 statetrack_num_vars = 16        # state tracking: distinct variables
 statetrack_num_assignments = 64 # assignments per sequence: each variable is re-assigned ~ this / num_vars times
 statetrack_num_queries = 16     # queries per sequence, interleaved with the assignments (2*assignments + 3*queries <= block_size+1)

@@ -4,14 +4,15 @@
 # $ python train.py config/mqar.py --mixer='kda*3,softmax' --mqar_num_pairs=24 --n_embd=256 --n_head=8
 # grid.py runs every mixer x pairs x width from this file and writes the results table (README, "What the mixers can and cannot do").
 # Hardware: one GPU. Measured while sizing this file (H100, torch 2.11, 12 runs sharing the GPU, 4,000 steps, eval every 1,000,
-# the committed kernels of 6b6d714): kda reached val acc 1.000 at 8 and 16 pairs (0.999 by step 1,000); softmax 0.51 (8 pairs)
-# and 0.21 (16); retnet 0.12 (8) and 0.03 (16); mamba2 0.09 (16). One seed, one LR. The grid's results: see the README section.
+# the committed kernels of 6b6d714, the earlier layout with every key queried once): kda reached val acc 1.000 at 8 and 16 pairs (0.999 by step 1,000); softmax 0.51 (8 pairs)
+# and 0.21 (16), which is the elimination shortcut of that layout (README); retnet 0.12 (8) and 0.03 (16); mamba2 0.09 (16).
+# One seed, one LR. The grid's results: see the README section.
 out_dir = 'out-mqar'
 dataset = 'mqar'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
 compile = False        # many short runs: compiling each would cost more than it saves
 
-# task: each sequence holds 16 pairs, then the 16 keys again (loss on the 16 answers only). Measured while sizing:
+# task: each sequence holds 16 pairs, then 16 queries of random stored keys (loss on the 16 answers only). Measured while sizing:
 # Zoology's vocabulary of 8192 did not train in 4,000 steps (softmax 0.02 at 32 pairs, 256 tokens: each embedding is
 # seen too rarely); 256 tokens trained slowly (kda 0.58 at 16 pairs); 64 tokens (31 keys, 32 values) trained
 task_vocab_size = 64
