@@ -12,6 +12,8 @@ mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Tri
     python bench.py            # B=8 T=4096 H=16 D=128; B=2 T=16384 H=16 D=128; B=8 T=4096 H=12 D=64; decode at 1 and 64
     python bench.py --quick    # B=2 T=4096 H=16 D=128; decode at batch 1
     python bench.py --variants kda,gdn     # a subset of kda, gdn, deltanet
+    python bench.py --profile --variants deltanet,kda   # per-kernel CUDA time of ours (fwd, fwd+bwd) at the first
+                                                         # shape, then registers / spills of every compiled kernel
     python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
                                                # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
                                                # 16 heads x 128, 16 groups; decode at batch 1 and 64
@@ -347,9 +349,51 @@ def bench_scalar_decode(batches, variants):
                     row([label, B, first_line(e, 60)], (40, 6, 60))
 
 
+def profile(variants, shape=SHAPES[0], reps=5):
+    """Where the time goes: each of our kernels' CUDA time per call of fwd and of fwd+bwd (torch.profiler, mean of
+    reps runs after warm-up), then the registers and spilled values of every compiled Triton kernel of kernels.py
+    (what ptxas reported; a spill means local-memory traffic). The tool behind notes/perf.md's per-kernel tables."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    B, T, H, D = shape
+    for variant in variants:
+        x = inputs(B, T, H, D, variant)
+        leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else [])
+        xg = {n: (t.detach().requires_grad_() if n in leaves and t is not None else t) for n, t in x.items()}
+        do = torch.randn_like(x["v"])
+        for name, fn, grad in (("fwd", lambda: run_chunk("ours", variant, x), False),
+                               ("fwd+bwd", lambda: run_chunk("ours", variant, xg).backward(do), True)):
+            with torch.set_grad_enabled(grad):
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize()
+                total = do_bench(fn, return_mode="median")
+                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(reps):
+                        fn()
+                    torch.cuda.synchronize()
+            per_kernel = {}
+            for e in prof.events():
+                if e.device_type.name == "CUDA":
+                    per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / reps / 1000
+            print(f"\nours {variant} {name}, B,T,H,D = {B},{T},{H},{D}: {total:.3f} ms (do_bench median); per kernel, ms:")
+            for k, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]:
+                print(f"  {ms:8.3f}  {k[:100]}")
+    print("\nregisters / spilled values per compiled kernel (one line per specialisation)")
+    for name in sorted(dir(kernels)):
+        fn = getattr(kernels, name)
+        if not isinstance(fn, triton.runtime.jit.JITFunction):
+            continue
+        for caches in fn.device_caches.values():
+            for compiled in caches[0].values():
+                compiled._init_handles()
+                print(f"  {name:28s} regs {compiled.n_regs:4d}  spills {compiled.n_spills:5d}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
+    ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours (delta family)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
@@ -365,6 +409,8 @@ def main():
           f"fla-core {fla_version}")
     print("command: python " + " ".join(sys.argv), flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.profile:
+        return profile(delta)
     if delta:
         bench_chunked(QUICK_SHAPES if args.quick else SHAPES, delta, fla)
         bench_decode((1,) if args.quick else (1, 64), delta, fla)
