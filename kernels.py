@@ -1387,18 +1387,18 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
                                             scale, T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec,
                                             dht is not None, dh0 is not None, num_warps=_warps(DK, DV), num_stages=2)
     # grouped q/k: per-head partial gradients (fp32), summed over the heads of each group below
-    part = torch.float32 if HK != H else q.dtype
-    dq = torch.empty(B, T, H, DK, device=k.device, dtype=part)
-    dk = torch.empty(B, T, H, DK, device=k.device, dtype=part)
+    dq = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32 if HK != H else q.dtype)
+    dk = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32 if HK != H else k.dtype)  # k's, not q's
     dv = torch.empty_like(v)
     dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if DECAY == 1 else torch.empty(0, device=k.device)
     # V-tiles of 32 in _la_grads_bwd: with 64, Dk = Dv = 128 needs 240 KB of shared memory (bf16, Triton 3.9, sm_90,
-    # compiled without a GPU), over Hopper's 227 KB; with 32, 176 KB. TODO (speed, GPU session): it spills registers
+    # compiled without a GPU), over Hopper's 227 KB; with 32, 192-208 KB (re-measured in review; the GPU has Triton 3.6,
+    # so check again there). TODO (speed, GPU session): it spills registers
     # (255 + stack) at every D; split dv from dq/dk/dg (dg is linear in key tiles, so partial sums per key tile work)
     _la_grads_bwd_kernel[(NT, B * H)](q, k, v, gp, h, do, dh, dq, dk, dv, dg if DECAY == 1 else dv, scale,
                                       T, NT, H, HK, DK, DV, min(DV, 32), TRITON_CHUNK, DECAY, prec,
                                       num_warps=_warps(DK, DV))
-    if HK != H:
+    if HK != H:  # [B, T, H, Dk] -> [B, T, HK, H // HK, Dk]: head h is (h // (H // HK), h % (H // HK))
         dq = dq.view(B, T, HK, H // HK, DK).sum(3).to(q.dtype)
         dk = dk.view(B, T, HK, H // HK, DK).sum(3).to(k.dtype)
     return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))

@@ -676,6 +676,16 @@ else:  # interpreter: about a second per case
 def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):
     la_triton_check(T, DK, DV, dtype, gate, strength)
 
+@pytest.mark.parametrize("hpg", [1, 2])
+def test_linear_attn_triton_grad_dtypes(hpg):
+    # dq, dk come back in q's and k's own dtypes, as the fake (shape) function of kernels::linear_attn_bwd says,
+    # also when the two differ; a mismatch would give torch.compile wrong metadata
+    x = la_triton_inputs(1, 20, 2, hpg, 16, 16, "none", "-", F32)
+    args = (x["q"], x["k"].bfloat16(), x["v"], None, None, torch.randn_like(x["v"]), None, 1.0)
+    dq, dk = torch.ops.kernels.linear_attn_bwd(*args)[:2]
+    assert (dq.dtype, dk.dtype) == (torch.float32, torch.bfloat16)
+    torch.library.opcheck(torch.ops.kernels.linear_attn_bwd.default, args, test_utils=("test_faketensor",))
+
 @pytest.mark.parametrize("gate,strength", [("retnet", "mild"), ("mamba2", "strong")])
 def test_linear_attn_triton_without_state(gate, strength):
     # no initial state, no final state: the HAS_H0 / STORE_HT / HAS_DHT / STORE_DH0 = False specialisations
