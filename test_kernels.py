@@ -649,8 +649,8 @@ def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
     x["initial_state"] = rnd(B, nh, dk, dv).to(DEV)
     return x
 
-def la_triton_check(T, dk, dv, dtype, gate, strength, with_state=True, seed=0):
-    B, nh = (2, 4) if CUDA else (1, 4)
+def la_triton_check(T, dk, dv, dtype, gate, strength, with_state=True, seed=0, B=None):
+    B, nh = B or (2 if CUDA else 1), 4
     hpg = {"none": 1, "retnet": 1, "mamba2": 4 if strength != "strong" else 2}[gate]  # 1 group; 2 groups of 2
     x = la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed)
     kw = dict(scale=1.0) if gate == "mamba2" else {}
@@ -675,6 +675,11 @@ else:  # interpreter: about a second per case
 @pytest.mark.parametrize("T,DK,DV,dtype,gate,strength", LA_TRITON_CASES, ids=_id)
 def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):
     la_triton_check(T, DK, DV, dtype, gate, strength)
+
+@pytest.mark.parametrize("gate,strength", [("retnet", "mild"), ("mamba2", "strong")])
+def test_linear_attn_triton_batch(gate, strength):
+    # B = 2 through the interpreter too (the cases above run B = 1 on CPU, which cannot see a wrong batch offset)
+    la_triton_check(70, 16, 32, F32, gate, strength, B=2)
 
 @pytest.mark.parametrize("hpg", [1, 2])
 def test_linear_attn_triton_grad_dtypes(hpg):
