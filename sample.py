@@ -4,6 +4,10 @@ through the per-layer caches (fixed-size state for the linear mixers, K/V for so
 
 $ python sample.py --out_dir=out-pystdlib-kda_hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
 $ python sample.py --out_dir=out-pystdlib-kda_hybrid --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
+$ python sample.py --out_dir=out-mqar --start="3 40 7 35 0 0 7" --max_new_tokens=1 --temperature=0   # a task model
+
+A model trained on a task (dataset 'mqar' or 'statetrack') has no text tokenizer: its prompt is token ids separated
+by spaces (the layouts are in tasks.py) and the samples print as ids.
 
 At the end it prints the decode speed (tokens/s) and the bytes held by the caches, split into the
 fixed part (linear mixers) and the part that grows with the context (softmax K/V).
@@ -46,11 +50,25 @@ model.load_state_dict(checkpoint['model'])
 model.eval().to(device)
 print(model.describe())
 
-enc = gpt2_encoding()  # every dataset here is GPT-2 BPE
 if start.startswith('FILE:'):
     with open(start[5:], 'r', encoding='utf-8') as f:
         start = f.read()
-start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
+task = checkpoint.get('config', {}).get('dataset') in ('mqar', 'statetrack')
+if task:  # synthetic task: token ids in, token ids out
+    vocab = checkpoint['model_args']['vocab_size']
+    try:
+        start_ids = [int(t) for t in start.split()]
+    except ValueError:
+        sys.exit(f"sample.py: {out_dir} holds a {checkpoint['config']['dataset']} model, whose prompt is token ids "
+                 f"separated by spaces (0..{vocab - 1}, layouts in tasks.py), e.g. --start=\"3 40 7 35 0 7\"; got {start!r}")
+    if not start_ids or not all(0 <= t < vocab for t in start_ids):
+        sys.exit(f"sample.py: the prompt's token ids must be 0..{vocab - 1} for this {checkpoint['config']['dataset']} "
+                 f"model, and at least one; got {start!r}")
+    n_vocab, decode = vocab, lambda ids: ' '.join(map(str, ids))
+else:
+    enc = gpt2_encoding()  # every text dataset here is GPT-2 BPE
+    start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
+    n_vocab, decode = enc.n_vocab, enc.decode
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
 total_tokens, total_time = 0, 0.0
@@ -59,12 +77,12 @@ for k in range(num_samples):
         if device_type == 'cuda':
             torch.cuda.synchronize()
         t0 = time.time()
-        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=enc.n_vocab)
+        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=n_vocab)
         if device_type == 'cuda':
             torch.cuda.synchronize()
         total_time += time.time() - t0
         total_tokens += max_new_tokens
-    print(enc.decode(y[0].tolist()))
+    print(decode(y[0].tolist()))
     print('---------------')
 
 fixed, growing = model.cache_bytes(caches)

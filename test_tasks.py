@@ -284,6 +284,16 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path):
     final = read_log(ddp_dir)['evals'][-1]
     assert final['step'] == 6 and abs(final['val_loss'] - log['evals'][-1]['val_loss']) < 1e-4
 
+    # sample.py on a task model: token ids in, ids out (no GPT-2 text); a text prompt is refused by name
+    s = run([sys.executable, 'sample.py', f'--out_dir={single_dir}', '--start=3 20 5 25 0 3', '--num_samples=1',
+             '--max_new_tokens=4', '--temperature=0', '--device=cpu'])
+    line = s.stdout.split('---------------')[0].strip().splitlines()[-1]
+    ids = [int(t) for t in line.split()]
+    assert ids[:6] == [3, 20, 5, 25, 0, 3] and len(ids) == 10 and all(0 <= t < 32 for t in ids)
+    bad = subprocess.run([sys.executable, 'sample.py', f'--out_dir={single_dir}', '--start=def f():', '--device=cpu'],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and 'token ids' in bad.stderr and 'mqar' in bad.stderr
+
 
 def test_plot_reads_logs_and_draws(tmp_path):
     """read_log takes the last start's config and tokens per iteration, and the last line of a step evaluated twice
