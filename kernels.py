@@ -874,14 +874,15 @@ def _la_gates(g_ptr, tok, valid, rows, n, h, tok_last, C: tl.constexpr, DECAY: t
 
 @triton.jit
 def _la_decay(Gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
-    # D [C, C] = exp(G_r - G_i) for i <= r < n, 0 elsewhere (select before the exp: never exp of a positive number).
+    # D [C, C] = exp(G_r - G_i) for i <= r < n, 0 elsewhere (select before the exp: never exp of a positive number;
+    # the clamp at 0 because a parallel cumsum need not be monotone in its last bit, mixers.md §7 item 1).
     # A constant gate uses (r - i) g_h, exact, rather than the difference of two rounded products.
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
     if DECAY == 2:
         diff = (r - i).to(tl.float32) * gh
     else:
-        diff = Gm[:, None] - Gm[None, :]
+        diff = tl.minimum(Gm[:, None] - Gm[None, :], 0.)
     return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
@@ -911,7 +912,7 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, H
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         Gm, Gn, _ = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
-        kd = kk * tl.exp(tl.where(valid, Gn - Gm, float('-inf')))[:, None]  # K * exp(G_n - G)
+        kd = kk * tl.exp(tl.where(valid, tl.minimum(Gn - Gm, 0.), float('-inf')))[:, None]  # K * exp(G_n - G)
         if DECAY > 0:
             S = S * tl.exp(Gn)
         S += tl.dot(tl.trans(kd), vv, input_precision=PREC)
@@ -1010,7 +1011,7 @@ def _la_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_p
     kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     Gm, Gn, gh = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
     eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]             # exp(G), 0 on padded rows
-    egn = tl.exp(tl.where(valid, Gn - Gm, float('-inf')))[:, None]       # exp(G_n - G)
+    egn = tl.exp(tl.where(valid, tl.minimum(Gn - Gm, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
     D = _la_decay(Gm, gh, n, C, DECAY)
     P = scale * tl.dot(qq, tl.trans(kk), input_precision=PREC) * D      # the scaled decayed scores
     kd = kk * egn
