@@ -842,12 +842,14 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
 #   O     = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V)          _la_output_fwd: parallel over chunks
 # These are the delta-rule state pass and output with Delta = V: no W, no (I + L)^-1. They are small kernels of
 # their own rather than flags on _state_fwd / _output_fwd because q, k are indexed per group (below) and P = Q K^T ⊙ D
-# is formed in the output kernel instead of being loaded; they share _chunk_cumsum_kernel (the gate cumsum, DG = 1)
-# and the rules: exp only of a number <= 0 (masked with a select before the exp), fp32 state and accumulation,
-# int64 token offsets, any T (a partial last chunk is masked).
-# DECAY: 0 no gate (plain linear attention); 1 a gate per token (g [B, T, H], Mamba2's Δ·A; g_ptr holds its
-#        chunk-local cumsum G); 2 a constant per head (g [H], RetNet's log γ; g_ptr holds g and G_r = (r + 1) g_h
-#        is generated in-kernel, no [B, T, H] tensor).
+# is formed in the output kernel instead of being loaded; they share the rules: exp only of a number <= 0 (masked
+# with a select before the exp), fp32 state and accumulation, int64 token offsets, any T (a partial last chunk is
+# masked). Unlike the delta-rule kernels they read the raw gates and form every decay exponent between two positions
+# as a sum of the gates in between (D_ri: Σ_{i<j<=r} g_j; G_n - G_r: Σ_{r<j<n} g_j), never as a difference of
+# cumsums, which loses ~3 digits in fp32 after a -1000 gate (_la_gates, _la_decay; as _causal_decay in torch).
+# DECAY: 0 no gate (plain linear attention); 1 a gate per token (g [B, T, H] fp32, Mamba2's Δ·A; G, G_n and the
+#        segment sums are formed in-kernel per chunk); 2 a constant per head (g [H], RetNet's log γ; g_ptr holds g
+#        and G_r = (r + 1) g_h, G_n - G_r = (n - 1 - r) g_h are generated in-kernel, no [B, T, H] tensor).
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
 # h // (H // HK); no per-head copy is made. The backward writes per-head dq, dk and sums a group's heads in torch.
 # Status: opt-in (KERNELS_PATH=triton), checked against the fp64 recurrence only through the interpreter; compiled for
@@ -856,33 +858,45 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
 # delta-rule choice; mamba_ssm uses 256 for Mamba2, whose C B^T is shared by a group's heads) and the tiles.
 
 @triton.jit
-def _la_gates(g_ptr, tok, valid, rows, n, h, tok_last, C: tl.constexpr, DECAY: tl.constexpr):
-    # -> G [C] of this chunk (0 on padded rows), G_n, and g_h (DECAY 2, else 0)
+def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.constexpr):
+    # -> gm [C] the raw gates of this chunk (DECAY 1; 0 on padded rows), G [C] their cumsum (padded rows: junk,
+    # callers mask), G_n, the tail exponents G_n - G_r [C] (0 on padded rows) and g_h (DECAY 2, else 0).
+    # The tail is the reverse exclusive cumsum of g (Σ_{r<j<n} g_j: the gates loaded one token later), not G_n - G_r:
+    # after a -1000 gate both are ~ -1000, where one fp32 ulp is 6e-5, and their difference would carry that error
+    # into every decay of the rest of the chunk. A sum of same-sign terms is accurate to a few ulp of itself.
     if DECAY == 1:
-        Gm = tl.load(g_ptr + tok, mask=valid, other=0.)
-        Gn = tl.load(g_ptr + tok_last)
+        gm = tl.load(g_ptr + tok, mask=valid, other=0.)
+        Gm = tl.cumsum(gm, axis=0)
+        Gn = tl.sum(gm, axis=0)
+        tail = tl.cumsum(tl.load(g_ptr + tok + H, mask=rows + 1 < n, other=0.), axis=0, reverse=True)
         gh = 0.
     elif DECAY == 2:
         gh = tl.load(g_ptr + h).to(tl.float32)
-        Gm = tl.where(valid, (rows + 1).to(tl.float32) * gh, 0.)
+        gm = tl.zeros([C], dtype=tl.float32)
+        Gm = (rows + 1).to(tl.float32) * gh
         Gn = n.to(tl.float32) * gh
+        tail = tl.where(valid, (n - 1 - rows).to(tl.float32) * gh, 0.)   # exact, like (r - i) g_h in _la_decay
     else:
+        gm = tl.zeros([C], dtype=tl.float32)
         Gm = tl.zeros([C], dtype=tl.float32)
         Gn = 0.
+        tail = tl.zeros([C], dtype=tl.float32)
         gh = 0.
-    return Gm, Gn, gh
+    return gm, Gm, Gn, tail, gh
 
 @triton.jit
-def _la_decay(Gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
+def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
     # D [C, C] = exp(G_r - G_i) for i <= r < n, 0 elsewhere (select before the exp: never exp of a positive number;
     # the clamp at 0 because a parallel cumsum need not be monotone in its last bit, mixers.md §7 item 1).
+    # The exponent is the segment sum Σ_{i<j<=r} g_j (as in _causal_decay), not G_r - G_i (see _la_gates): a cumsum
+    # down the rows (axis 0, over j) of the tile [j, i] = g_j where j > i, else 0.
     # A constant gate uses (r - i) g_h, exact, rather than the difference of two rounded products.
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
     if DECAY == 2:
         diff = (r - i).to(tl.float32) * gh
     else:
-        diff = tl.minimum(Gm[:, None] - Gm[None, :], 0.)
+        diff = tl.minimum(tl.cumsum(tl.where(r > i, gm[:, None], 0.), axis=0), 0.)
     return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
@@ -911,8 +925,8 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, H
         tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        Gm, Gn, _ = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
-        kd = kk * tl.exp(tl.where(valid, tl.minimum(Gn - Gm, 0.), float('-inf')))[:, None]  # K * exp(G_n - G)
+        _, _, Gn, tail, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+        kd = kk * tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # K * exp(G_n - G)
         if DECAY > 0:
             S = S * tl.exp(Gn)
         S += tl.dot(tl.trans(kd), vv, input_precision=PREC)
@@ -940,9 +954,9 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT
     kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
-    Gm, Gn, gh = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+    gm, Gm, _, _, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
     qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]           # Q * exp(G)
-    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * _la_decay(Gm, gh, n, C, DECAY)
+    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * _la_decay(gm, gh, n, C, DECAY)
     o = scale * (tl.dot(qg, S, input_precision=PREC) + tl.dot(P, vv, input_precision=PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -955,6 +969,8 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT
 #     dG_r = q_r·dq_r - k_r·dk_r,  and on the last row + Γ_n Σ(h ⊙ dh) + Σ_r k_r·dk_inter_r;  dg = reverse cumsum
 #   (every G_r enters through exp(G_r - G_i), exp(G_r) or exp(G_n - G_r); the q·dq and k·dk sums collect exactly
 #   the + and - sides of those exponents). Only DECAY 1 has a gate gradient (RetNet's constant is not trained).
+#   The forward forms those exponents as segment sums of g, equal to the differences in exact arithmetic, so dG
+#   (which consumes only the decay values D, Γ, exp(G_n - G)) and dg_j = Σ_{r>=j} dG_r still hold.
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT, H, HK,
@@ -982,7 +998,7 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS)
         qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        Gm, Gn, _ = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+        _, Gm, Gn, _, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
         qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]
         if DECAY > 0:
             dS = dS * tl.exp(Gn)
@@ -1009,10 +1025,10 @@ def _la_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_p
     ck = tl.arange(0, DK)
     qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    Gm, Gn, gh = _la_gates(g_ptr, tok, valid, rows, n, h, (b * T + c * C + n - 1) * H + h, C, DECAY)
+    gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
     eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]             # exp(G), 0 on padded rows
-    egn = tl.exp(tl.where(valid, tl.minimum(Gn - Gm, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
-    D = _la_decay(Gm, gh, n, C, DECAY)
+    egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
+    D = _la_decay(gm, gh, n, C, DECAY)
     P = scale * tl.dot(qq, tl.trans(kk), input_precision=PREC) * D      # the scaled decayed scores
     kd = kk * egn
     dA = tl.zeros([C, C], dtype=tl.float32)
@@ -1315,13 +1331,13 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
         _fail("delta_rule_step", why)
     return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
-# The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): G = chunk-local cumsum(g)
-# (gate per token) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd). Saved: q, k, v, G (or the constant
-# [H] gate) and the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] in fp32, then runs
-# _la_state_bwd (reverse over chunks) and _la_grads_bwd.
+# The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
+# kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd). Saved: q, k, v, g (per
+# token or the constant [H] gate) and the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] in
+# fp32, then runs _la_state_bwd (reverse over chunks) and _la_grads_bwd.
 
 def _decay_kind(g):
-    """0: no gate, 1: a gate per token ([B,T,H] g, or its cumsum G), 2: a constant per head ([H])."""
+    """0: no gate, 1: a gate per token ([B,T,H]), 2: a constant per head ([H])."""
     return 0 if g is None else (2 if g.dim() == 1 else 1)
 
 def _la_meta(q, v):
@@ -1343,37 +1359,31 @@ def _la_states(k, v, gp, h0, DECAY, h_dtype, output_final_state):
 @torch.library.custom_op("kernels::linear_attn_fwd", mutates_args=())
 def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], scale: float,
                      initial_state: Optional[torch.Tensor], output_final_state: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
-    G fp32 [B,T,H] (chunk-local cumsum of a per-token g, saved for the backward; empty otherwise)."""
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(q, v)
     DECAY = _decay_kind(g)
-    G = torch.empty(0, device=k.device, dtype=torch.float32)
-    if DECAY == 1:
-        G = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
-        _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, 1, TRITON_CHUNK)
-    gp = G if DECAY == 1 else (g.float().contiguous() if DECAY == 2 else k)  # any pointer when DECAY == 0
+    gp = g.float().contiguous() if g is not None else k  # the raw gates (the kernels sum them); any pointer if none
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     h, ht = _la_states(k, v, gp, h0, DECAY, k.dtype, output_final_state)
     o = torch.empty_like(v)
     _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BV, TRITON_CHUNK,
                                                  DECAY, prec, num_warps=_warps(DK, DV))
-    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
 
 @_linear_attn_fwd.register_fake
 def _(q, k, v, g, scale, initial_state, output_final_state):
     B, T, H, DV = v.shape
     ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
-    G = q.new_empty((B, T, H) if _decay_kind(g) == 1 else (0,), dtype=torch.float32)
-    return v.new_empty(v.shape), ht, G
+    return v.new_empty(v.shape), ht
 
 @torch.library.custom_op("kernels::linear_attn_bwd", mutates_args=())
 def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                      initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H] (empty unless g is per token), d initial_state
-    fp32 (empty without one). g: the forward's cumsum G [B,T,H] (gate per token), the constant [H] gate, or None."""
+    fp32 (empty without one). g: the forward's gate, per token [B,T,H] or the constant [H], or None."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(q, v)
     DECAY = _decay_kind(g)
@@ -1413,12 +1423,11 @@ def _(q, k, v, g, initial_state, do, dht, scale):
 
 def _linear_attn_setup(ctx, inputs, output):
     q, k, v, g, scale, initial_state, output_final_state = inputs
-    DECAY = _decay_kind(g)
-    ctx.save_for_backward(q, k, v, output[2] if DECAY == 1 else g, initial_state)
+    ctx.save_for_backward(q, k, v, g, initial_state)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = None if g is None else g.dtype
 
-def _linear_attn_backward(ctx, do, dht, dG):
+def _linear_attn_backward(ctx, do, dht):
     q, k, v, g, h0 = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     dq, dk, dv, dg, dh0 = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale)
@@ -1452,7 +1461,7 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
     if why:
         _fail("linear_attn", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht, _ = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state)
+    o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state)
     return o, (ht if output_final_state else None)
 
 def linear_attn_step_triton(q, k, v, g, state, scale=None):

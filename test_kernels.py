@@ -625,9 +625,9 @@ def test_triton_step_dispatch_compiles(monkeypatch):
 # same metric and tolerances as the delta rule. Opt-in on CUDA (KERNELS_PATH=triton) until these pass on a GPU:
 #     python -m pytest test_kernels.py -q -k linear_attn_triton
 # Gates: 'none'; 'retnet' a constant [H] (mild: RetNet's log(1 - 2^(-5-h)); strong: -5..-10 per head, not
-# differentiated); 'mamba2' Δ·A per token [B,T,H] (zero; mild: logsigmoid/16; strong: -A_h·Δ with A_h in [1, 16] and
-# Δ = softplus(3x + 2), down to ~ -180, so that some single-step decays underflow fp32), with scale 1 and q = C,
-# k = B shared by the heads of a group (hpg heads per group).
+# differentiated); 'mamba2' Δ·A per token [B,T,H] (zero; mild: logsigmoid/16; mixed: mild with a twentieth at -1000;
+# strong: -A_h·Δ with A_h in [1, 16] and Δ = softplus(3x + 2), down to ~ -180, so that some single-step decays
+# underflow fp32), with scale 1 and q = C, k = B shared by the heads of a group (hpg heads per group).
 
 def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -640,8 +640,10 @@ def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
     elif gate == "mamba2":
         if strength == "zero":
             x["g"] = torch.zeros(B, T, nh)
-        elif strength == "mild":
+        elif strength in ("mild", "mixed"):
             x["g"] = F.logsigmoid(rnd(B, T, nh)) / 16
+            if strength == "mixed":
+                x["g"] = torch.where(torch.rand(B, T, nh, generator=gen) < 0.05, -1000.0, x["g"])
         else:
             A = 1 + 15 * torch.rand(nh, generator=gen)
             x["g"] = -A * F.softplus(3 * rnd(B, T, nh) + 2)
@@ -680,6 +682,15 @@ def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):
 def test_linear_attn_triton_batch(gate, strength):
     # B = 2 through the interpreter too (the cases above run B = 1 on CPU, which cannot see a wrong batch offset)
     la_triton_check(70, 16, 32, F32, gate, strength, B=2)
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_linear_attn_triton_gates_at_minus_1000(seed):
+    # mild Mamba2 gates with a twentieth at -1000 (mixers.md §8), fp32: after such a gate the chunk-local cumsum G is
+    # ~ -1000, where one fp32 ulp is 6e-5, so a decay formed as G_r - G_i (or G_n - G_r) carries that error; the
+    # kernels form each exponent as a sum of the raw gates between the two positions, as _causal_decay does.
+    # Measured (interpreter): with differences of cumsums o 8e-5..1.4e-4, ht 5e-5..1.1e-4, dq/dk/dv up to 1.5e-4 (every
+    # seed over 1e-4 somewhere); with segment sums all ~1e-7 (dg 4e-7). T = 130: a partial last chunk.
+    la_triton_check(130, 16, 32, F32, "mamba2", "mixed", seed=seed)
 
 @pytest.mark.parametrize("hpg", [1, 2])
 def test_linear_attn_triton_grad_dtypes(hpg):
