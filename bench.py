@@ -14,6 +14,8 @@ mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Tri
     python bench.py --variants kda,gdn     # a subset of kda, gdn, deltanet
     python bench.py --profile --variants deltanet,kda   # per-kernel CUDA time of ours (fwd, fwd+bwd) at the first
                                                          # shape, then registers / spills of every compiled kernel
+    python bench.py --model_decode                          # per-token decode latency of whole 12-layer models
+                                                         # (GPT-2 small shape) after prefills of 256..16384 tokens
     python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
                                                # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
                                                # 16 heads x 128, 16 groups; decode at batch 1 and 64
@@ -36,6 +38,8 @@ of the two outputs. A kernel that refuses or fails is reported in its row.
 import argparse
 import math
 import sys
+import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -349,6 +353,45 @@ def bench_scalar_decode(batches, variants):
                     row([label, B, first_line(e, 60)], (40, 6, 60))
 
 
+def model_decode(mixers, contexts, device, steps=32):
+    """Per-token decode latency of a whole model, 12 layers x 768 (GPT-2 small's shape, head_dim 64, d_state 128,
+    batch 1), after a prefill of each context length: flat in the context for the linear mixers (a fixed-size state
+    per layer) and growing for softmax (its K/V cache). Mean wall time of `steps` successive one-token forwards
+    through the caches (what sample.py does per token, sampling excluded); bf16 autocast on CUDA, fp32 on CPU. The
+    kernels' path (torch or Triton) is whatever kernels.py picks and prints; KERNELS_PATH=triton forces Triton."""
+    from model import GPT, GPTConfig
+    cuda = device.startswith("cuda")
+    ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    print(f"\nper-token decode latency, 12 x 768 model, batch 1, {device} (mean ms over {steps} steps after the prefill)")
+    widths = (16, 10) + (10,) * len(contexts)
+    row(["mixer", "params"] + [f"T={T}" for T in contexts], widths)
+    for mixer in mixers:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, head_dim=64, d_state=128, vocab_size=50304,
+                              block_size=max(contexts) + steps, mixer=mixer)).to(device).eval()
+        cells = []
+        for T in contexts:
+            idx = torch.randint(0, 50257, (1, T), device=device)
+            with torch.no_grad(), ctx:
+                caches = model.new_caches()
+                logits, _ = model(idx, caches=caches)  # prefill in one forward
+                tok = logits[:, -1].argmax(-1, keepdim=True)
+                model(tok, caches=caches)  # a first step outside the timing (compiles the step kernels)
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    logits, _ = model(tok, caches=caches)
+                if cuda:
+                    torch.cuda.synchronize()
+            cells.append(f"{(time.perf_counter() - t0) / steps * 1000:.2f}")
+            del caches
+        row([mixer, f"{model.get_num_params() / 1e6:.0f}M"] + cells, widths)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
+
+
 def profile(variants, shape=SHAPES[0], reps=5):
     """Where the time goes: each of our kernels' CUDA time per call of fwd and of fwd+bwd (torch.profiler, mean of
     reps runs after warm-up), then the registers and spilled values of every compiled Triton kernel of kernels.py
@@ -394,12 +437,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
     ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours (delta family)")
+    ap.add_argument("--model_decode", action="store_true",
+                    help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
+    ap.add_argument("--mixers", default="softmax,retnet,mamba2,kda", help="--model_decode: comma-separated mixers")
+    ap.add_argument("--contexts", default="256,1024,4096,16384", help="--model_decode: prefill lengths")
+    ap.add_argument("--device", default="", help="--model_decode: '' = cuda if available, else cpu")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
+    if args.model_decode:  # needs no GPU
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return model_decode([m for m in args.mixers.split(",") if m], [int(t) for t in args.contexts.split(",")], device)
     delta = [v for v in variants if v in VARIANTS]
     scalar = [v for v in variants if v in SCALAR_VARIANTS]
     if not torch.cuda.is_available():
