@@ -14,7 +14,7 @@ mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Tri
     python bench.py --variants kda,gdn     # a subset of kda, gdn, deltanet
     python bench.py --profile --variants deltanet,kda   # per-kernel CUDA time of ours (fwd, fwd+bwd) at the first
                                                          # shape, then registers / spills of every compiled kernel
-    python bench.py --model_decode                          # per-token decode latency of whole 12-layer models
+    python bench.py --model_decode --mixers softmax 'kda*3,softmax'   # per-token decode latency of whole 12-layer models
                                                          # (GPT-2 small shape) after prefills of 256..16384 tokens
     python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
                                                # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
@@ -439,7 +439,8 @@ def main():
     ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours (delta family)")
     ap.add_argument("--model_decode", action="store_true",
                     help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
-    ap.add_argument("--mixers", default="softmax,retnet,mamba2,kda", help="--model_decode: comma-separated mixers")
+    ap.add_argument("--mixers", nargs="+", default=["softmax", "retnet", "mamba2", "kda", "kda*3,softmax"],
+                    help="--model_decode: mixer patterns, space-separated (a pattern may hold commas: 'kda*3,softmax')")
     ap.add_argument("--contexts", default="256,1024,4096,16384", help="--model_decode: prefill lengths")
     ap.add_argument("--device", default="", help="--model_decode: '' = cuda if available, else cpu")
     ap.add_argument("--variants", default=",".join(VARIANTS),
@@ -450,7 +451,7 @@ def main():
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
     if args.model_decode:  # needs no GPU
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return model_decode([m for m in args.mixers.split(",") if m], [int(t) for t in args.contexts.split(",")], device)
+        return model_decode(args.mixers, [int(t) for t in args.contexts.split(",")], device)
     delta = [v for v in variants if v in VARIANTS]
     scalar = [v for v in variants if v in SCALAR_VARIANTS]
     if not torch.cuda.is_available():
