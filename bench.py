@@ -4,8 +4,8 @@ and KDA (g [B,T,H,Dk]) — side by side with flash-linear-attention (fla-core: c
 chunk_gated_delta_rule, chunk_kda, when importable) and causal softmax attention (F.scaled_dot_product_attention)
 at the same shapes; then the one-token decode step against fla's fused recurrent kernels.
 The scalar-decay family (variants retnet, mamba2; not in the default run) has its own tables: RetNet's Triton kernels
-(kernels.linear_attn_triton, opt-in on CUDA) vs fla chunk_retention, SDPA and the chunked torch path (today's CUDA
-default); the Mamba2 core (Δ = softplus(dt + dt_bias), v = Δ·x, g = Δ·A, the scan, + D·x: model.py's math between
+(kernels.linear_attn_triton, the CUDA default) vs fla chunk_retention, SDPA and the chunked torch path (the CUDA
+default before 2026-11-23); the Mamba2 core (Δ = softplus(dt + dt_bias), v = Δ·x, g = Δ·A, the scan, + D·x: model.py's math between
 the conv output and the gated norm) in absolute times at the mamba_ssm shapes of issue 5, next to mamba_ssm's
 mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Triton step vs the torch step).
 
@@ -14,6 +14,7 @@ mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Tri
     python bench.py --variants kda,gdn     # a subset of kda, gdn, deltanet
     python bench.py --profile --variants deltanet,kda   # per-kernel CUDA time of ours (fwd, fwd+bwd) at the first
                                                          # shape, then registers / spills of every compiled kernel
+    python bench.py --chunks 32,64,128 --variants retnet,mamba2   # the scalar-decay kernels at several chunk sizes
     python bench.py --model_decode --mixers softmax 'kda*3,softmax'   # per-token decode latency of whole 12-layer models
                                                          # (GPT-2 small shape) after prefills of 256..16384 tokens
     python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
@@ -51,7 +52,7 @@ import kernels
 SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 12, 64)]  # B, T, H, D (Dk = Dv = D)
 QUICK_SHAPES = [(2, 4096, 16, 128)]
 VARIANTS = ("kda", "gdn", "deltanet")  # KDA first: the headline target of issue 4; the default run
-SCALAR_VARIANTS = ("retnet", "mamba2")  # issue 5, opt-in: --variants retnet,mamba2
+SCALAR_VARIANTS = ("retnet", "mamba2")  # issue 5, not in the default run: --variants retnet,mamba2
 RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128)]  # B, T, H, D
 MAMBA2_SHAPES = [(8, 4096, 32, 64, 128, 1), (8, 4096, 16, 128, 128, 16)]  # B, T, heads, headdim P, d_state N, groups
 # mamba_ssm's mamba_chunk_scan_combined at these shapes as issue 5 quotes it (H200, torch 2.11, Triton 3.6, bf16,
@@ -232,6 +233,11 @@ def retnet_gate(H):
     return torch.log(1 - 2.0 ** (-5.0 - torch.arange(H, device=DEVICE, dtype=torch.float32)))  # as fla and model.py
 
 
+def retnet_inputs(B, T, H, D, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    return {n: torch.randn(B, T, H, D, device=DEVICE, generator=gen, dtype=torch.bfloat16) for n in "qkv"}
+
+
 def bench_retnet(shapes, chunk_retention):
     """RetNet: bf16 q, k, v (randn), the constant gate log(1 - 2^(-5-h)), scale D^-0.5, no states."""
     print("\nRetNet (scalar decay, constant per head)", flush=True)
@@ -239,8 +245,7 @@ def bench_retnet(shapes, chunk_retention):
     row(["-" * w for w in (27, 15, 7, 10, 8, 13, 8)])
     for B, T, H, D in shapes:
         shape = f"{B},{T},{H},{D}"
-        gen = torch.Generator(device=DEVICE).manual_seed(0)
-        x = {n: torch.randn(B, T, H, D, device=DEVICE, generator=gen, dtype=torch.bfloat16) for n in "qkv"}
+        x = retnet_inputs(B, T, H, D)
         try:
             sdpa = lambda x: F.scaled_dot_product_attention(*(x[n].transpose(1, 2) for n in "qkv"), is_causal=True)
             f, fb, peak = measure(sdpa, x, "qkv")
@@ -395,17 +400,28 @@ def model_decode(mixers, contexts, device, steps=32):
 def profile(variants, shape=SHAPES[0], reps=5):
     """Where the time goes: each of our kernels' CUDA time per call of fwd and of fwd+bwd (torch.profiler, mean of
     reps runs after warm-up), then the registers and spilled values of every compiled Triton kernel of kernels.py
-    (what ptxas reported; a spill means local-memory traffic). The tool behind notes/perf.md's per-kernel tables."""
+    (what ptxas reported; a spill means local-memory traffic). The tool behind notes/perf.md's per-kernel tables.
+    Delta-rule variants at `shape`; retnet at RETNET_SHAPES[0], mamba2 (the core) at MAMBA2_SHAPES[0]."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    B, T, H, D = shape
     for variant in variants:
-        x = inputs(B, T, H, D, variant)
-        leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else [])
+        if variant == "retnet":
+            B, T, H, D = dims = RETNET_SHAPES[0]
+            x = retnet_inputs(B, T, H, D)
+            g = retnet_gate(H)
+            fwd, leaves = (lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], g)[0]), ["q", "k", "v"]
+        elif variant == "mamba2":
+            dims = MAMBA2_SHAPES[0]
+            x, fwd = mamba2_inputs(*dims), mamba2_core
+            leaves = ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"]
+        else:
+            B, T, H, D = dims = shape
+            x = inputs(B, T, H, D, variant)
+            fwd = lambda x, variant=variant: run_chunk("ours", variant, x)
+            leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else [])
         xg = {n: (t.detach().requires_grad_() if n in leaves and t is not None else t) for n, t in x.items()}
-        do = torch.randn_like(x["v"])
-        for name, fn, grad in (("fwd", lambda: run_chunk("ours", variant, x), False),
-                               ("fwd+bwd", lambda: run_chunk("ours", variant, xg).backward(do), True)):
+        do = torch.randn_like(fwd(x))
+        for name, fn, grad in (("fwd", lambda: fwd(x), False), ("fwd+bwd", lambda: fwd(xg).backward(do), True)):
             with torch.set_grad_enabled(grad):
                 for _ in range(3):
                     fn()
@@ -419,7 +435,8 @@ def profile(variants, shape=SHAPES[0], reps=5):
             for e in prof.events():
                 if e.device_type.name == "CUDA":
                     per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / reps / 1000
-            print(f"\nours {variant} {name}, B,T,H,D = {B},{T},{H},{D}: {total:.3f} ms (do_bench median); per kernel, ms:")
+            print(f"\nours {variant} {name}, shape {','.join(map(str, dims))}: {total:.3f} ms (do_bench median); "
+                  "per kernel, ms:")
             for k, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]:
                 print(f"  {ms:8.3f}  {k[:100]}")
     print("\nregisters / spilled values per compiled kernel (one line per specialisation)")
@@ -433,10 +450,47 @@ def profile(variants, shape=SHAPES[0], reps=5):
                 print(f"  {name:28s} regs {compiled.n_regs:4d}  spills {compiled.n_spills:5d}")
 
 
+def chunk_sweep(chunks, variants):
+    """The scalar-decay kernels' chunk size by measurement: ours at RETNET_SHAPES[0] / MAMBA2_SHAPES[0] with
+    kernels.TRITON_CHUNK set to each size (the kernels take it as a compile-time constant), and each output's
+    relative RMS difference from the chunk-64 output (a correctness check of the other sizes)."""
+    print("\nscalar-decay chunk size sweep (ours, Triton)", flush=True)
+    widths = (10, 6, 24, 7, 10, 8, 12)
+    row(["variant", "chunk", "shape", "fwd ms", "fwd+bwd ms", "peak MiB", "o vs chunk 64"], widths)
+    default = kernels.TRITON_CHUNK
+    for variant in variants:
+        if variant == "retnet":
+            sh = RETNET_SHAPES[0]
+            x, g = retnet_inputs(*sh), retnet_gate(sh[2])
+            fwd, leaves = (lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], g)[0]), "qkv"
+        else:
+            sh = MAMBA2_SHAPES[0]
+            x, fwd = mamba2_inputs(*sh), mamba2_core
+            leaves = ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"]
+        with torch.no_grad():
+            o64 = fwd(x).float()
+        for C in chunks:
+            kernels.TRITON_CHUNK = C
+            try:
+                f, fb, peak = measure(fwd, x, leaves)
+                with torch.no_grad():
+                    o = fwd(x).float()
+                row([variant, C, ",".join(map(str, sh)), f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}",
+                     f"{((o - o64).norm() / o64.norm()).item():.1e}"], widths)
+            except Exception as e:  # noqa: BLE001
+                row([variant, C, ",".join(map(str, sh)), first_line(e)], (10, 6, 24, 70))
+            finally:
+                kernels.TRITON_CHUNK = default
+            torch.cuda.empty_cache()
+        del x, o64
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
-    ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours (delta family)")
+    ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours")
+    ap.add_argument("--chunks", default="", help="retnet/mamba2: time our kernels at these chunk sizes, e.g. 32,64,128")
     ap.add_argument("--model_decode", action="store_true",
                     help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
     ap.add_argument("--mixers", nargs="+", default=["softmax", "retnet", "mamba2", "kda", "kda*3,softmax"],
@@ -462,7 +516,9 @@ def main():
     print("command: python " + " ".join(sys.argv), flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.profile:
-        return profile(delta)
+        return profile(delta + scalar)
+    if args.chunks:
+        return chunk_sweep([int(c) for c in args.chunks.split(",")], scalar)
     if delta:
         bench_chunked(QUICK_SHAPES if args.quick else SHAPES, delta, fla)
         bench_decode((1,) if args.quick else (1, 64), delta, fla)

@@ -33,9 +33,8 @@ an initial state must be fp32 or fp64. Every call has up to three paths with the
                 them as single nodes with no graph break
 The public calls pick the path from the device and print it once per (function, path): on CUDA the delta rule
 runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs; anything else runs the chunked
-torch path and the log line says why); the scalar-decay family keeps the chunked torch path (and the torch step)
-on CUDA: its Triton kernels are opt-in (KERNELS_PATH=triton) until the GPU tests of test_kernels.py pass on a
-Hopper GPU (so far they were checked only through the interpreter). On CPU everything runs the torch paths.
+torch path and the log line says why), and so does the scalar-decay family (its Triton kernels passed the GPU
+tests of test_kernels.py on an H100, Triton 3.6, 2026-11-23). On CPU everything runs the torch paths.
 KERNELS_PATH=recurrent|chunked|triton forces a path (triton on CPU needs TRITON_INTERPRET=1 set before triton is
 imported, which runs the kernels through Triton's interpreter).
 
@@ -852,10 +851,8 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
 #        and G_r = (r + 1) g_h, G_n - G_r = (n - 1 - r) g_h are generated in-kernel, no [B, T, H] tensor).
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
 # h // (H // HK); no per-head copy is made. The backward writes per-head dq, dk and sums a group's heads in torch.
-# Status: opt-in (KERNELS_PATH=triton), checked against the fp64 recurrence only through the interpreter; compiled for
-# sm_90 without a GPU (Triton 3.9): every kernel fits in shared memory, but like the delta-rule kernels they use 255
-# registers with some spilling at D = 128. TODO (GPU session): run the tests, measure the chunk size (64 is the
-# delta-rule choice; mamba_ssm uses 256 for Mamba2, whose C B^T is shared by a group's heads) and the tiles.
+# Status: the CUDA default since 2026-11-23, when the GPU matrix of test_kernels.py passed on an H100 (Triton 3.6).
+# Like the delta-rule kernels they use 255 registers with some spilling at D = 128 (compiled for sm_90 offline).
 
 @triton.jit
 def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.constexpr):
@@ -1472,7 +1469,7 @@ def linear_attn_step_triton(q, k, v, g, state, scale=None):
         _fail("linear_attn_step", why)
     return _linear_attn_step_op(q, k, v, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
-HAVE_TRITON_KERNELS = True  # both families; the scalar-decay ones are opt-in (KERNELS_PATH=triton), see _pick_path
+HAVE_TRITON_KERNELS = True  # both families; _pick_path says when a call falls back to the torch path
 CHUNK_SIZE = 64  # chunk of the chunked torch path
 CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
 _PATHS = ("recurrent", "chunked", "triton")
@@ -1480,9 +1477,8 @@ _logged = set()
 
 def _pick_path(fn, q, v, state=None):
     """-> (path, note): 'recurrent' | 'chunked' | 'triton' and why, for the log line.
-    KERNELS_PATH=recurrent|chunked|triton forces a path. The scalar-decay Triton kernels (linear_attn, linear_attn_step)
-    are opt-in until the GPU tests of test_kernels.py pass on a Hopper GPU: they were written and tested only through
-    the Triton interpreter, so on CUDA linear_attn keeps the chunked torch path unless KERNELS_PATH=triton."""
+    KERNELS_PATH=recurrent|chunked|triton forces a path. On CUDA both families use their Triton kernels when the
+    shapes and dtypes allow (the scalar-decay ones since their GPU tests passed on an H100, 2026-11-23)."""
     forced = os.environ.get("KERNELS_PATH", "")
     if forced:
         if forced not in _PATHS:
@@ -1494,8 +1490,6 @@ def _pick_path(fn, q, v, state=None):
         return forced, " (forced by KERNELS_PATH)"
     if not q.is_cuda:
         return "chunked", ""
-    if fn.startswith("linear_attn"):  # opt-in until the GPU tests of test_kernels.py pass on a Hopper GPU
-        return "chunked", " (its Triton kernels are opt-in, KERNELS_PATH=triton, until tested on a GPU)"
     why = _triton_unsupported(q, v, state)
     return ("chunked", f" ({why})") if why else ("triton", "")
 

@@ -13,8 +13,8 @@ On a GPU most of the time is compiling the Triton kernel variants; groups of the
         python -m pytest test_kernels.py -q -k "triton and ($g)" & done; wait
 Measured on an H200 (Triton 3.6, cold cache, groups in parallel): 72 s, > 235 s, 139 s, 138 s. KDA with fp32 inputs
 (IEEE dots) is the slow one: compiling its kernels took 171 s for Dk = 64 alone (notes/perf.md).
-The scalar-decay Triton tests (RetNet, Mamba2: an opt-in path on CUDA until they pass on a GPU; so far run only
-through the interpreter) select with: python -m pytest test_kernels.py -q -k linear_attn_triton
+The scalar-decay Triton tests (RetNet, Mamba2; on an H100 all of them passed, 2026-11-23, in the -n 14 run below)
+select with: python -m pytest test_kernels.py -q -k linear_attn_triton
 
 Gates are drawn in four regimes (mixers.md §8): g = 0, mild (logsigmoid(x)/16), strong (<= -5) and mixed
 (mild with a fifth of the entries at -1000). Tiny sizes (B=2, H=2, Dk=16, Dv=8) and chunk 16 as well as 64 give
@@ -397,15 +397,16 @@ def test_forced_triton_path_on_cpu(monkeypatch, capsys):
         "kernels: delta_rule uses the Triton kernels on cpu (forced by KERNELS_PATH)",
         "kernels: linear_attn uses the Triton kernels on cpu (forced by KERNELS_PATH)"]
 
-def test_scalar_decay_triton_is_opt_in_on_cuda(monkeypatch):
-    # until the GPU tests above pass on a Hopper GPU, CUDA tensors keep the chunked torch path for linear_attn (and
-    # the torch step) unless KERNELS_PATH=triton; the delta rule runs its Triton kernels by default
+def test_cuda_defaults_to_triton_for_both_families(monkeypatch):
+    # CUDA tensors take the Triton kernels by default, the scalar-decay ones too (their GPU tests passed on an H100);
+    # shapes the kernels cannot take fall back to the chunked torch path and say why
     monkeypatch.delenv("KERNELS_PATH", raising=False)
     fake = types.SimpleNamespace(is_cuda=True, shape=(1, 1, 1, 64), dtype=torch.bfloat16)  # only what _pick_path reads
-    for fn in ("linear_attn", "linear_attn_step"):
-        path, note = kernels._pick_path(fn, fake, fake)
-        assert path == "chunked" and "KERNELS_PATH=triton" in note
-    assert kernels._pick_path("delta_rule", fake, fake) == ("triton", "")
+    for fn in ("linear_attn", "linear_attn_step", "delta_rule", "delta_rule_step"):
+        assert kernels._pick_path(fn, fake, fake) == ("triton", "")
+    odd = types.SimpleNamespace(is_cuda=True, shape=(1, 1, 1, 48), dtype=torch.bfloat16)
+    path, note = kernels._pick_path("linear_attn", odd, odd)
+    assert path == "chunked" and "powers of two" in note
 
 def test_public_dtypes_bf16():
     x = cast(delta_inputs(70, "scalar", "mild"), torch.bfloat16)
@@ -622,7 +623,7 @@ def test_triton_step_dispatch_compiles(monkeypatch):
 
 # -----------------------------------------------------------------------------
 # the Triton scalar-decay kernels (RetNet, Mamba2; kernels.linear_attn_triton) against the fp64 reference recurrence,
-# same metric and tolerances as the delta rule. Opt-in on CUDA (KERNELS_PATH=triton) until these pass on a GPU:
+# same metric and tolerances as the delta rule (the CUDA default since they passed on an H100):
 #     python -m pytest test_kernels.py -q -k linear_attn_triton
 # Gates: 'none'; 'retnet' a constant [H] (mild: RetNet's log(1 - 2^(-5-h)); strong: -5..-10 per head, not
 # differentiated); 'mamba2' Δ·A per token [B,T,H] (zero; mild: logsigmoid/16; mixed: mild with a twentieth at -1000;
