@@ -47,8 +47,9 @@ def read_log(path):
             'evals': [evals[s] for s in sorted(evals)]}
 
 
-def plot(runs, out, metric='val_loss', title=None):
-    """One line per run: metric against tokens. runs: out_dirs or log.txt paths. Writes the PNG to out."""
+def plot(runs, out, metric='val_loss', title=None, ymax=None):
+    """One line per run: metric against tokens. runs: out_dirs or log.txt paths. Writes the PNG to out.
+    ymax: top of the y axis (the step-0 loss of ~10.8 would otherwise squash the differences that matter)."""
     import matplotlib
     matplotlib.use('Agg')  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -63,6 +64,8 @@ def plot(runs, out, metric='val_loss', title=None):
     ax.set_xlabel('training tokens')
     ax.set_ylabel(METRICS[metric])
     ax.set_title(title or f"{METRICS[metric]} vs tokens")
+    if ymax is not None:
+        ax.set_ylim(top=ymax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -94,9 +97,10 @@ if __name__ == '__main__':
     ap.add_argument('--out', default='val_loss.png', help="the PNG to write")
     ap.add_argument('--metric', default='val_loss', choices=sorted(METRICS))
     ap.add_argument('--title', default=None)
+    ap.add_argument('--ymax', type=float, default=None, help="top of the y axis")
     ap.add_argument('--table', action='store_true', help="print a markdown table of the runs instead of plotting")
     args = ap.parse_args()
     if args.table:
         print(table(args.runs))
     else:
-        plot(args.runs, args.out, args.metric, args.title)
+        plot(args.runs, args.out, args.metric, args.title, args.ymax)
