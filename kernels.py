@@ -851,8 +851,14 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
 #        and G_r = (r + 1) g_h, G_n - G_r = (n - 1 - r) g_h are generated in-kernel, no [B, T, H] tensor).
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
 # h // (H // HK); no per-head copy is made. The backward writes per-head dq, dk and sums a group's heads in torch.
+# Tiles: every kernel works on [64, 64] tiles of Dk x Dv (BK = BV = 64): the sequential state passes run one program
+# per (key tile, V-tile), the chunk-parallel kernels loop over the other side's tiles, and the backward's gradients are
+# two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. All run 8 warps. Offline ptxas (sm_90a,
+# Triton 3.9, notes/ptxas_check.py --la): at bf16 and Dk, Dv in {64, 128} nothing spills but _la_output_fwd at
+# Dk = 128 (40 B); shared memory <= 48 KB bf16, <= 96 KB fp32 (notes/perf.md, 2026-11-23 (b)).
+# Chunk 64 by measurement (H100, bench.py --chunks, the kernels before this split): RetNet fwd+bwd 4.82 / 3.41 ms at
+# chunk 32 / 64, Mamba2 13.28 / 8.30 ms; chunk 128 does not fit in shared memory.
 # Status: the CUDA default since 2026-11-23, when the GPU matrix of test_kernels.py passed on an H100 (Triton 3.6).
-# Like the delta-rule kernels they use 255 registers with some spilling at D = 128 (compiled for sm_90 offline).
 
 @triton.jit
 def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.constexpr):
@@ -896,23 +902,41 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
         diff = tl.minimum(tl.cumsum(tl.where(r > i, gm[:, None], 0.), axis=0), 0.)
     return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
 
+# Triton's interpreter (3.9, CPU) multiplies 16-bit tiles wrongly (a 16 x 16 bf16 tl.dot is off by ~1e10), so under
+# it _la_dot widens them as it does mixed operands; the raw 16-bit dots are therefore checked only by the CUDA tests.
+_LA_WIDEN_ALL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+@triton.jit
+def _la_dot(a, b, PREC: tl.constexpr):
+    # a @ b, fp32 accumulation. Two operands of one 16-bit type go to the tensor cores as they are: their products are
+    # exact in fp32, as are those of the same values widened to fp32 (a bf16 or fp16 value fits in tf32), so this is the
+    # old widened tf32 dot at twice the tensor-core rate and without the fp32 copies in registers. Otherwise (an fp32
+    # operand: a decayed tile, a state snapshot, or fp32 inputs) both are widened and PREC decides (tf32 or ieee).
+    if a.dtype != b.dtype or _LA_WIDEN_ALL:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PREC)
+
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, HK,
-                         DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                         DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                          DECAY: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
-    # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers.
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    # One program per (V-tile, K-tile, b, h) walks the chunks in order with its [BK, BV] state tile in fp32 registers.
+    # A scalar decay scales whole rows and columns alike, so the key tiles of the state never mix (the delta rule's
+    # W S would couple them): at Dk = 128 the tiles of 64 double the programs of this sequential pass (B H = 128:
+    # 512 instead of 256 on 132 SMs) and halve the state each one carries.
+    iv, ik = tl.program_id(0), tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
     hk = h // (H // HK)                             # the q/k head (group) this head reads
     rows = tl.arange(0, C)
-    ck = tl.arange(0, DK)
+    ck = ik * BK + tl.arange(0, BK)
     cv = iv * BV + tl.arange(0, BV)
     s_offs = ck[:, None] * DV + cv[None, :]
     if HAS_H0:
         S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
-        S = tl.zeros([DK, BV], dtype=tl.float32)
+        S = tl.zeros([BK, BV], dtype=tl.float32)
     for c in range(NT):
         t = c * C + rows
         valid = t < T
@@ -932,8 +956,11 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, H
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
-                          DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                           DECAY: tl.constexpr, PREC: tl.constexpr):
+    # One program per (V-tile, chunk, b, h). Q K^T and Q S are sums over key channels: accumulated over key tiles of
+    # BK so that no [C, Dk] tile is live, and the row scale Γ of Diag(Γ) Q S is applied after the dot (it commutes),
+    # which leaves Q, K and the snapshot S (k's dtype) as raw 16-bit dot operands.
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -945,21 +972,27 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
     tokk = (b * T + t) * HK + hk
-    ck = tl.arange(0, DK)
     cv = iv * BV + tl.arange(0, BV)
-    qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    qk = tl.zeros([C, C], dtype=tl.float32)                                  # Q K^T
+    qs = tl.zeros([C, BV], dtype=tl.float32)                                 # Q S
+    for ik in range(DK // BK):
+        ck = ik * BK + tl.arange(0, BK)
+        qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        qk += _la_dot(qq, tl.trans(kk), PREC)
+        qs += _la_dot(qq, S, PREC)
     vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
     gm, Gm, _, _, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
-    qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]           # Q * exp(G)
-    P = tl.dot(qq, tl.trans(kk), input_precision=PREC) * _la_decay(gm, gh, n, C, DECAY)
-    o = scale * (tl.dot(qg, S, input_precision=PREC) + tl.dot(P, vv, input_precision=PREC))
+    eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]                # exp(G), 0 on padded rows
+    P = qk * _la_decay(gm, gh, n, C, DECAY)
+    o = scale * (qs * eg + tl.dot(P, vv, input_precision=PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # Backward (h[c] recomputed by _la_state_fwd in fp32; dh[c] = gradient of the state at the END of chunk c):
 #   _la_state_bwd, reverse over chunks:  dh[c-1] = Γ_n dh[c] + scale (Q * Γ)^T dO_c    (after chunk 0: d initial_state)
-#   _la_grads_bwd, parallel over chunks, with dA = scale (dO V^T) ⊙ D (the gradient of the decayed scores):
+#   _la_dv_bwd and _la_dqkg_bwd, parallel over chunks, with dA = scale (dO V^T) ⊙ D (the gradient of the decayed scores):
 #     dq = scale (dO h^T) * Γ + dA K
 #     dk = (V dh^T) * exp(G_n - G) + dA^T Q                 (the first term: dk_inter)
 #     dv = (K * exp(G_n - G)) dh + scale (Q K^T ⊙ D)^T dO
@@ -971,20 +1004,21 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT, H, HK,
-                         DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                         DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                          DECAY: tl.constexpr, PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    # One program per (V-tile, K-tile, b, h), reverse over chunks; key tiles independent as in _la_state_fwd.
+    iv, ik = tl.program_id(0), tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
     hk = h // (H // HK)
     rows = tl.arange(0, C)
-    ck = tl.arange(0, DK)
+    ck = ik * BK + tl.arange(0, BK)
     cv = iv * BV + tl.arange(0, BV)
     s_offs = ck[:, None] * DV + cv[None, :]
     if HAS_DHT:
         dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
-        dS = tl.zeros([DK, BV], dtype=tl.float32)
+        dS = tl.zeros([BK, BV], dtype=tl.float32)
     for cc in range(NT):
         c = NT - 1 - cc
         t = c * C + rows
@@ -1003,14 +1037,24 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
+# The chunk-parallel gradients are two kernels, so that no program holds a whole [C, Dk] row block (at Dk = 128 the
+# single kernel they replace kept q, k, dq_inter, dk_inter [64, 128] fp32 plus P, dA [64, 64]: 255 registers and
+# spills). The price is recomputation: Q K^T once per V-tile in _la_dv_bwd and dO V^T once per key tile in
+# _la_dqkg_bwd (each 2x at Dk = Dv = 128), and dh[c] read by both. Their tile offsets are an int64 base at the chunk's
+# first row plus int32 offsets within the chunk (< 64 H Dv): a [64, 64] tile of int64 offsets costs 2 registers per
+# element (offline ptxas, sm_90a, _la_dqkg_bwd at 8 warps, 3 stages: 1088 B spilled with int64 offsets, 668 B
+# without). Both run 1 stage, which removes the rest (237 registers, no spill): their loops are Dv/64 or Dk/64 long,
+# too short for software pipelining to pay for its buffers.
+
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
-def _la_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr,
-                         scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                         C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
-    # One program per (chunk, b, h), whole Dk rows, a loop over V-tiles. dq, dk are per head (dq_ptr, dk_ptr
-    # [B, T, H, Dk]); dv, dg go straight to their outputs.
-    c = tl.program_id(0).to(tl.int64)
-    bh = tl.program_id(1).to(tl.int64)
+def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, scale, T, NT, H, HK,
+                      DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                      DECAY: tl.constexpr, PREC: tl.constexpr):
+    # One program per (V-tile, chunk, b, h):  dv = Diag(exp(G_n - G)) K dh + scale (Q K^T ⊙ D)^T dO,
+    # with K dh and Q K^T accumulated over key tiles (the row decay factors out of the first dot).
+    iv = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
     hk = h // (H // HK)
     rows = tl.arange(0, C)
@@ -1019,44 +1063,83 @@ def _la_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_p
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
     tokk = (b * T + t) * HK + hk
-    ck = tl.arange(0, DK)
-    qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    cv = iv * BV + tl.arange(0, BV)
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    x0 = (b * T + c * C) * H + h                                         # int64 token-head index of row 0
+    xk0 = (b * T + c * C) * HK + hk
+    qk = tl.zeros([C, C], dtype=tl.float32)                                  # Q K^T
+    kds = tl.zeros([C, BV], dtype=tl.float32)                                # K dh
+    for ik in range(DK // BK):
+        ck = ik * BK + tl.arange(0, BK)
+        k_offs = rows[:, None] * (HK * DK) + ck[None, :]
+        qq = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
+        kk = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
+        dS = tl.load(dh_ptr + s_base + (ck[:, None] * DV + cv[None, :]))
+        qk += _la_dot(qq, tl.trans(kk), PREC)
+        kds += _la_dot(kk, dS, PREC)
+    x_offs = rows[:, None] * (H * DV) + cv[None, :]
+    dO = tl.load(do_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+    gm, _, _, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+    egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), 0 on padded rows
+    P = scale * qk * _la_decay(gm, gh, n, C, DECAY)                          # the scaled decayed scores
+    dv = kds * egn + tl.dot(tl.trans(P), dO, input_precision=PREC)
+    tl.store(dv_ptr + x0 * DV + x_offs, dv.to(dv_ptr.dtype.element_ty), mask=valid[:, None])
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dg_ptr,
+                        scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr, C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
+    # One program per (K-tile, chunk, b, h), a loop over V-tiles. dq, dk are per head (dq_ptr, dk_ptr [B, T, H, Dk]).
+    # dG_r sums over key channels, so each key tile writes its reverse-cumsummed share (the cumsum is linear) to
+    # dg_ptr [B, T, H, NK], NK = Dk / BK, and the caller adds the shares up.
+    ik = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tokk = (b * T + t) * HK + hk
+    ck = ik * BK + tl.arange(0, BK)
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    x0 = (b * T + c * C) * H + h                                         # int64 token-head index of row 0
+    xk0 = (b * T + c * C) * HK + hk
+    dA = tl.zeros([C, C], dtype=tl.float32)                              # dO V^T
+    dqi = tl.zeros([C, BK], dtype=tl.float32)                            # dO h^T
+    dki = tl.zeros([C, BK], dtype=tl.float32)                            # V dh^T
+    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(h ⊙ dh)
+    for iv in range(DV // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        x_offs = rows[:, None] * (H * DV) + cv[None, :]
+        vv = tl.load(v_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.)
+        dO = tl.load(do_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.)
+        S = tl.load(h_ptr + s_base + (ck[:, None] * DV + cv[None, :]))
+        dS = tl.load(dh_ptr + s_base + (ck[:, None] * DV + cv[None, :]))
+        dA += _la_dot(dO, tl.trans(vv), PREC)
+        dqi += _la_dot(dO, tl.trans(S), PREC)
+        dki += _la_dot(vv, tl.trans(dS), PREC)
+        sds += tl.sum(S * dS, 1)
+    k_offs = rows[:, None] * (HK * DK) + ck[None, :]
+    qq = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
     gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
     eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]             # exp(G), 0 on padded rows
     egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
-    D = _la_decay(gm, gh, n, C, DECAY)
-    P = scale * tl.dot(qq, tl.trans(kk), input_precision=PREC) * D      # the scaled decayed scores
-    kd = kk * egn
-    dA = tl.zeros([C, C], dtype=tl.float32)
-    dqi = tl.zeros([C, DK], dtype=tl.float32)                            # dO h^T
-    dki = tl.zeros([C, DK], dtype=tl.float32)                            # V dh^T
-    sds = tl.zeros([DK], dtype=tl.float32)                               # rowsum(h ⊙ dh)
-    s_base = ((b * NT + c) * H + h) * DK * DV
-    for iv in range(DV // BV):
-        cv = iv * BV + tl.arange(0, BV)
-        x_offs = tok[:, None] * DV + cv[None, :]
-        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
-        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
-        dA += tl.dot(dO, tl.trans(vv), input_precision=PREC)
-        dqi += tl.dot(dO, tl.trans(S), input_precision=PREC)
-        dki += tl.dot(vv, tl.trans(dS), input_precision=PREC)
-        sds += tl.sum(S * dS, 1)
-        dv = tl.dot(kd, dS, input_precision=PREC) + tl.dot(tl.trans(P), dO, input_precision=PREC)
-        tl.store(dv_ptr + x_offs, dv.to(dv_ptr.dtype.element_ty), mask=valid[:, None])
-    dA = scale * dA * D
+    dA = scale * dA * _la_decay(gm, gh, n, C, DECAY)
     dq = scale * dqi * eg + tl.dot(dA, kk, input_precision=PREC)
     dk_inter = dki * egn
     dk = dk_inter + tl.dot(tl.trans(dA), qq, input_precision=PREC)
-    tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
-    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+    d_offs = rows[:, None] * (H * DK) + ck[None, :]
+    tl.store(dq_ptr + x0 * DK + d_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dk_ptr + x0 * DK + d_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     if DECAY == 1:
         dG = tl.sum(qq * dq, 1) - tl.sum(kk * dk, 1)
         dGn = tl.exp(Gn) * tl.sum(sds, 0) + tl.sum(tl.sum(kk * dk_inter, 1), 0)
         dG += tl.where(rows == n - 1, dGn, 0.)
-        tl.store(dg_ptr + tok, tl.cumsum(dG, axis=0, reverse=True), mask=valid)   # G = cumsum(g) => reverse
+        tl.store(dg_ptr + tok * (DK // BK) + ik, tl.cumsum(dG, axis=0, reverse=True), mask=valid)
 
 # -----------------------------------------------------------------------------
 # decode steps: one token, the state [B, H, Dk, Dv] (fp32) is updated in place; same equations as the recurrences
@@ -1331,26 +1414,29 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
 # The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
 # kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd). Saved: q, k, v, g (per
 # token or the constant [H] gate) and the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] in
-# fp32, then runs _la_state_bwd (reverse over chunks) and _la_grads_bwd.
+# fp32, then runs _la_state_bwd (reverse over chunks), _la_dv_bwd and _la_dqkg_bwd.
 
 def _decay_kind(g):
     """0: no gate, 1: a gate per token ([B,T,H]), 2: a constant per head ([H])."""
     return 0 if g is None else (2 if g.dim() == 1 else 1)
 
 def _la_meta(q, v):
+    """-> B, T, H, HK, Dk, Dv, NT, BK, BV, prec. Tiles of 64 on both sides: every kernel loops over, or is launched
+    per, key tile and V-tile, so no program holds a [C, 128] tile (notes/perf.md, 2026-11-23 (b))."""
     B, T, H, DV = v.shape
     HK, DK = q.shape[2], q.shape[3]
     prec = 'ieee' if q.dtype == torch.float32 else 'tf32'
-    return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
+    return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DK, 64), min(DV, 64), prec
 
 def _la_states(k, v, gp, h0, DECAY, h_dtype, output_final_state):
     """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None)."""
-    B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(k, v)
+    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(k, v)
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
-    _la_state_fwd_kernel[(DV // BV, B * H)](k, v, gp, h, h0 if h0 is not None else h, ht if ht is not None else h,
-                                            T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec, h0 is not None,
-                                            ht is not None, num_warps=_warps(DK, DV), num_stages=2)
+    _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, h, h0 if h0 is not None else h,
+                                                      ht if ht is not None else h, T, NT, H, HK, DK, DV, BK, BV,
+                                                      TRITON_CHUNK, DECAY, prec, h0 is not None, ht is not None,
+                                                      num_warps=8, num_stages=2)
     return h, ht
 
 @torch.library.custom_op("kernels::linear_attn_fwd", mutates_args=())
@@ -1359,14 +1445,14 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(q, v)
+    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, v)
     DECAY = _decay_kind(g)
     gp = g.float().contiguous() if g is not None else k  # the raw gates (the kernels sum them); any pointer if none
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     h, ht = _la_states(k, v, gp, h0, DECAY, k.dtype, output_final_state)
     o = torch.empty_like(v)
-    _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BV, TRITON_CHUNK,
-                                                 DECAY, prec, num_warps=_warps(DK, DV))
+    _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BK, BV,
+                                                 TRITON_CHUNK, DECAY, prec, num_warps=8)
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
 
 @_linear_attn_fwd.register_fake
@@ -1382,7 +1468,7 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H] (empty unless g is per token), d initial_state
     fp32 (empty without one). g: the forward's gate, per token [B,T,H] or the constant [H], or None."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
-    B, T, H, HK, DK, DV, NT, BV, prec = _la_meta(q, v)
+    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, v)
     DECAY = _decay_kind(g)
     gp = g.float().contiguous() if g is not None else k
     h0 = initial_state.contiguous().float() if initial_state is not None else None
@@ -1391,21 +1477,21 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
-    _la_state_bwd_kernel[(DV // BV, B * H)](q, gp, do, dh, dht if dht is not None else dh, dh0 if dh0 is not None else dh,
-                                            scale, T, NT, H, HK, DK, DV, BV, TRITON_CHUNK, DECAY, prec,
-                                            dht is not None, dh0 is not None, num_warps=_warps(DK, DV), num_stages=2)
+    _la_state_bwd_kernel[(DV // BV, DK // BK, B * H)](q, gp, do, dh, dht if dht is not None else dh,
+                                                      dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
+                                                      BK, BV, TRITON_CHUNK, DECAY, prec, dht is not None,
+                                                      dh0 is not None, num_warps=8, num_stages=2)
     # grouped q/k: per-head partial gradients (fp32), summed over the heads of each group below
     dq = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32 if HK != H else q.dtype)
     dk = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32 if HK != H else k.dtype)  # k's, not q's
     dv = torch.empty_like(v)
-    dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if DECAY == 1 else torch.empty(0, device=k.device)
-    # V-tiles of 32 in _la_grads_bwd: with 64, Dk = Dv = 128 needs 240 KB of shared memory (bf16, Triton 3.9, sm_90,
-    # compiled without a GPU), over Hopper's 227 KB; with 32, 192-208 KB (re-measured in review; the GPU has Triton 3.6,
-    # so check again there). TODO (speed, GPU session): it spills registers
-    # (255 + stack) at every D; split dv from dq/dk/dg (dg is linear in key tiles, so partial sums per key tile work)
-    _la_grads_bwd_kernel[(NT, B * H)](q, k, v, gp, h, do, dh, dq, dk, dv, dg if DECAY == 1 else dv, scale,
-                                      T, NT, H, HK, DK, DV, min(DV, 32), TRITON_CHUNK, DECAY, prec,
-                                      num_warps=_warps(DK, DV))
+    # dg: one reverse-cumsummed share per key tile, [B, T, H, Dk // BK], added up below (one share at Dk <= 64)
+    dgk = torch.empty(B, T, H, DK // BK, device=k.device, dtype=torch.float32) if DECAY == 1 else dv
+    _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, scale, T, NT, H, HK, DK, DV, BK, BV,
+                                             TRITON_CHUNK, DECAY, prec, num_warps=8, num_stages=1)
+    _la_dqkg_bwd_kernel[(DK // BK, NT, B * H)](q, k, v, gp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK, DV,
+                                               BK, BV, TRITON_CHUNK, DECAY, prec, num_warps=8, num_stages=1)
+    dg = (dgk.sum(-1) if DK > BK else dgk.view(B, T, H)) if DECAY == 1 else torch.empty(0, device=k.device)
     if HK != H:  # [B, T, H, Dk] -> [B, T, HK, H // HK, Dk]: head h is (h // (H // HK), h % (H // HK))
         dq = dq.view(B, T, HK, H // HK, DK).sum(3).to(q.dtype)
         dk = dk.view(B, T, HK, H // HK, DK).sum(3).to(k.dtype)

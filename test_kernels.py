@@ -673,7 +673,8 @@ else:  # interpreter: about a second per case
                        + [(130, 16, 16, F32, "none", "-")]
                        + [(100, 16, 32, F32, gate, st) for gate, st in LA_TRITON_GATES if st in ("zero", "strong")]
                        + [(65, 32, 32, torch.bfloat16, "retnet", "mild"), (65, 32, 16, torch.bfloat16, "mamba2", "strong"),
-                          (65, 128, 64, torch.bfloat16, "mamba2", "mild")])  # Mamba2's d_state 128, head 64
+                          (65, 128, 64, torch.bfloat16, "mamba2", "mild"),   # Mamba2's d_state 128, head 64
+                          (65, 128, 128, F32, "mamba2", "strong")])  # two key tiles and two V-tiles of 64 (dg shares)
 
 @pytest.mark.parametrize("T,DK,DV,dtype,gate,strength", LA_TRITON_CASES, ids=_id)
 def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):

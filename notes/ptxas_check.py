@@ -5,6 +5,8 @@ compare tile / warp settings before spending GPU time. Indicative only: the comp
 differ from the GPU machine's (Triton 3.6 there), so confirm on the GPU with `python bench.py --profile`.
 
 $ python notes/ptxas_check.py            # _grads_bwd_kernel at Dk = Dv = 128, DeltaNet and KDA, a few tilings
+$ python notes/ptxas_check.py --la       # the scalar-decay _la_ kernels as kernels.py launches them (la_launches),
+                                         # Dk = Dv = 128 and Dk = 128 / Dv = 64 (Mamba2), Mamba2's gate, bf16 and fp32
 """
 import itertools
 import os
@@ -47,7 +49,42 @@ def ptxas_report(fn, types, constexprs, num_warps, num_stages=1):
     return int(regs.group(1)), int(spill.group(1)) if spill else 0, k.metadata.shared // 1024
 
 
+def la_launches(DK, DV, dt, DECAY):
+    """-> [(name, kernel, types, constexprs, warps, stages)]: the scalar-decay kernels with the tiles, warps and stages
+    that kernels.py (_la_states, _linear_attn_fwd, _linear_attn_bwd) launches them with. Keep the two in step."""
+    ptr = lambda names, h: {n: dt for n in names if n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "o_ptr", "dq_ptr",
+                                                            "dk_ptr", "dv_ptr")} | {"h_ptr": h}
+    f32 = {n: "*fp32" for n in ("g_ptr", "h0_ptr", "ht_ptr", "dh_ptr", "dht_ptr", "dh0_ptr", "dg_ptr")} | {"scale": "fp32"}
+    prec = "ieee" if dt == "*fp32" else "tf32"
+    tiles = dict(BK=min(DK, 64), BV=min(DV, 64))
+    common = dict(DK=DK, DV=DV, C=64, DECAY=DECAY, PREC=prec) | tiles
+    out = []
+    for name, fn, h, c, warps, stages in (
+            ("state_fwd", kernels._la_state_fwd_kernel, dt, dict(HAS_H0=True, STORE_HT=True), 8, 2),
+            ("state_fwd(h32)", kernels._la_state_fwd_kernel, "*fp32", dict(HAS_H0=True, STORE_HT=False), 8, 2),
+            ("output_fwd", kernels._la_output_fwd_kernel, dt, {}, 8, 3),
+            ("state_bwd", kernels._la_state_bwd_kernel, dt, dict(HAS_DHT=True, STORE_DH0=True), 8, 2),
+            ("dv_bwd", kernels._la_dv_bwd_kernel, "*fp32", {}, 8, 1),
+            ("dqkg_bwd", kernels._la_dqkg_bwd_kernel, "*fp32", {}, 8, 1)):
+        out.append((name, fn, ptr(fn.arg_names, h) | f32, common | c, warps, stages))
+    return out
+
+
+def la_report(shapes=((128, 128), (64, 128), (128, 64))):
+    """Every kernel of the scalar-decay family as kernels.py launches it (la_launches), at (Dk, Dv) = RetNet's 128 / 128,
+    64 / 128 and Mamba2's d_state 128 / head 64."""
+    print(f"triton {triton.__version__}; scalar-decay _la_ kernels, DECAY = 1 (Mamba2 gate), sm_90a")
+    for (DK, DV), dt in itertools.product(shapes, ("bf16", "fp32")):
+        for name, fn, types, c, warps, stages in la_launches(DK, DV, "*" + dt, DECAY=1):
+            regs, spill, shared = ptxas_report(fn, types, c, warps, stages)
+            print(f"  Dk={DK:3d} Dv={DV:3d} {dt}  {name:15s} warps={warps} stages={stages}: "
+                  f"regs {regs:3d}, spill stores {spill:5d} B, shared {shared:3d} KB", flush=True)
+
+
 if __name__ == "__main__":
+    if "--la" in sys.argv:
+        la_report()
+        sys.exit()
     types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "h_ptr", "vn_ptr", "do_ptr",
                                   "dq_ptr", "dk_ptr", "dv_ptr")}
     types |= {n: "*fp32" for n in ("G_ptr", "A_ptr", "dvn_ptr", "dh_ptr", "dbeta_ptr", "dg_ptr")} | {"scale": "fp32"}
