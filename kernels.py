@@ -58,6 +58,8 @@ except ImportError:  # no triton wheel off Linux: the kernels below are defined 
     HAVE_TRITON = False
     triton = types.SimpleNamespace(jit=lambda fn=None, **kw: fn if fn is not None else (lambda f: f))
     tl = types.SimpleNamespace(constexpr=int)  # only used in the kernels' signatures
+# Triton reads TRITON_INTERPRET when it is imported and takes 1 / true / on / yes (any case) as "interpret"
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 # -----------------------------------------------------------------------------
 # argument checks (shared by every path; a wrong shape fails here with its name, not deep inside an einsum)
@@ -904,7 +906,7 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
 
 # Triton's interpreter (3.9, CPU) multiplies 16-bit tiles wrongly (a 16 x 16 bf16 tl.dot is off by ~1e10), so under
 # it _la_dot widens them as it does mixed operands; the raw 16-bit dots are therefore checked only by the CUDA tests.
-_LA_WIDEN_ALL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+_LA_WIDEN_ALL = tl.constexpr(_INTERPRETING)
 
 @triton.jit
 def _la_dot(a, b, PREC: tl.constexpr):
@@ -1062,7 +1064,6 @@ def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, scale, T, NT,
     valid = t < T
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
-    tokk = (b * T + t) * HK + hk
     cv = iv * BV + tl.arange(0, BV)
     s_base = ((b * NT + c) * H + h) * DK * DV
     x0 = (b * T + c * C) * H + h                                         # int64 token-head index of row 0
@@ -1102,7 +1103,6 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_pt
     valid = t < T
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
-    tokk = (b * T + t) * HK + hk
     ck = ik * BK + tl.arange(0, BK)
     s_base = ((b * NT + c) * H + h) * DK * DV
     x0 = (b * T + c * C) * H + h                                         # int64 token-head index of row 0
@@ -1571,7 +1571,7 @@ def _pick_path(fn, q, v, state=None):
             raise ValueError(f"KERNELS_PATH must be one of {_PATHS}, got {forced!r}")
         if forced == "triton" and not HAVE_TRITON:
             raise ValueError("KERNELS_PATH=triton: triton is not installed")
-        if forced == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        if forced == "triton" and not q.is_cuda and not _INTERPRETING:
             raise ValueError("KERNELS_PATH=triton on CPU needs TRITON_INTERPRET=1, set before triton is imported")
         return forced, " (forced by KERNELS_PATH)"
     if not q.is_cuda:
