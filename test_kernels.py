@@ -8,7 +8,8 @@ shapes (conftest.py sets TRITON_INTERPRET=1 when there is no CUDA), on a GPU ove
 
     python -m pytest test_kernels.py -q        (43 s on 2 CPU cores, 2026-11-23, most of it the interpreter)
 
-On a GPU most of the time is compiling the Triton kernel variants; groups of the Triton tests can run side by side:
+On a GPU most of the time is compiling the Triton kernel variants: `python -m pytest -q -n 14 test_kernels.py`
+(pytest-xdist) ran all 630 in 4 min 24 s on an H100 (2026-11-23). Or groups side by side:
     for g in "kda and bfloat16" "kda and not bfloat16" gdn "not kda and not gdn"; do
         python -m pytest test_kernels.py -q -k "triton and ($g)" & done; wait
 Measured on an H200 (Triton 3.6, cold cache, groups in parallel): 72 s, > 235 s, 139 s, 138 s. KDA with fp32 inputs
