@@ -303,8 +303,8 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
 # head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
 # TODO (speed, notes/perf.md, H100: KDA 1.9x fla forward, 2.7x forward+backward; DeltaNet 1.7x / 2.6x): the backward
-# kernel _grads_bwd is most of the time (KDA 20 of 29 ms) and spills registers at D=128 (255 regs, 434 spills);
-# P, A, W, h, Delta are recomputed in the backward.
+# kernel _grads_bwd was most of the time (KDA 20 of 29 ms, spilling at D=128); split into _wy_bwd + _grads_bwd
+# (2026-11-23 (b), not yet timed on a GPU). P, A, W, h, Delta are recomputed in the backward.
 
 TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
 
@@ -661,18 +661,29 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
 # _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
 #   dDelta = dDelta_intra + Kd dS'                    Kd = K * exp(G_n - G)
 #   dS     = Diag(exp G_n) dS' + scale (Q * exp G)^T dO - W^T dDelta   (after chunk 0: d initial_state)
-# _grads_bwd, per chunk and key tile, with S = h[c], dS' = dh[c]:
-#   dP = Tril(dO Delta^T);  dQg = scale dO S^T;  dKd = Delta dS'^T;  dW = -dDelta S^T;  dU = dDelta
-#   dA = dU (beta V)^T + dW (beta exp(G) K)^T = dDelta (beta V - (beta exp(G) K) S)^T
-#   X = A^T dU;  Y = A^T dW;  dL = -StrictTril(A^T dA A^T)
+# Then per chunk, with S = h[c], dS' = dh[c]:
+#   dP = Tril(dO Delta^T);  dQg = scale dO S^T;  dKd = Delta dS'^T;  X = A^T dDelta
+#   dL = -StrictTril(X Delta^T)      (below);   Y = A^T dW = -X S^T  (dW = -dDelta S^T)
 #   dv = beta X;  dbeta = rowsum(X V) + rowsum(Y exp(G) K) + rowsum(M' K)
 #   dq = dQg exp(G) + M;   dk = beta exp(G) Y + dKd exp(G_n - G) + N + beta M' + N'
 #   dG = Y beta exp(G) K + dQg Qg - dKd Kd + Q M - K N + beta K M' - K N';  dG[n-1] += dG_n
 #   dG_n = exp(G_n) rowsum(S dS') + colsum(dKd Kd);   dg = reverse cumsum of dG within the chunk
 # with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_grams_bwd).
-# Every term but the C x C matrices is per key channel, so programs split Dk into tiles of BK
-# (keeps the live tiles within registers and shared memory); the row sums over channels (dbeta,
-# and dg for GDN) come back as one partial per key tile and are added up outside.
+# dL: L enters only through Delta = U - W S = A R with R = beta V - beta exp(G) K S, which does not depend on L, so
+# Delta = (I + L)^-1 R and dL = -A^T dDelta Delta^T = -X Delta^T. This is the longer route through W and U used
+# before the split, -A^T dA A^T with dA = dDelta R^T, since R^T A^T = (A R)^T = Delta^T; but it needs neither K, the
+# gates nor the state, only one [C, C] product per V-tile. Delta is the stored one (k's dtype), which the forward
+# used for O and the state; bf16 CPU errors of every gradient unchanged to 2 digits (notes/perf.md).
+# Two kernels:
+# _wy_bwd, per chunk: the C x C part and the value side, contractions over V-tiles: dP, dL, X -> dv and rowsum(X V).
+#   dP goes to a new buffer allocated once W is freed (the same bytes at Dk = 128 in bf16), dL in place of A and X in
+#   place of dDelta (no later kernel reads them), so the split adds no memory at Dk = 128.
+# _grads_bwd, per chunk and key tile of BK channels: the per-channel terms (dQg, dKd, Y, dG_n: contractions over
+#   V-tiles) and _grams_bwd from the stored dP, dL. The row sums over channels (dbeta, and dg for GDN) come back as
+#   one partial per key tile (and one from _wy_bwd) and are added up outside.
+# Why two kernels: one kernel holding A, dA, dP, dL [C, C] next to the [C, BK] gradient tiles used all 255 registers
+# and spilled (ptxas sm_90a at Dk = Dv = 128: 1.6 KB DeltaNet, 6.1 KB KDA; 20 of KDA's 29 ms fwd+bwd on an H100,
+# notes/perf.md), and repeated the C x C work (dA with all Dk channels) in every key tile.
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, scale, T,
@@ -731,15 +742,14 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_p
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
-@triton.jit(do_not_specialize=["T", "NT", "H"])
-def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
-                      dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
-                      H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr):
-    ik = tl.program_id(0)
-    c = tl.program_id(1).to(tl.int64)
-    bh = tl.program_id(2).to(tl.int64)
+@triton.jit(do_not_specialize=["T", "H"])
+def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbeta_ptr, dP_ptr, scale, T,
+                   H, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
+    # One program per chunk: the C x C gradients and the value side, all contractions over V-tiles. In place (each
+    # program reads and writes only its own chunk's rows): A_ptr holds A on entry and dL on exit, dvn_ptr dDelta on
+    # entry and X = A^T dDelta on exit. dP_ptr: the scaled, masked dP [B, T, H, C]; dbeta_ptr: rowsum(X V) [B, T, H].
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     rows = tl.arange(0, C)
     r2 = rows[:, None]
@@ -748,9 +758,73 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
     valid = t < T
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    dP = tl.zeros([C, C], dtype=tl.float32)
+    dL = tl.zeros([C, C], dtype=tl.float32)
+    dbeta = tl.zeros([C], dtype=tl.float32)
+    for iv in range(DV // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        x_offs = tok[:, None] * DV + cv[None, :]
+        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
+        X = tl.dot(tl.trans(A), dd, input_precision=PREC)                # A^T dDelta [C, BV]
+        dP += tl.dot(dO, tl.trans(d), input_precision=PREC)
+        dL -= tl.dot(X, tl.trans(d), input_precision=PREC)
+        tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
+        dbeta += tl.sum(X * vv, 1)
+        tl.store(dvn_ptr + x_offs, X, mask=valid[:, None])              # over dDelta: its last reader was the dot
+    dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
+    dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+    tl.debug_barrier()  # every thread has read its part of A before dL is written over it
+    tl.store(dP_ptr + tok[:, None] * C + rows[None, :], dP, mask=valid[:, None])
+    tl.store(A_ptr + tok[:, None] * C + rows[None, :], dL, mask=valid[:, None])
+    tl.store(dbeta_ptr + tok, dbeta, mask=valid)
+
+@triton.jit(do_not_specialize=["T", "NT", "H"])
+def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_ptr, do_ptr, x_ptr, dh_ptr,
+                      dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
+                      H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
+                      PREC: tl.constexpr):
+    # One program per (key tile, chunk, b h): dq, dk, KDA's dg for BK key channels; partial dbeta (GDN: dg) sums.
+    # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (fp32, written by _wy_bwd over dDelta).
+    ik = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    r2 = rows[:, None]
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
     tok0 = (b * T + c * C) * H + h
     ck = ik * BK + tl.arange(0, BK)                 # this program's key channels
-    ca = tl.arange(0, DK)                           # all key channels (for W = A kb and kb S)
+
+    # contractions over the value dimension, one V-tile at a time: [C, BK] each
+    dqg = tl.zeros([C, BK], dtype=tl.float32)
+    dkd = tl.zeros([C, BK], dtype=tl.float32)
+    Y = tl.zeros([C, BK], dtype=tl.float32)                              # A^T dW = -X S^T
+    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(S * dS')
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    for iv in range(DV // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        x_offs = tok[:, None] * DV + cv[None, :]
+        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        X = tl.load(x_ptr + x_offs, mask=valid[:, None], other=0.)
+        dqg += tl.dot(dO, tl.trans(S), input_precision=PREC)
+        dkd += tl.dot(d, tl.trans(dS), input_precision=PREC)
+        Y -= tl.dot(X, tl.trans(S), input_precision=PREC)
+        sds += tl.sum(S * dS, 1)
+    dqg = dqg * scale
+
+    # loaded after the loop, so that they are not live during it
     if GATE == 2:
         g_tile = G_ptr + ik * BK                    # KDA: this tile's gate channels
         Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
@@ -759,56 +833,14 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
         Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    ka = tl.load(k_ptr + tok[:, None] * DK + ca[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
-    Ga, _, _ = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
-    kba = ka * tl.exp(tl.where(valid[:, None], Ga, float('-inf'))) * beta[:, None]  # beta exp(G) K, all channels
-
-    # (a)-(c): contractions over the value dimension, one V-tile at a time
-    dP = tl.zeros([C, C], dtype=tl.float32)
-    dA = tl.zeros([C, C], dtype=tl.float32)
-    dqg = tl.zeros([C, BK], dtype=tl.float32)
-    dkd = tl.zeros([C, BK], dtype=tl.float32)
-    dw = tl.zeros([C, BK], dtype=tl.float32)
-    dbeta = tl.zeros([C], dtype=tl.float32)
-    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(S * dS')
-    s_base = ((b * NT + c) * H + h) * DK * DV
-    for iv in range(DV // BV):
-        cv = iv * BV + tl.arange(0, BV)
-        x_offs = tok[:, None] * DV + cv[None, :]
-        Sa = tl.load(h_ptr + s_base + ca[:, None] * DV + cv[None, :]).to(tl.float32)
-        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
-        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
-        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
-        dP += tl.dot(dO, tl.trans(d), input_precision=PREC)
-        dqg += tl.dot(dO, tl.trans(S), input_precision=PREC)
-        dkd += tl.dot(d, tl.trans(dS), input_precision=PREC)
-        dw -= tl.dot(dd, tl.trans(S), input_precision=PREC)
-        vb = vv * beta[:, None]
-        dA += tl.dot(dd, tl.trans(vb - tl.dot(kba, Sa, input_precision=PREC)), input_precision=PREC)
-        sds += tl.sum(S * dS, 1)
-        if ik == 0:  # the value-side outputs, once per chunk
-            X = tl.dot(tl.trans(A), dd, input_precision=PREC)            # A^T dU
-            tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
-            dbeta += tl.sum(X * vv, 1)
-    dqg = dqg * scale
-    dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
-
-    # (c) W = A kb:  Y = A^T dW
-    Y = tl.dot(tl.trans(A), dw, input_precision=PREC)
+    # (c) W = A kb
     kb = kk * eg * beta[:, None]
     dk = Y * eg * beta[:, None]
-    dbeta += tl.sum(Y * eg * kk, 1)
+    dbeta = tl.sum(Y * eg * kk, 1)
     dG = Y * kb
-    # (d) A = (I + L)^-1
-    dL = -tl.dot(tl.dot(tl.trans(A), dA, input_precision=PREC), tl.trans(A), input_precision=PREC)
-    dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
     # (e) Qg, Kd
     kd = kk * egn
     dq = dqg * eg
@@ -816,6 +848,8 @@ def _grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr
     dk += dkd * egn
     dG -= dkd * kd
     # (f) P_qk (scale folded into dP) and (g) L = beta_r (K K^T decayed), strictly lower
+    dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
     dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
                                    GATE, C, BK, LOG2C, PREC)
 
@@ -1222,9 +1256,9 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
 #
 # Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> A, W, U (_wy_fwd) -> h[c], Delta, final state
 # (_state_fwd) -> O (_output_fwd). Only q, k, v, beta, G and the initial state are saved; the backward
-# (kernels::delta_rule_bwd) recomputes A, W, h, Delta, then runs _dv_local, _state_bwd (reverse over chunks) and
-# _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered as the
-# forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
+# (kernels::delta_rule_bwd) recomputes A, W, h, Delta, then runs _dv_local, _state_bwd (reverse over chunks),
+# _wy_bwd and _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered
+# as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
 # break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
 
 def _gate_kind(g, k):
@@ -1242,6 +1276,13 @@ def _meta(q, k, v):
 def _warps(DK, DV):
     # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
     return 8 if max(DK, DV) >= 128 else 4
+def _bwd_key_tile(DK, GATE):
+    # -> (BK, warps) of _grads_bwd. Chosen offline by spill bytes (notes/ptxas_check.py, sm_90a, Dk = Dv = 128, bf16;
+    # not yet timed on a GPU): DeltaNet / GDN 32 channels, 8 warps: 0 B (64 channels: 144 B); KDA 16 channels, 8 warps:
+    # 116 B (32: 1244 B, 64: 4276 B; its six dyadic levels keep more [C, BK] tiles live). Smaller tiles re-read the
+    # chunk's V-side tiles and dP, dL once more per tile (from L2), but spills cost more (notes/perf.md, _grams_fwd).
+    return min(DK, 16 if GATE == 2 else 32), 8
+
 # The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
 # and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
 
@@ -1323,19 +1364,28 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
                                          dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BV, DG,
                                          C, GATE, prec, dht is not None, dh0 is not None, num_warps=_warps(DK, DV),
                                          num_stages=2)
-    BK = min(DK, 64)
-    NK = DK // BK
+    del w  # its last use: dP below takes its place (the same bytes at Dk = 128 in bf16)
+    dP = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # dbeta (and GDN's dg) come back as one partial sum per key tile, added up below
-    dbeta = torch.empty(NK, B, T, H, device=k.device, dtype=torch.float32)
+    BK, nw = _bwd_key_tile(DK, GATE)
+    NK = DK // BK
+    # dbeta (and GDN's dg) come back as one partial sum per key tile (dbeta's last slot: the value side from _wy_bwd),
+    # added up below
+    dbeta = torch.empty(NK + 1, B, T, H, device=k.device, dtype=torch.float32)
     dg = torch.empty(0, device=k.device, dtype=torch.float32)
     if GATE == 1:
         dg = torch.empty(NK, B, T, H, device=k.device, dtype=torch.float32)
     elif GATE == 2:
         dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
-    _grads_bwd_kernel[(NK, NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta,
+    # in place: dL over A, X = A^T dDelta over dDelta (no other kernel reads them afterwards)
+    dL, X = A, dvn
+    # V-tiles of 32 with 8 warps, no pipelining: 116 B spilled (64 / 4 warps: 1608 B; 3 stages: 132 B;
+    # notes/ptxas_check.py, not yet timed on a GPU)
+    _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, scale, T, H, DV, min(DV, 32), C, prec,
+                                num_warps=8, num_stages=1)
+    _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, X, dh, dq, dk, dbeta,
                                        dg if GATE > 0 else dbeta, scale, T, NT, H, DK, DV, BK, BV,
-                                       DG, C, LOG2C, GATE, prec, num_warps=8, num_stages=1)
+                                       DG, C, LOG2C, GATE, prec, num_warps=nw, num_stages=1)
     if GATE == 1:
         dg = dg.sum(0)
     return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))

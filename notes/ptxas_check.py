@@ -4,9 +4,12 @@ machine WITHOUT a GPU: Triton lowers to PTX and its bundled ptxas assembles it; 
 compare tile / warp settings before spending GPU time. Indicative only: the compiler here (the local Triton) may
 differ from the GPU machine's (Triton 3.6 there), so confirm on the GPU with `python bench.py --profile`.
 
-$ python notes/ptxas_check.py            # _grads_bwd_kernel at Dk = Dv = 128, DeltaNet and KDA, a few tilings
+$ python notes/ptxas_check.py            # the two delta-rule gradient kernels at Dk = Dv = 128, DeltaNet and KDA,
+                                         # a few tilings, bf16 (tf32 dots) and fp32 (IEEE dots) inputs
+$ python notes/ptxas_check.py --quick    # bf16 only, the tilings kernels.py uses (and GDN)
 $ python notes/ptxas_check.py --la       # the scalar-decay _la_ kernels as kernels.py launches them (la_launches),
                                          # Dk = Dv = 128 and Dk = 128 / Dv = 64 (Mamba2), Mamba2's gate, bf16 and fp32
+Before the split (2026-11-23, one kernel _grads_bwd): 255 registers, spill stores 1612 B DeltaNet / 6076 B KDA.
 """
 import itertools
 import os
@@ -24,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 import kernels  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+SHARED_LIMIT_KB = 227  # Hopper's shared memory per block
 
 
 def ptxas_report(fn, types, constexprs, num_warps, num_stages=1):
@@ -81,16 +85,40 @@ def la_report(shapes=((128, 128), (64, 128), (128, 64))):
                   f"regs {regs:3d}, spill stores {spill:5d} B, shared {shared:3d} KB", flush=True)
 
 
+def types_for(dtype):
+    """argument types of the backward kernels: inputs, h and the gradients of the inputs in dtype, the rest fp32"""
+    t = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "h_ptr", "vn_ptr", "do_ptr",
+                                  "dq_ptr", "dk_ptr", "dv_ptr")}
+    f32 = ("G_ptr", "A_ptr", "dvn_ptr", "dh_ptr", "dbeta_ptr", "dg_ptr", "dP_ptr", "dL_ptr", "x_ptr")
+    return t | {n: "*fp32" for n in f32} | {"scale": "fp32"}
+
+
+def line(name, gate, tiles, warps, dtype, res):
+    regs, spill, shared = res
+    flag = "  OVER 227 KB" if shared > SHARED_LIMIT_KB else ""
+    print(f"  {name:10s} {['deltanet', 'gdn', 'kda', 'any'][gate]:8s} {dtype:4s} {tiles:14s} warps={warps:2d}: "
+          f"regs {regs:3d}, spill stores {spill:6d} B, shared {shared:3d} KB{flag}", flush=True)
+
+
 if __name__ == "__main__":
     if "--la" in sys.argv:
         la_report()
         sys.exit()
-    types = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "h_ptr", "vn_ptr", "do_ptr",
-                                  "dq_ptr", "dk_ptr", "dv_ptr")}
-    types |= {n: "*fp32" for n in ("G_ptr", "A_ptr", "dvn_ptr", "dh_ptr", "dbeta_ptr", "dg_ptr")} | {"scale": "fp32"}
-    print(f"triton {triton.__version__}; _grads_bwd_kernel, Dk = Dv = 128, sm_90a")
-    for gate, BK, BV, warps in itertools.product((0, 2), (64, 32), (64, 32), (8,)):
-        c = dict(DK=128, DV=128, BK=BK, BV=BV, DG=128 if gate == 2 else 1, C=64, LOG2C=6, GATE=gate, PREC="tf32")
-        regs, spill, shared = ptxas_report(kernels._grads_bwd_kernel, types, c, warps)
-        print(f"  {['deltanet', 'gdn', 'kda'][gate]:8s} BK={BK:3d} BV={BV:3d} warps={warps}: "
-              f"regs {regs:3d}, spill stores {spill:6d} B, shared {shared} KB", flush=True)
+    quick = "--quick" in sys.argv
+    print(f"triton {triton.__version__}; delta-rule backward kernels, Dk = Dv = 128, sm_90a")
+    dtypes = ("bf16",) if quick else ("bf16", "fp32")
+    for dtype in dtypes:
+        prec = "ieee" if dtype == "fp32" else "tf32"
+        # _wy_bwd does not depend on the gate or on Dk
+        for BV, warps in [(32, 8)] if quick else [(64, 4), (64, 8), (32, 4), (32, 8), (16, 8)]:
+            res = ptxas_report(kernels._wy_bwd_kernel, types_for(dtype), dict(DV=128, BV=BV, C=64, PREC=prec), warps)
+            line("_wy_bwd", 3, f"BV={BV}", warps, dtype, res)
+        for gate in (0, 1, 2) if quick else (0, 2):
+            base = dict(DK=128, DV=128, DG=128 if gate == 2 else 1, C=64, GATE=gate, PREC=prec, LOG2C=6)
+            if quick:
+                settings = [(*kernels._bwd_key_tile(128, gate), 64)]
+            else:
+                settings = list(itertools.product((64, 32, 16), (4, 8), (64, 32)))
+            for BK, warps, BV in settings:
+                res = ptxas_report(kernels._grads_bwd_kernel, types_for(dtype), base | dict(BK=BK, BV=BV), warps)
+                line("_grads_bwd", gate, f"BK={BK} BV={BV}", warps, dtype, res)
