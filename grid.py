@@ -8,6 +8,7 @@ $ python grid.py --quick            # a tiny version (vocab 32, 32 tokens, 200 s
 $ python grid.py --tasks mqar --mixers softmax kda 'kda*3,softmax' --sizes 8 24 --widths 128 --device=cuda:1
 $ python grid.py --resume           # keep the runs that finished (an interrupted grid, or parts run on other GPUs
                                     #   into the same --out_root), run the rest, rewrite the table from all the logs
+$ python grid.py --jobs=16 --start_within=4    # on a time-limited lease: start no run after 4 min, --resume later
 $ python grid.py --learning_rates 3e-4 1e-3 3e-3    # each cell keeps its best LR (Zoology's protocol)
 
 Every run is `python train.py config/<task>.py --mixer=M --<size key>=N --n_embd=W --n_head=W/32 --learning_rate=LR
@@ -147,6 +148,9 @@ def main():
     ap.add_argument('--resume', action='store_true', help="skip runs whose log already ends at max_iters")
     ap.add_argument('--jobs', type=int, default=1, help="runs at once on the same device; small models leave a GPU "
                     "mostly idle (on an H100, 4 at once each ran as fast as alone, 12 at once each 2-2.6x slower)")
+    ap.add_argument('--start_within', type=float, default=None, metavar='MIN',
+                    help="start no run after this many minutes (a time-limited GPU lease): the runs under way finish, "
+                         "the rest show '—' in the table; run the same command with --resume later to fill them in")
     ap.add_argument('--out_root', default=None, help="runs go to <out_root>/<task>/<run> (default out-grid, out-grid-quick)")
     ap.add_argument('--table', default=None, help="the markdown file to write (default <out_root>/results.md)")
     args, extra = ap.parse_known_args()
@@ -178,7 +182,7 @@ def main():
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault('OMP_NUM_THREADS', '1')  # the runs share the CPU too: one thread each, unless the caller chose
-    failures, running, t_start = [], [], time.time()  # running: (k, out_dir, Popen, start time)
+    failures, running, t_start, skipped = [], [], time.time(), 0  # running: (k, out_dir, Popen, start time)
 
     def wait_for_one():
         while True:
@@ -201,6 +205,9 @@ def main():
             continue
         if len(running) == args.jobs:
             wait_for_one()
+        if args.start_within is not None and time.time() - t_start > 60 * args.start_within:
+            skipped += 1
+            continue
         shutil.rmtree(out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
         running.append((k, out_dir, start(task, mixer, size, width, lr, out_dir, overrides, env), time.time()))
     while running:
@@ -219,6 +226,8 @@ def main():
         f.write('\n'.join(parts))
     print('\n'.join(parts))
     print(f"wrote {table_path}")
+    if skipped:
+        print(f"{skipped} runs not started (--start_within {args.start_within:g} min): add --resume to run them")
     if failures:
         print(f"{len(failures)} runs failed: " + ', '.join(failures))
         sys.exit(1)

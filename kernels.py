@@ -1277,11 +1277,11 @@ def _warps(DK, DV):
     # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
     return 8 if max(DK, DV) >= 128 else 4
 def _bwd_key_tile(DK, GATE):
-    # -> (BK, warps) of _grads_bwd. Chosen offline by spill bytes (notes/ptxas_check.py, sm_90a, Dk = Dv = 128, bf16;
-    # not yet timed on a GPU): DeltaNet / GDN 32 channels, 8 warps: 0 B (64 channels: 144 B); KDA 16 channels, 8 warps:
-    # 116 B (32: 1244 B, 64: 4276 B; its six dyadic levels keep more [C, BK] tiles live). Smaller tiles re-read the
-    # chunk's V-side tiles and dP, dL once more per tile (from L2), but spills cost more (notes/perf.md, _grams_fwd).
-    return min(DK, 16 if GATE == 2 else 32), 8
+    # -> (BK, warps) of _grads_bwd: 32 key channels per program; KDA with 8 warps, DeltaNet / GDN with 4. Measured
+    # fwd+bwd at B8 T4096 H16 D128 bf16 on an H100 (Triton 3.6, notes/perf.md): KDA 32/8 17.6 ms, 16/4 18.8, 16/8 21.3,
+    # 64/8 22.2; DeltaNet 32/4 7.4, 64/8 7.7, 32/8 8.6. (Picking by ptxas spill bytes alone had chosen 16/8 for KDA:
+    # fewer spills, but each extra tile re-reads the chunk's V-side tiles, dP and dL.)
+    return min(DK, 32), (8 if GATE == 2 else 4)
 
 # The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
 # and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).

@@ -321,3 +321,15 @@ def test_plot_reads_logs_and_draws(tmp_path):
     plot([str(run_dir)], str(tmp_path / 'acc.png'), metric='val_acc')
     with open(tmp_path / 'acc.png', 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_grid_start_within_starts_nothing_late(tmp_path):
+    """--start_within=0: the deadline has passed before the first run, so none starts, the table marks every
+    cell absent and the output says how many runs were not started."""
+    out_root = tmp_path / 'grid'
+    r = run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', 'retnet', '--sizes', '2',
+             '--start_within=0', f'--out_root={out_root}'])
+    assert '2 runs not started (--start_within 0 min)' in r.stdout
+    assert not (out_root / 'mqar').exists()
+    results = (out_root / 'results.md').read_text()
+    assert '| `softmax` | — |' in results and '| `retnet` | — |' in results
