@@ -90,7 +90,7 @@ def table(task, mixers, sizes, widths, lrs, out_root):
     its best LR (with that LR when several were tried), 'failed' when the run stopped early, '—' when absent."""
     spec = TASKS[task]
     cols = [(w, n) for w in widths for n in sizes]
-    lines = [f"| mixer | " + ' | '.join(f"w={w}, {n} {spec['size_name']}" for w, n in cols) + ' |',
+    lines = ["| mixer | " + ' | '.join(f"w={w}, {n} {spec['size_name']}" for w, n in cols) + ' |',
              '|---|' + '---|' * len(cols)]
     for mixer in mixers:
         cells = []
@@ -214,7 +214,7 @@ def main():
         wait_for_one()
 
     cmd = ' '.join(['python', 'grid.py'] + sys.argv[1:])
-    parts = [f"# Recall grid: final val answer accuracy\n",
+    parts = ["# Recall grid: final val answer accuracy\n",
              f"Made by `{cmd}` on {describe_device(extra)}, {time.strftime('%Y-%m-%d')}; "
              f"this invocation ran for {(time.time() - t_start) / 60:.1f} min. Every run: its task config "
              f"(`config/<task>.py`){' with the --quick overrides in grid.py' if args.quick else ''}, "

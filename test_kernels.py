@@ -551,7 +551,7 @@ else:  # interpreter: a few seconds per case
                     + [(T, 16, F32, gate, "mild") for T in (1, 64, 130) for gate in ("none", "gdn")]
                     + [(100, 16, F32, gate, st) for gate, st in TRITON_GATES if st in ("zero", "strong")]
                     + [(65, 32, torch.bfloat16, "none", "-"), (65, 32, torch.bfloat16, "gdn", "mild"),
-                       (65, 128, torch.bfloat16, "kda", "strong"),  # Dk = 128: eight key tiles in the backward
+                       (65, 128, torch.bfloat16, "kda", "strong"),  # Dk = 128: four key tiles of 32 in the backward
                        (65, 64, F32, "gdn", "mild")])  # two key tiles: GDN's per-tile dg and dbeta partial sums
 
 def _id(v):  # readable ids, so that -k bfloat16 / -k float32 / -k kda select
