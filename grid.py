@@ -206,6 +206,8 @@ def main():
         if len(running) == args.jobs:
             wait_for_one()
         if args.start_within is not None and time.time() - t_start > 60 * args.start_within:
+            if not args.resume:  # this grid reruns every cell: an older log there must not stand in the table
+                shutil.rmtree(out_dir, ignore_errors=True)
             skipped += 1
             continue
         shutil.rmtree(out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt

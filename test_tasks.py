@@ -325,11 +325,15 @@ def test_plot_reads_logs_and_draws(tmp_path):
 
 def test_grid_start_within_starts_nothing_late(tmp_path):
     """--start_within=0: the deadline has passed before the first run, so none starts, the table marks every
-    cell absent and the output says how many runs were not started."""
+    cell absent (also one where an older grid left a finished log) and the output says how many were not started."""
     out_root = tmp_path / 'grid'
+    stale = out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3)  # a log left by an older grid
+    stale.mkdir(parents=True)
+    (stale / 'log.txt').write_text("config: {'max_iters': 200}\nstep 200: train loss 1.0, val loss 1.0, "
+                                   "train acc 0.9, val acc 0.9\n")
     r = run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', 'retnet', '--sizes', '2',
              '--start_within=0', f'--out_root={out_root}'])
     assert '2 runs not started (--start_within 0 min)' in r.stdout
-    assert not (out_root / 'mqar').exists()
+    assert not stale.exists()  # without --resume the grid reruns every cell, so the old log does not stand
     results = (out_root / 'results.md').read_text()
     assert '| `softmax` | — |' in results and '| `retnet` | — |' in results
