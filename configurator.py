@@ -14,11 +14,71 @@ Rules (nanoGPT's, made strict):
   and falls back to the raw string; only the first '=' splits, so `--start="a=b"` works;
 - the type must match the default's: an int is accepted where a float is expected, a `None`
   default accepts anything, a str default keeps the raw text (`--out_dir=123` is the string '123');
-- an unknown key or a wrong type is a ValueError naming the key, the source and both types;
-- later sources override earlier ones. Only rank 0 prints (RANK unset or '0').
+- a key in `nullable` also accepts None (sample.py's `--top_k=None`);
+- an unknown key or a wrong type is a UserError naming the key, the source and both types;
+- later sources override earlier ones. Only rank 0 prints (RANK unset or '0');
+- `--help` (or `-h`) prints the script's docstring and its settings block (the globals between the first two
+  `# ---` lines: defaults and their comments), then exits.
+
+UserError is a mistake in the settings, the data, a checkpoint or the environment, not a bug. In a script run as
+__main__, configure() installs `excepthook`, which prints a UserError as one line (on rank 0 only under torchrun)
+and exits with status 1; every other exception keeps its traceback. The prepare.py scripts install it themselves.
 """
 import os
+import sys
+import time
 from ast import literal_eval
+
+
+class UserError(ValueError):
+    """A setting, a file or the environment is wrong: printed as one line that says what to do, no traceback."""
+
+
+def excepthook(kind, value, tb):
+    """sys.excepthook of the scripts: a UserError is one line on stderr (rank 0 only) and exit status 1;
+    anything else is a bug and prints its full traceback as usual."""
+    if not issubclass(kind, UserError):
+        return sys.__excepthook__(kind, value, tb)
+    rank = int(os.environ.get('RANK', '0'))
+    if rank != 0:
+        # under torchrun every rank usually meets the same error: rank 0 reports it, and torchrun stops this rank
+        # when rank 0 exits. Still here after that wait, the error is this rank's own: report it, once.
+        time.sleep(3)
+    # sys.__stderr__: torch.distributed's own hook, which calls this one, swaps sys.stderr for a buffer
+    print(f"{f'[rank{rank}] ' if rank else ''}{os.path.basename(sys.argv[0])}: error: {value}",
+          file=sys.__stderr__ or sys.stderr, flush=True)
+    if 'RANK' in os.environ:  # under torchrun: leave before the process group's teardown, which can abort noisily
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def device_and_dtype(device, dtype):
+    """Resolve device ('' = cuda if available, else cpu) and dtype ('' = bfloat16 on CUDA if supported, else float16
+    there; float32 elsewhere), or raise a UserError naming what this machine lacks."""
+    import torch  # here, not at the top: the configurator itself needs no torch
+    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise UserError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    if kind == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f"device={device!r} but torch {torch.__version__} sees no CUDA GPU here: use --device=cpu "
+                        f"(or leave device unset to pick the GPU when there is one)")
+    if kind == 'cuda' and (torch.device(device).index or 0) >= torch.cuda.device_count():
+        raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA GPU(s): use cuda:0 ..")
+    if kind == 'mps' and not torch.backends.mps.is_available():
+        raise UserError(f"device={device!r} but MPS (Apple GPU) is not available here: use --device=cpu")
+    if kind not in ('cpu', 'cuda', 'mps'):
+        raise UserError(f"device={device!r}: this trainer runs on 'cpu', 'cuda' or 'mps'")
+    if kind == 'cuda' and not dtype:
+        dtype = 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+    dtype = dtype or 'float32'
+    if dtype not in ('float32', 'bfloat16', 'float16'):
+        raise UserError(f"dtype={dtype!r} is not supported: use 'float32', 'bfloat16' or 'float16' (autocast), or '' for "
+                        f"the device's default")
+    if kind == 'cuda' and dtype == 'bfloat16' and not torch.cuda.is_bf16_supported():
+        raise UserError("dtype='bfloat16' but this GPU has no bfloat16: use --dtype=float16 (with a grad scaler) or float32")
+    return device, dtype
 
 
 def _print0(*args):
@@ -26,9 +86,21 @@ def _print0(*args):
         print(*args)
 
 
-def _checked(key, value, default, source):
+def _help(config_globals):
+    """The script's docstring, then its settings block: the source lines between the first two '# ---' lines."""
+    lines = []
+    if config_globals.get('__file__'):
+        with open(config_globals['__file__']) as f:
+            lines = f.read().splitlines()
+    seps = [i for i, line in enumerate(lines) if line.startswith('# ---')]
+    block = '\n'.join(lines[seps[0] + 1:seps[1]]) if len(seps) >= 2 else ''
+    return (f"{(config_globals.get('__doc__') or '').strip()}\n\n"
+            f"Settings (defaults shown), as --key=value or in a config file given first; later ones win:\n{block}")
+
+
+def _checked(key, value, default, source, nullable=()):
     """Return value converted to the default's type, or raise naming the key and both types."""
-    if default is None:
+    if default is None or (value is None and key in nullable):
         return value  # a None default means "any type" (the script checks what it accepts)
     if isinstance(default, bool) or isinstance(value, bool):
         if isinstance(default, bool) and isinstance(value, bool):
@@ -37,18 +109,25 @@ def _checked(key, value, default, source):
         return float(value)
     elif isinstance(value, type(default)):
         return value
-    raise ValueError(f"config key '{key}' from {source}: expected {type(default).__name__} "
+    raise UserError(f"config key '{key}' from {source}: expected {type(default).__name__} "
                      f"(default {default!r}), got {type(value).__name__} ({value!r})")
 
 
-def configure(config_globals, argv):
-    """Apply config files and --key=value overrides in argv to the dict config_globals, in order."""
+def configure(config_globals, argv, nullable=()):
+    """Apply config files and --key=value overrides in argv to the dict config_globals, in order.
+    Keys in nullable also accept None."""
+    if config_globals.get('__name__') == '__main__':
+        sys.excepthook = excepthook
+    if '--help' in argv or '-h' in argv:
+        _print0(_help(config_globals))
+        sys.exit(0)
     keys = {k for k, v in config_globals.items()
             if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))}
     for arg in argv:
         if not arg.startswith('--'):
             if not os.path.isfile(arg):
-                raise FileNotFoundError(f"config file not found: {arg}")
+                raise UserError(f"config file not found: {arg} (a positional argument is a config file, e.g. config/mqar.py; "
+                                f"settings go as --key=value)")
             _print0(f"Overriding config with {arg}:")
             with open(arg) as f:
                 source = f.read()
@@ -60,15 +139,15 @@ def configure(config_globals, argv):
                 if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
                     continue  # imports and helper functions in a config file are not settings
                 if key not in keys:
-                    raise ValueError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
+                    raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
                 if value is not config_globals[key]:
-                    config_globals[key] = _checked(key, value, config_globals[key], arg)
+                    config_globals[key] = _checked(key, value, config_globals[key], arg, nullable)
         else:
             if '=' not in arg:
-                raise ValueError(f"override '{arg}' must look like --key=value")
+                raise UserError(f"override '{arg}' must look like --key=value (see --help)")
             key, raw = arg[2:].split('=', 1)
             if key not in keys:
-                raise ValueError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
+                raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
             default = config_globals[key]
             if isinstance(default, str):
                 value = raw  # strings stay verbatim: no literal_eval surprises for paths or text
@@ -77,5 +156,5 @@ def configure(config_globals, argv):
                     value = literal_eval(raw)
                 except (SyntaxError, ValueError):
                     value = raw
-            config_globals[key] = _checked(key, value, default, arg)
+            config_globals[key] = _checked(key, value, default, arg, nullable)
             _print0(f"Overriding: {key} = {config_globals[key]!r}")

@@ -24,19 +24,53 @@ eval sees the same tokens.
 """
 import glob
 import os
+import subprocess
 
 import numpy as np
 import torch
 
+from configurator import UserError
+
+
+def shared_tiktoken_cache(root=os.path.dirname(os.path.abspath(__file__))):
+    """A copy of tiktoken's cache kept in a shared/tiktoken folder (how offline machines carry the GPT-2 BPE):
+    beside the checkout (../shared), inside it (shared/), or beside the repository this clone was made from
+    (<origin>/../shared, as for a fresh clone in /tmp). The first that exists, or None."""
+    places = [os.path.join(root, '..', 'shared'), os.path.join(root, 'shared')]
+    for i in range(3):
+        if i == 2:  # only now ask git where the clone came from
+            try:
+                origin = subprocess.run(['git', '-C', root, 'config', '--get', 'remote.origin.url'],
+                                        capture_output=True, text=True, timeout=10).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                return None
+            origin = origin[len('file://'):] if origin.startswith('file://') else origin
+            if not origin or '://' in origin or ':' in origin.split('/')[0]:
+                return None  # no origin, or a remote one (URL or host:path)
+            places.append(os.path.join(root, origin, '..', 'shared'))  # a relative origin is relative to the clone
+        path = os.path.join(places[i], 'tiktoken')
+        if os.path.isdir(path):
+            return os.path.normpath(path)
+    return None
+
+
 def gpt2_encoding():
     """tiktoken's GPT-2 BPE, the tokenizer of every dataset here. tiktoken downloads it once into its
-    cache; on an offline machine point TIKTOKEN_CACHE_DIR at a copy. A copy at ../shared/tiktoken beside
-    the checkout (how this project's offline CI machines carry it) is used when the variable is unset."""
+    cache; on an offline machine point TIKTOKEN_CACHE_DIR at a copy. When the variable is unset, a copy in a
+    shared/tiktoken folder (see shared_tiktoken_cache) is used. Offline with neither: a UserError saying so."""
     import tiktoken
-    shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'shared', 'tiktoken')
-    if 'TIKTOKEN_CACHE_DIR' not in os.environ and os.path.isdir(shared):
-        os.environ['TIKTOKEN_CACHE_DIR'] = shared
-    return tiktoken.get_encoding('gpt2')
+    if 'TIKTOKEN_CACHE_DIR' not in os.environ:
+        shared = shared_tiktoken_cache()
+        if shared:
+            os.environ['TIKTOKEN_CACHE_DIR'] = shared
+    try:
+        return tiktoken.get_encoding('gpt2')
+    except Exception as e:  # requests' errors offline, or a cache folder that cannot be written
+        where = (f"TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']} holds no copy of it" if 'TIKTOKEN_CACHE_DIR' in os.environ
+                 else "TIKTOKEN_CACHE_DIR is unset and no shared/tiktoken copy was found")
+        raise UserError(f"cannot load the GPT-2 tokenizer: tiktoken's download failed ({type(e).__name__}) and {where}; "
+                        f"offline, set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached GPT-2 files (copy it from a "
+                        f"machine where tiktoken.get_encoding('gpt2') ran with TIKTOKEN_CACHE_DIR set)") from e
 
 
 MAGIC = 20240520
@@ -105,23 +139,23 @@ class ShardWriter:
 def read_header(path):
     """Check a shard's header and size; return its token count. Errors name the file and the problem."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such shard")
+        raise UserError(f"{path}: no such shard")
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
-        raise ValueError(f"{path}: file is {size} bytes, smaller than the {HEADER_BYTES}-byte header "
-                         f"— not an llm.c token shard (or truncated)")
+        raise UserError(f"{path}: file is {size} bytes, smaller than the {HEADER_BYTES}-byte header "
+                        f"— not an llm.c token shard (or truncated)")
     header = np.fromfile(path, dtype='<i4', count=HEADER_INTS)
     if header[0] != MAGIC:
-        raise ValueError(f"{path}: bad magic {header[0]} (expected {MAGIC}) — not an llm.c token shard")
+        raise UserError(f"{path}: bad magic {header[0]} (expected {MAGIC}) — not an llm.c token shard")
     if header[1] != VERSION:
-        raise ValueError(f"{path}: unsupported version {header[1]} (expected {VERSION}); "
-                         f"version 2 shards hold uint32 tokens, this loader reads uint16 only")
+        raise UserError(f"{path}: unsupported version {header[1]} (expected {VERSION}); "
+                        f"version 2 shards hold uint32 tokens, this loader reads uint16 only")
     ntok = int(header[2])
     body = size - HEADER_BYTES
     if body != 2 * ntok:
         what = "truncated" if body < 2 * ntok else "trailing bytes"
-        raise ValueError(f"{path}: {what}: header says {ntok:,} tokens but file holds {body // 2:,} "
-                         f"({body:,} bytes after the header); re-run the dataset's prepare.py")
+        raise UserError(f"{path}: {what}: header says {ntok:,} tokens but file holds {body // 2:,} "
+                        f"({body:,} bytes after the header); re-run the dataset's prepare.py")
     return ntok
 
 
@@ -141,9 +175,15 @@ def shard_paths(data_dir, split):
     """Sorted shard files <dataset>_<split>_*.bin of one split; the dataset is data_dir's name."""
     dataset = os.path.basename(os.path.normpath(data_dir))
     paths = sorted(glob.glob(os.path.join(data_dir, f"{dataset}_{split}_*.bin")))
+    if not paths and os.path.isfile(os.path.join(data_dir, 'prepare.py')):
+        raise UserError(f"no {split} shards ({dataset}_{split}_*.bin) in {data_dir}: "
+                        f"run `python data/{dataset}/prepare.py` first")
     if not paths:
-        raise FileNotFoundError(f"no {split} shards ({dataset}_{split}_*.bin) in {data_dir}: "
-                                f"run `python data/{dataset}/prepare.py` first")
+        here = sorted(d for d in os.listdir(os.path.dirname(os.path.normpath(data_dir)) or '.')
+                      if os.path.isfile(os.path.join(os.path.dirname(os.path.normpath(data_dir)), d, 'prepare.py')))
+        raise UserError(f"dataset={dataset!r}: no {split} shards {dataset}_{split}_*.bin in {data_dir} and no prepare.py "
+                        f"to make them; datasets with a prepare.py: {', '.join(here) or 'none'}, tasks: mqar, statetrack; or put "
+                        f"llm.c shards (e.g. FineWeb's) there under that name")
     return paths
 
 
@@ -155,16 +195,17 @@ class ShardLoader:
     give every rank a full batch, all ranks move to the next shard together (the tail is skipped).
     """
 
-    def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1):
+    def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None):
         assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
+        self.vocab_size, self.checked = vocab_size, set()  # token ids must be < vocab_size (checked once per shard)
         self.paths = shard_paths(data_dir, split)
         # check every header up front: a bad or too-small shard fails now, not hours into a run
         need = batch_size * block_size * world_size + 1
         for path in self.paths:
             ntok = read_header(path)
             if ntok < need:
-                raise ValueError(
+                raise UserError(
                     f"{path}: shard holds {ntok:,} tokens but one step needs batch_size*block_size*"
                     f"world_size+1 = {batch_size}*{block_size}*{world_size}+1 = {need:,}; "
                     f"lower batch_size/block_size or use a bigger dataset")
@@ -181,6 +222,12 @@ class ShardLoader:
     def load_state_dict(self, state):
         self.shard, self.pos = int(state['shard']) % len(self.paths), int(state['pos'])
         self.tokens = read_shard(self.paths[self.shard])
+        if self.vocab_size is not None and self.shard not in self.checked:
+            top = int(self.tokens.max()) if len(self.tokens) else 0  # one pass over the shard: ~0.1 s per 100M tokens
+            if top >= self.vocab_size:
+                raise UserError(f"{self.paths[self.shard]} holds token id {top}, but the model's vocab_size is "
+                                f"{self.vocab_size}: set vocab_size above {top} (GPT-2 BPE: 50304), or re-tokenize the data")
+            self.checked.add(self.shard)
 
     def next_batch(self):
         B, T = self.B, self.T

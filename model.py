@@ -18,6 +18,7 @@ Every mixer has the same interface:
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
+from configurator import UserError
 
 
 
@@ -43,6 +45,26 @@ class GPTConfig:
     head_dim: int = 64         # linear mixers: per-head key dim (values: see each mixer); Mamba2: headdim P
     d_state: int = 128         # Mamba2: state size N per head (the d_k of its recurrence)
 
+    def __post_init__(self):
+        """Refuse, naming the field, any setting that cannot build a model that trains (a UserError: one line)."""
+        for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'head_dim', 'd_state', 'n_kv_head'):
+            v, least = getattr(self, k), (0 if k == 'n_kv_head' else 1)
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise UserError(f"{k}={v!r} must be an integer >= {least}")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"dropout={self.dropout!r} must be in [0, 1)")
+        mixers = set(parse_mixer_pattern(self.mixer, self.n_layer))
+        C, nh, hd = self.n_embd, self.n_head, self.head_dim
+        if 'softmax' in mixers and (C % nh or (C // nh) % 2):
+            raise UserError(f"n_embd={C} must split into n_head={nh} softmax heads of an even size (RoPE rotates pairs): "
+                            f"choose n_head so that n_embd/n_head is an even integer")
+        if 'softmax' in mixers and nh % (self.n_kv_head or nh):
+            raise UserError(f"n_head={nh} is not divisible by n_kv_head={self.n_kv_head}")
+        linear = sorted(mixers - {'softmax'})
+        if linear and (C % hd or hd % 2):
+            raise UserError(f"head_dim={hd} must be even and divide n_embd={C} (mixers {', '.join(linear)}): "
+                            f"choose another head_dim (64 for n_embd=768) or n_embd")
+
 
 # ------------------------------------------------------------------------------------------------
 # Mixer pattern: a comma-separated list tiled over the layers; 'name*k' repeats a name k times.
@@ -50,20 +72,20 @@ class GPTConfig:
 
 def parse_mixer_pattern(pattern, n_layer):
     if not isinstance(pattern, str) or not pattern.strip():
-        raise ValueError(f"mixer must be a non-empty string like 'kda*3,softmax', got {pattern!r}")
+        raise UserError(f"mixer must be a non-empty string like 'kda*3,softmax', got {pattern!r}")
     names = []
     for item in pattern.replace(' ', '').split(','):
         m = re.fullmatch(r'([a-z0-9_]+)(?:\*(\d+))?', item)
         if m is None:
-            raise ValueError(f"cannot parse '{item}' in mixer pattern '{pattern}' (expected name or name*count)")
+            raise UserError(f"cannot parse '{item}' in mixer pattern '{pattern}' (expected name or name*count)")
         name, count = m.group(1), int(m.group(2) or 1)
         if name not in MIXERS:
-            raise ValueError(f"unknown mixer '{name}' in pattern '{pattern}'; valid mixers: {', '.join(MIXERS)}")
+            raise UserError(f"unknown mixer '{name}' in pattern '{pattern}'; valid mixers: {', '.join(MIXERS)}")
         if count < 1:
-            raise ValueError(f"repeat count must be >= 1 in '{item}' of pattern '{pattern}'")
+            raise UserError(f"repeat count must be >= 1 in '{item}' of pattern '{pattern}'")
         names += [name] * count
     if n_layer % len(names) != 0:
-        raise ValueError(f"mixer pattern '{pattern}' has {len(names)} layers, which does not tile n_layer={n_layer}")
+        raise UserError(f"mixer pattern '{pattern}' has {len(names)} layers, which does not tile n_layer={n_layer}")
     return names * (n_layer // len(names))
 
 
@@ -567,18 +589,53 @@ class GPT(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------
-# Checkpoints: written atomically so an interrupted save never destroys the previous one.
+# Checkpoints: written atomically so an interrupted save never destroys the previous one, and never with
+# non-finite weights (a diverged run must not replace the last good checkpoint).
 
-def save_checkpoint(checkpoint, path):
+class CheckpointMissing(UserError, FileNotFoundError):
+    pass
+
+
+class CheckpointUnusable(UserError, RuntimeError):
+    pass
+
+
+def nonfinite_tensors(state_dict):
+    """Names of the tensors in state_dict holding a NaN or an infinity."""
+    return [k for k, v in state_dict.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+
+
+def save_checkpoint(checkpoint, path, best=None):
+    """Write checkpoint to path atomically; refuse non-finite weights. best: a second name that keeps this
+    checkpoint after later saves replace path (a hard link, so no second write; a copy where links fail)."""
+    bad = nonfinite_tensors(checkpoint.get('model', {}))
+    if bad:
+        raise CheckpointUnusable(f"not saving {path}: {len(bad)} weight tensors are non-finite (first: {bad[0]}); "
+                                 f"the previous checkpoint there is kept")
     tmp = path + '.tmp'
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
+    if best is not None:
+        tmp = best + '.tmp'
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        try:
+            os.link(path, tmp)  # the next save replaces path with a new file: this one lives on as best
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, best)
 
 
 def load_checkpoint(path, map_location='cpu'):
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path} (train one first, or check out_dir)")
+        raise CheckpointMissing(f"no checkpoint at {path} (train one first, or check out_dir)")
     try:
-        return torch.load(path, map_location=map_location, weights_only=False)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:
-        raise RuntimeError(f"cannot read checkpoint {path}: {e}") from e
+        raise CheckpointUnusable(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                                 f"(a truncated or foreign file? train again or pick another out_dir)") from e
+    bad = nonfinite_tensors(checkpoint.get('model', {})) if isinstance(checkpoint, dict) else []
+    if bad:
+        raise CheckpointUnusable(f"checkpoint {path} holds non-finite weights ({len(bad)} tensors, first: {bad[0]}), "
+                                 f"from a run that diverged: use an earlier checkpoint or train again")
+    return checkpoint

@@ -5,6 +5,7 @@ through the per-layer caches (fixed-size state for the linear mixers, K/V for so
 $ python sample.py --out_dir=out-pystdlib-kda_hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
 $ python sample.py --out_dir=out-pystdlib-kda_hybrid --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
 $ python sample.py --out_dir=out-mqar --start="3 40 7 35 0 0 7" --max_new_tokens=1 --temperature=0   # a task model
+$ python sample.py --help      # every setting, its default and what it does
 
 A model trained on a task (dataset 'mqar' or 'statetrack') has no text tokenizer: its prompt is token ids separated
 by spaces (the layouts are in tasks.py) and the samples print as ids.
@@ -22,35 +23,41 @@ from model import GPTConfig, GPT, load_checkpoint
 from dataloader import gpt2_encoding
 
 # -----------------------------------------------------------------------------
-out_dir = 'out'           # folder holding ckpt.pt
-start = "\n"              # prompt text, or FILE:path to read it from a file
-num_samples = 3           # number of samples to draw
+out_dir = 'out'           # folder holding the checkpoints
+ckpt = 'ckpt.pt'          # ckpt.pt = the latest (what a resume continues), best.pt = the lowest val loss
+start = "\n"              # prompt text, or FILE:path to read it from a file; "<|endoftext|>" = a document start
+num_samples = 3           # number of samples to draw (>= 1)
 max_new_tokens = 200      # tokens generated per sample
 temperature = 0.8         # 1.0 = unchanged, < 1.0 = less random, 0 = greedy
 top_k = 200               # keep only the top_k most likely tokens (None = all)
 seed = 1337
-device = ''               # '' = cuda if available, else cpu
-dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere
+device = ''               # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere; or 'float32', 'bfloat16', 'float16'
 # -----------------------------------------------------------------------------
-from configurator import configure
-configure(globals(), sys.argv[1:])
+from configurator import configure, device_and_dtype, UserError
+configure(globals(), sys.argv[1:], nullable={'top_k'})
 # -----------------------------------------------------------------------------
-
-device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-dtype = dtype or (('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32')
+for k, least in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 1)):
+    if globals()[k] is not None and globals()[k] < least:
+        raise UserError(f"{k}={globals()[k]} must be >= {least}" + (" (or None for all tokens)" if k == 'top_k' else ''))
+if temperature < 0:
+    raise UserError(f"temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
+device, dtype = device_and_dtype(device, dtype)
+device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed) if device_type == 'cuda' else None
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
-checkpoint = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), map_location=device)
+checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), map_location=device)
 model = GPT(GPTConfig(**checkpoint['model_args']))
 model.load_state_dict(checkpoint['model'])
 model.eval().to(device)
 print(model.describe())
 
 if start.startswith('FILE:'):
+    if not os.path.isfile(start[5:]):
+        raise UserError(f"start={start!r}: no such file {start[5:]}")
     with open(start[5:], 'r', encoding='utf-8') as f:
         start = f.read()
 task = checkpoint.get('config', {}).get('dataset') in ('mqar', 'statetrack')
@@ -59,15 +66,17 @@ if task:  # synthetic task: token ids in, token ids out
     try:
         start_ids = [int(t) for t in start.split()]
     except ValueError:
-        sys.exit(f"sample.py: {out_dir} holds a {checkpoint['config']['dataset']} model, whose prompt is token ids "
-                 f"separated by spaces (0..{vocab - 1}, layouts in tasks.py), e.g. --start=\"3 40 7 35 0 7\"; got {start!r}")
+        raise UserError(f"{out_dir} holds a {checkpoint['config']['dataset']} model, whose prompt is token ids "
+                        f"separated by spaces (0..{vocab - 1}, layouts in tasks.py), e.g. --start=\"3 40 7 35 0 7\"; got {start!r}") from None
     if not start_ids or not all(0 <= t < vocab for t in start_ids):
-        sys.exit(f"sample.py: the prompt's token ids must be 0..{vocab - 1} for this {checkpoint['config']['dataset']} "
-                 f"model, and at least one; got {start!r}")
+        raise UserError(f"the prompt's token ids must be 0..{vocab - 1} for this {checkpoint['config']['dataset']} "
+                        f"model, and at least one; got {start!r}")
     n_vocab, decode = vocab, lambda ids: ' '.join(map(str, ids))
 else:
     enc = gpt2_encoding()  # every text dataset here is GPT-2 BPE
     start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
+    if not start_ids:
+        raise UserError("start is empty: give a prompt, or --start='<|endoftext|>' for samples from a document start")
     n_vocab, decode = enc.n_vocab, enc.decode
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 

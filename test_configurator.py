@@ -5,7 +5,7 @@ $ python -m pytest test_configurator.py -q
 """
 import pytest
 
-from configurator import configure
+from configurator import UserError, configure, device_and_dtype, excepthook
 
 
 def defaults():
@@ -61,7 +61,7 @@ def test_config_file_errors(tmp_path):
     bad.write_text("n_layer = '6'\n")
     with pytest.raises(ValueError, match="'n_layer'.*expected int.*got str"):
         configure(defaults(), [str(bad)])
-    with pytest.raises(FileNotFoundError, match='config file not found'):
+    with pytest.raises(UserError, match='config file not found'):
         configure(defaults(), [str(tmp_path / 'missing.py')])
     with pytest.raises(ValueError, match='--key=value'):
         configure(defaults(), ['--n_layer'])
@@ -81,3 +81,72 @@ def test_none_only_where_default_is_none():
     g = defaults()
     configure(g, ['--top_k=None'])
     assert g['top_k'] is None
+
+
+# -----------------------------------------------------------------------------
+# issue 13: one-line user errors, --help, None where a script allows it, the device and dtype checked up front
+
+def test_every_configurator_error_is_a_user_error(tmp_path):
+    """A UserError is what the scripts print as one line; it stays a ValueError for older callers."""
+    for argv in (['--n_layers=4'], ['--n_layer=4.5'], ['--n_layer'], [str(tmp_path / 'missing.py')]):
+        with pytest.raises(UserError):
+            configure(defaults(), argv)
+    assert issubclass(UserError, ValueError)
+
+
+def test_nullable_keys_accept_none():
+    """sample.py's top_k defaults to 200 but its comment says 'None = all': a nullable key takes None."""
+    g = defaults()
+    configure(g, ['--n_layer=None'], nullable={'n_layer'})
+    assert g['n_layer'] is None
+    g = defaults()
+    configure(g, ['--n_layer=3'], nullable={'n_layer'})  # and still checks the type otherwise
+    assert g['n_layer'] == 3
+    with pytest.raises(UserError, match="'n_layer'.*expected int"):
+        configure(defaults(), ['--n_layer=x'], nullable={'n_layer'})
+
+
+def test_help_prints_docstring_and_settings_block(tmp_path, capsys):
+    script = tmp_path / 'script.py'
+    script.write_text('"""What the script does."""\nimport sys\n# ---\n# model\nn_layer = 12   # layers; 12 for GPT-2\n'
+                      '# ---\nconfig_keys = []\n')
+    g = dict(defaults(), __file__=str(script), __doc__='What the script does.')
+    for flag in ('--help', '-h'):
+        with pytest.raises(SystemExit) as e:
+            configure(dict(g), ['--n_layer=3', flag])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert 'What the script does.' in out and 'n_layer = 12   # layers; 12 for GPT-2' in out
+        assert 'config_keys' not in out and 'Overriding' not in out
+
+
+def test_excepthook_one_line_for_user_errors_traceback_for_bugs(capfd, monkeypatch):
+    """A UserError prints one line and no traceback; any other exception (a bug) keeps its full traceback."""
+    monkeypatch.delenv('RANK', raising=False)
+    monkeypatch.setattr('sys.argv', ['train.py'])
+
+    def raised(exc):
+        try:
+            raise exc
+        except Exception as e:
+            return type(e), e, e.__traceback__
+
+    excepthook(*raised(UserError("n_layer=0 must be an integer >= 1")))
+    err = capfd.readouterr().err
+    assert err == "train.py: error: n_layer=0 must be an integer >= 1\n"
+    excepthook(*raised(ZeroDivisionError("division by zero")))
+    err = capfd.readouterr().err
+    assert err.startswith('Traceback (most recent call last):') and 'ZeroDivisionError: division by zero' in err
+
+
+def test_device_and_dtype_are_checked():
+    import torch
+    assert device_and_dtype('cpu', '') == ('cpu', 'float32')
+    assert device_and_dtype('cpu', 'bfloat16') == ('cpu', 'bfloat16')  # honoured on CPU too (autocast), not ignored
+    with pytest.raises(UserError, match="dtype='float64' is not supported.*'float32', 'bfloat16' or 'float16'"):
+        device_and_dtype('cpu', 'float64')
+    with pytest.raises(UserError, match="device='gpu' is not a device name"):
+        device_and_dtype('gpu', '')
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="device='cuda' but .* sees no CUDA GPU here: use --device=cpu"):
+            device_and_dtype('cuda', '')

@@ -22,8 +22,9 @@ import pytest  # noqa: E402
 import tiktoken  # noqa: E402
 import torch  # noqa: E402
 
+from configurator import UserError  # noqa: E402
 from dataloader import (HEADER_INTS, MAGIC, VERSION, ShardLoader, ShardWriter,  # noqa: E402
-                        read_shard, shard_paths, write_shard)
+                        read_shard, shard_paths, shared_tiktoken_cache, write_shard)
 
 sys.path.insert(0, os.path.join(HERE, 'data', 'openwebtext'))
 import prepare as owt_prepare  # noqa: E402
@@ -87,7 +88,7 @@ def test_bad_shards_name_the_file(tmp_path):
     with pytest.raises(ValueError, match=r'bad_train_000000\.bin'):
         read_shard(path)
 
-    with pytest.raises(FileNotFoundError, match=r'nope\.bin'):
+    with pytest.raises(UserError, match=r'nope\.bin'):
         read_shard(str(tmp_path / 'nope.bin'))
 
 
@@ -179,7 +180,9 @@ def test_loader_rolls_over_shards_and_wraps(tmp_path):
 
 
 def test_loader_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r'python data/empty/prepare\.py'):
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'empty' / 'prepare.py').write_text('')
+    with pytest.raises(UserError, match=r'python data/empty/prepare\.py'):
         ShardLoader(str(tmp_path / 'empty'), 'train', 2, 8)
     data_dir = _make_dataset(tmp_path, [100, 10])
     with pytest.raises(ValueError, match=r'toy_train_000001\.bin: shard holds 10 tokens.*17'):
@@ -277,6 +280,7 @@ def test_owt_prepare_hf_path(tmp_path, monkeypatch):
     import datasets
     fake = datasets.Dataset.from_dict({'text': DOCS * 400})
     monkeypatch.setattr(datasets, 'load_dataset', lambda *a, **k: fake)
+    monkeypatch.setattr(owt_prepare, 'hub_reachable', lambda: True)  # no network in the tests
     out_dir = str(tmp_path / 'openwebtext')
     out = owt_prepare.main(['--out_dir', out_dir, '--num_proc', '1', '--shard_size', '5000'])
     assert out['val'][1] == 2  # ceil(0.0005 * 2400) documents, as nanoGPT's split gives
@@ -314,3 +318,105 @@ def test_pystdlib_split_is_stable():
     assert 5 <= len(val) <= 40  # ~2%
     assert pystdlib_prepare.split_files(paths) == (train, val)
     assert pystdlib_prepare.split_files(['x.py', 'y.py'])[1]  # never an empty val
+
+
+# -----------------------------------------------------------------------------
+# issue 13: bad data and an offline machine give one line naming the file and what to do
+
+def test_loader_refuses_token_ids_past_vocab(tmp_path):
+    """A shard with ids >= the model's vocabulary used to fail as an IndexError deep in the embedding."""
+    data_dir = _make_dataset(tmp_path, [100, 2000])  # shard 1 holds ids 1000..2999
+    loader = ShardLoader(data_dir, 'train', batch_size=2, block_size=8, vocab_size=1000)
+    loader.next_batch()  # shard 0 (ids < 100) is fine
+    with pytest.raises(UserError, match=r'toy_train_000001\.bin holds token id 2999, but the model\'s vocab_size is 1000'):
+        for _ in range(10):
+            loader.next_batch()
+    ShardLoader(data_dir, 'train', batch_size=2, block_size=8, vocab_size=3000).next_batch()
+
+
+def test_unknown_dataset_lists_what_exists(tmp_path):
+    (tmp_path / 'data' / 'pystdlib').mkdir(parents=True)
+    (tmp_path / 'data' / 'pystdlib' / 'prepare.py').write_text('')
+    with pytest.raises(UserError, match=r"dataset='fineweb': no train shards.*no prepare\.py.*pystdlib.*mqar") as e:
+        shard_paths(str(tmp_path / 'data' / 'fineweb'), 'train')
+    assert 'data/fineweb/prepare.py' not in str(e.value)
+
+
+def test_owt_bad_inputs_name_file_and_line(tmp_path):
+    src = tmp_path / 'docs.jsonl'
+    src.write_text(json.dumps({'text': 'fine'}) + '\n' + json.dumps({'body': 'no text'}) + '\n')
+    args = ['--out_dir', str(tmp_path / 'openwebtext'), '--num_proc', '1']
+    with pytest.raises(UserError, match=r'docs\.jsonl, line 2: no "text" field'):
+        owt_prepare.main(['--input', str(src)] + args)
+    src.write_text('{"text": "fine"}\n{not json\n')
+    with pytest.raises(UserError, match=r'docs\.jsonl, line 2: not valid JSON'):
+        owt_prepare.main(['--input', str(src)] + args)
+    with pytest.raises(UserError, match=r'--input .*nope\.jsonl: no such file'):
+        owt_prepare.main(['--input', str(tmp_path / 'nope.jsonl')] + args)
+
+
+def test_owt_offline_points_at_input_at_once(tmp_path, monkeypatch):
+    """Offline, the Hugging Face path used to retry for ~25 s and end in a traceback without a word about --input."""
+    import socket
+    import time
+    import datasets
+
+    def no_network(*a, **k):
+        raise OSError('[Errno -2] Name or service not known')
+
+    def must_not_be_called(*a, **k):
+        raise AssertionError('load_dataset was called offline')
+    for k in ('HF_HUB_OFFLINE', 'HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy'):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(socket, 'create_connection', no_network)
+    monkeypatch.setattr(datasets, 'load_dataset', must_not_be_called)
+    t0 = time.time()
+    with pytest.raises(UserError, match=r'cannot reach the Hugging Face Hub.*--input'):
+        owt_prepare.main(['--out_dir', str(tmp_path / 'openwebtext'), '--num_proc', '1'])
+    assert time.time() - t0 < 5
+
+
+OFFLINE = {'HTTPS_PROXY': 'http://127.0.0.1:9', 'https_proxy': 'http://127.0.0.1:9', 'NO_PROXY': '', 'no_proxy': ''}
+
+
+def _offline_run(cmd, cache_dir):
+    """cmd with an empty tiktoken cache and every download sent to a closed local port: offline for sure."""
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache_dir), **OFFLINE)
+    return subprocess.run([sys.executable] + cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_offline_tokenizer_is_one_line_naming_tiktoken_cache_dir(tmp_path):
+    p = _offline_run(['data/pystdlib/prepare.py', '--out_dir', str(tmp_path / 'out')], tmp_path)
+    assert p.returncode == 1 and p.stderr.count('\n') == 1, p.stderr
+    assert 'cannot load the GPT-2 tokenizer' in p.stderr and 'TIKTOKEN_CACHE_DIR' in p.stderr, p.stderr
+
+
+def test_prepare_help_works_offline(tmp_path):
+    for script in ('data/pystdlib/prepare.py', 'data/openwebtext/prepare.py'):
+        p = _offline_run([script, '--help'], tmp_path)
+        assert p.returncode == 0 and 'usage: prepare.py' in p.stdout and '--out_dir' in p.stdout, p.stderr[-2000:]
+
+
+def test_shared_tiktoken_cache_layouts(tmp_path):
+    """The offline copy is found beside the checkout, inside it, and beside the repository a clone was made from."""
+    import shutil
+    if shutil.which('git') is None:
+        pytest.skip('git is not installed')
+    work = tmp_path / 'work'
+    (work / 'main').mkdir(parents=True)
+    assert shared_tiktoken_cache(str(work / 'main')) is None
+    (work / 'shared' / 'tiktoken').mkdir(parents=True)
+    assert shared_tiktoken_cache(str(work / 'main')) == str(work / 'shared' / 'tiktoken')      # ../shared/tiktoken
+    (work / 'main' / 'shared' / 'tiktoken').mkdir(parents=True)
+    shutil.rmtree(work / 'shared')
+    assert shared_tiktoken_cache(str(work / 'main')) == str(work / 'main' / 'shared' / 'tiktoken')  # shared/ inside
+    shutil.rmtree(work / 'main' / 'shared')
+    (work / 'shared' / 'tiktoken').mkdir(parents=True)
+    git = ['git', '-c', 'user.name=t', '-c', 'user.email=t@t', '-c', 'init.defaultBranch=main']
+    subprocess.run(git + ['init', '-q', str(work / 'main')], check=True)
+    subprocess.run(git + ['-C', str(work / 'main'), 'commit', '-q', '--allow-empty', '-m', 'x'], check=True)
+    (tmp_path / 'elsewhere').mkdir()
+    for origin in (str(work / 'main'), '../work/main'):  # absolute and relative clone sources
+        clone = tmp_path / 'elsewhere' / f'clone{len(origin)}'
+        subprocess.run(git + ['clone', '-q', origin, str(clone)], cwd=tmp_path / 'elsewhere', check=True)
+        assert os.path.samefile(shared_tiktoken_cache(str(clone)), work / 'shared' / 'tiktoken'), origin

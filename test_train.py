@@ -123,8 +123,11 @@ def test_interrupted_checkpoint_keeps_previous(tmp_path):
 
 
 def test_missing_shards_say_how_to_make_them(tmp_path):
-    p = run(TINY + ['--dataset=no_such_dataset', f'--out_dir={tmp_path}'], check=False)
-    assert p.returncode != 0 and 'python data/no_such_dataset/prepare.py' in p.stderr
+    """An unknown dataset (issue 13: 'fineweb') lists what exists instead of naming a script that does not exist
+    (a dataset with a prepare.py says to run it: test_data.py::test_loader_errors). One line, no traceback."""
+    p = run(TINY + ['--dataset=fineweb', f'--out_dir={tmp_path}'], check=False)
+    assert p.returncode == 1 and p.stderr.count('\n') == 1, p.stderr
+    assert 'prepare.py' in p.stderr and 'data/fineweb/prepare.py' not in p.stderr and 'pystdlib' in p.stderr, p.stderr
 
 
 def test_bad_override_is_rejected(tmp_path):
@@ -184,3 +187,171 @@ def test_text_config_runs_and_plot_table_reads_its_log(pystdlib, tmp_path):
     assert cells[:4] == ['kdax3+softmax', '`kda*3,softmax`', params, f"{4 * 2 * 32 / 1e6:.1f}M"]
     assert float(cells[4]) == val[-1] and float(cells[5]) == min(val)
     assert float(cells[6].replace(',', '')) > 0
+
+
+# -----------------------------------------------------------------------------
+# issue 13: a failed run never destroys work, and every bad input gets a one-line named error
+
+def train_settings_error(tmp_path, *args, script='train.py'):
+    """Run train.py (or sample.py) in this process with args, which must stop at a setting check: the UserError.
+    In-process (runpy) because the checks come before any work: no subprocess, no torch import per case."""
+    import runpy
+    from configurator import UserError
+    argv = sys.argv
+    sys.argv = [script] + list(args) + ([f'--out_dir={tmp_path}'] if not any(a.startswith('--out_dir') for a in args) else [])
+    try:
+        with pytest.raises(UserError) as e:
+            runpy.run_path(os.path.join(ROOT, script), run_name='settings_check')  # not __main__: no excepthook
+    finally:
+        sys.argv = argv
+    assert '\n' not in str(e.value)
+    return str(e.value)
+
+
+@pytest.mark.parametrize('args,msg', [
+    (['--n_layer=0'], 'n_layer=0 must be an integer >= 1'),
+    (['--n_layer=-3'], 'n_layer=-3 must be an integer >= 1'),
+    (['--n_embd=0'], 'n_embd=0 must be an integer >= 1'),
+    (['--n_head=0'], 'n_head=0 must be an integer >= 1'),
+    (['--head_dim=0', '--mixer=kda'], 'head_dim=0 must be an integer >= 1'),
+    (['--batch_size=0'], 'batch_size=0 must be >= 1'),
+    (['--batch_size=-4'], 'batch_size=-4 must be >= 1'),
+    (['--block_size=0'], 'block_size=0 must be >= 1'),
+    (['--eval_iters=0'], 'eval_iters=0 must be >= 1'),
+    (['--eval_interval=0'], 'eval_interval=0 must be >= 1'),
+    (['--gradient_accumulation_steps=0'], 'gradient_accumulation_steps=0 must be >= 1'),
+    (['--learning_rate=0'], 'learning_rate=0.0 must be > 0'),
+    (['--dropout=1.0'], r'dropout=1.0 must be in \[0, 1\)'),
+    (['--init_from=resum'], "init_from must be 'scratch' or 'resume'"),
+    (['--dtype=float64'], "dtype='float64' is not supported"),
+    (['--n_embd=96', '--head_dim=64', '--mixer=kda'], r'head_dim=64 must be even and divide n_embd=96 \(mixers kda\)'),
+    (['--n_embd=96', '--head_dim=64', '--mixer=gdn'], r'head_dim=64 must be even and divide n_embd=96 \(mixers gdn\)'),
+    (['--n_embd=96', '--head_dim=64', '--mixer=retnet'], r'head_dim=64 must be even and divide n_embd=96 \(mixers retnet\)'),
+    (['--n_embd=96', '--head_dim=64', '--mixer=mamba2'], r'head_dim=64 must be even and divide n_embd=96 \(mixers mamba2\)'),
+    (['--n_embd=96', '--n_head=5'], 'n_embd=96 must split into n_head=5 softmax heads'),
+    (['--mixer=kda*3,softmax', '--n_layer=6'], "does not tile n_layer=6"),
+])
+def test_settings_that_cannot_train_are_refused(tmp_path, args, msg):
+    """Each used to train nonsense (0 layers, constant or nan loss, exit 0) or crash raw (NameError,
+    ZeroDivisionError, KeyError, a torch error)."""
+    assert re.search(msg, train_settings_error(tmp_path, *args))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
+def test_cuda_without_cuda_is_named(tmp_path):
+    assert 'sees no CUDA GPU here: use --device=cpu' in train_settings_error(tmp_path, '--device=cuda')
+    assert 'sees no CUDA GPU here' in train_settings_error(tmp_path, '--device=cuda', script='sample.py')  # not "cannot read checkpoint"
+
+
+def test_user_error_is_one_line_and_exit_1(tmp_path):
+    """Through the command line: exactly one line on stderr, no traceback, exit status 1."""
+    p = run(['--n_layer=0', f'--out_dir={tmp_path}'], check=False)
+    assert p.returncode == 1 and p.stderr == 'train.py: error: n_layer=0 must be an integer >= 1\n', p.stderr
+
+
+def test_user_error_under_torchrun_prints_once(tmp_path):
+    """Under torchrun the message used to repeat per rank inside a traceback each (233 lines at 8 ranks)."""
+    p = run(['--n_layer=0', f'--out_dir={tmp_path}'], check=False,
+            cmd=[sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py'])
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and out.count('n_layer=0 must be an integer >= 1') == 1, out[-3000:]
+    assert 'train.py", line' not in out  # torchrun's own report remains, but no traceback from train.py
+
+
+def test_help_lists_settings_with_defaults(tmp_path):
+    p = run(['--help'], check=False)
+    assert p.returncode == 0, p.stderr
+    assert "learning_rate = 6e-4            # max learning rate" in p.stdout and 'torchrun' in p.stdout
+    p = run(['--help'], check=False, cmd=[sys.executable, 'sample.py'])
+    assert p.returncode == 0 and 'top_k = 200' in p.stdout and '(None = all)' in p.stdout, p.stderr
+
+
+def test_sample_settings_are_checked(trained, tmp_path):
+    out, _ = trained
+    for args, msg in [(['--num_samples=0'], 'num_samples=0 must be >= 1'), (['--top_k=0'], 'top_k=0 must be >= 1'),
+                      (['--temperature=-0.5'], 'temperature=-0.5 must be >= 0'),
+                      (['--start='], "start is empty: give a prompt, or --start='<|endoftext|>'"),
+                      (['--start=FILE:/no/such/prompt.txt'], 'no such file /no/such/prompt.txt'),
+                      (['--ckpt=nope.pt'], 'no checkpoint at')]:
+        assert msg in train_settings_error(tmp_path, f'--out_dir={out}', '--device=cpu', *args, script='sample.py'), args
+    # --top_k=None is what the comment promises: all tokens (it used to be a type error)
+    p = run([f'--out_dir={out}', '--top_k=None', '--num_samples=1', '--max_new_tokens=3', '--device=cpu',
+             "--start=<|endoftext|>"], cmd=[sys.executable, 'sample.py'])
+    assert p.stdout.count('---------------') == 1
+
+
+def test_best_checkpoint_is_kept_apart(trained, tmp_path):
+    """ckpt.pt is the latest (what resume continues), best.pt the lowest val loss; a later save never touches best.pt."""
+    from model import load_checkpoint, save_checkpoint
+    out, stdout = trained
+    evals = [float(x) for x in re.findall(r'val loss ([\d.]+)', stdout)]
+    best, last = load_checkpoint(os.path.join(out, 'best.pt')), load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert abs(best['val_loss'] - min(evals[1:])) < 1e-4 and last['iter_num'] == 20
+    a, b = str(tmp_path / 'ckpt.pt'), str(tmp_path / 'best.pt')
+    save_checkpoint({'model': {'w': torch.ones(3)}, 'val_loss': 1.0}, a, best=b)
+    save_checkpoint({'model': {'w': torch.zeros(3)}, 'val_loss': 2.0}, a)  # worse: not kept as best
+    assert load_checkpoint(b)['val_loss'] == 1.0 and load_checkpoint(a)['val_loss'] == 2.0
+
+
+def test_nonfinite_weights_are_never_saved_or_loaded(tmp_path):
+    from configurator import UserError
+    from model import load_checkpoint, save_checkpoint
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': {'w': torch.ones(3)}, 'iter_num': 1}, path)
+    with pytest.raises(UserError, match='not saving .*non-finite'):
+        save_checkpoint({'model': {'w': torch.tensor([1.0, float('nan')])}, 'iter_num': 2}, path)
+    assert load_checkpoint(path)['iter_num'] == 1
+    torch.save({'model': {'w': torch.tensor([float('inf')])}}, path)  # as a diverged run wrote them before the fix
+    with pytest.raises(UserError, match='holds non-finite weights'):
+        load_checkpoint(path)
+
+
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(trained, tmp_path):
+    """Issue 13's case: resuming a good checkpoint with --learning_rate=1e4 --grad_clip=0 used to overwrite ckpt.pt
+    with NaN weights and exit 0. Now: a named error, exit 1, ckpt.pt and best.pt untouched."""
+    import shutil
+    out = str(tmp_path / 'out')
+    shutil.copytree(trained[0], out)
+    before = {f: open(os.path.join(out, f), 'rb').read() for f in ('ckpt.pt', 'best.pt')}
+    p = run(TINY + [f'--out_dir={out}', '--init_from=resume', '--learning_rate=1e4', '--grad_clip=0', '--decay_lr=False',
+                    '--max_iters=60', '--eval_interval=10'], check=False)
+    assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'training diverged at iter' in p.stderr, p.stderr[-2000:]
+    assert 'keeps the last good state' in p.stderr and 'saving checkpoint' not in p.stdout
+    for f, data in before.items():
+        assert open(os.path.join(out, f), 'rb').read() == data, f
+
+
+def test_growing_loss_is_warned_about(pystdlib, tmp_path):
+    """--learning_rate=10 climbed to a loss of 1,676 without a word."""
+    p = run(TINY + [f'--out_dir={tmp_path}', '--learning_rate=10', '--grad_clip=0', '--decay_lr=False', '--max_iters=3',
+                    '--eval_interval=100', '--eval_iters=1'], check=False)
+    assert re.search(r"warning: iter \d+: loss [\d.]+ is [\d.]+x this run's first", p.stdout), p.stdout[-2000:]
+
+
+def test_cpu_dtype_is_honoured(trained, tmp_path):
+    """--dtype=bfloat16 on CPU was logged but ignored (float32 ran): now it autocasts, so iter 0's loss differs."""
+    p = run(TINY + [f'--out_dir={tmp_path}', '--dtype=bfloat16', '--max_iters=0', '--eval_interval=100', '--eval_iters=1'])
+    assert 'dtype bfloat16' in p.stdout
+    assert iter_losses(p.stdout)[0] != iter_losses(trained[1])[0]
+
+
+def test_second_run_in_same_out_dir_stops_at_once(pystdlib, tmp_path):
+    """Two runs in one out_dir used to interleave log.txt and race on ckpt.pt.tmp. The lock dies with its process
+    (kill -9 included), so a stale one never blocks."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    env.pop('RANK', None)
+    first = subprocess.Popen([sys.executable, 'train.py'] + TINY + [f'--out_dir={tmp_path}', '--max_iters=100000',
+                             '--eval_interval=100000'], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in first.stdout:  # wait until it trains
+            if line.startswith('iter 1:'):
+                break
+        second = run(TINY + [f'--out_dir={tmp_path}', '--max_iters=2'], check=False)
+        assert second.returncode == 1 and second.stderr.count('\n') == 1, second.stderr
+        assert f"out_dir '{tmp_path}' is in use by another run (pid {first.pid} on" in second.stderr, second.stderr
+    finally:
+        first.kill()  # SIGKILL: no clean-up runs
+        first.wait()
+    run(TINY + [f'--out_dir={tmp_path}', '--max_iters=1', '--eval_interval=100'])  # the stale lock does not block
+    with open(os.path.join(tmp_path, 'log.txt')) as f:
+        assert f.read().count('=== ') == 2  # the refused run wrote nothing to the log

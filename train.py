@@ -14,13 +14,19 @@ $ python train.py config/softmax_owt.py
 DDP on 8 GPUs of one node (NCCL; gloo on CPU):
 $ torchrun --standalone --nproc_per_node=8 train.py config/softmax_owt.py
 
-Any global below can be overridden: `python train.py config/x.py --batch_size=8 --compile=False`.
+Any global below can be overridden: `python train.py config/x.py --batch_size=8 --compile=False`;
+`python train.py --help` lists them with their defaults.
+
+Safety: a setting that cannot train stops at once with one line naming it; a second run in the same out_dir
+stops at once (out_dir/lock); a non-finite loss or gradient norm stops the run before the weights change, so
+ckpt.pt stays the last good state; best.pt holds the lowest val loss; a loss past 2x the run's first is warned about.
 """
 import os
 import sys
 import time
 import math
 import random
+import socket
 import subprocess
 from contextlib import nullcontext
 
@@ -35,12 +41,12 @@ from tasks import MQAR, StateTracking, TaskLoader, count_correct
 
 # -----------------------------------------------------------------------------
 # I/O
-out_dir = 'out'                 # checkpoint ckpt.pt and log.txt go here
+out_dir = 'out'                 # ckpt.pt (latest), best.pt (lowest val loss) and log.txt go here; one run at a time
 eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations
 log_interval = 1                # print a log line every this many iterations
 eval_iters = 200                # batches per split in estimate_loss
 eval_only = False               # if True, evaluate once and exit
-always_save_checkpoint = True   # save at every eval, not only when val loss improves
+always_save_checkpoint = True   # save ckpt.pt at every eval, not only when val loss improves (best.pt: only then)
 init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
 # wandb logging (off by default; imported only when on)
 wandb_log = False
@@ -85,18 +91,41 @@ min_lr = 6e-5                   # ~= learning_rate / 10
 backend = ''                    # '' = nccl on CUDA, gloo on CPU
 # system
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
-dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU
+dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
 compile = None                  # torch.compile the model; None = on for CUDA, off elsewhere
 seed = 1337
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
-from configurator import configure
+from configurator import configure, device_and_dtype, UserError
 configure(globals(), sys.argv[1:])
 config = {k: globals()[k] for k in config_keys}  # goes to the log, the checkpoint and wandb
 # -----------------------------------------------------------------------------
 
+
+def check_settings():
+    """Stop, with one line naming the setting, on anything that cannot train (GPTConfig checks the model's own)."""
+    for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval'):
+        if globals()[k] < 1:
+            raise UserError(f"{k}={globals()[k]} must be >= 1")
+    for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+        if globals()[k] < 0:
+            raise UserError(f"{k}={globals()[k]} must be >= 0")
+    if not learning_rate > 0:
+        raise UserError(f"learning_rate={learning_rate} must be > 0")
+    if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+        raise UserError(f"beta1={beta1} and beta2={beta2} must be in [0, 1)")
+    if init_from not in ('scratch', 'resume'):
+        raise UserError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+    if compile not in (None, True, False):
+        raise UserError(f"compile must be None (auto), True or False, got {compile!r}")
+    GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
+              dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state)  # its own checks
+
+
+check_settings()
+device, dtype = device_and_dtype(device, dtype)  # a device this machine lacks stops here, not deep in torch
+
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
-device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
 ddp = int(os.environ.get('RANK', -1)) != -1
 if ddp:
     ddp_rank, ddp_local_rank, ddp_world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
@@ -105,19 +134,41 @@ if ddp:
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend or ('nccl' if device.startswith('cuda') else 'gloo'))
     if gradient_accumulation_steps % ddp_world_size != 0:
-        raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} DDP ranks")
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} "
+                        f"DDP ranks: it is the global number of micro-steps, e.g. {ddp_world_size * max(1, gradient_accumulation_steps // ddp_world_size)}")
     gradient_accumulation_steps //= ddp_world_size
 else:
     ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
 master_process = ddp_rank == 0
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
-dtype = dtype or (('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32')
-if compile not in (None, True, False):
-    raise ValueError(f"compile must be None (auto), True or False, got {compile!r}")
 compile = (device_type == 'cuda') if compile is None else compile
 
 os.makedirs(out_dir, exist_ok=True)
 log_path = os.path.join(out_dir, 'log.txt')
+
+
+def lock_out_dir():
+    """Hold an exclusive lock on out_dir/lock while this run lives, so a second run in the same out_dir stops at once
+    instead of mixing its log and checkpoints with this one. The OS drops the lock when the process ends, even by
+    kill -9, so a stale lock never blocks. (No fcntl on Windows: no lock there.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    f = open(os.path.join(out_dir, 'lock'), 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise UserError(f"out_dir {out_dir!r} is in use by another run ({f.read().strip() or 'pid unknown'}): wait for it, "
+                        f"stop it, or pass another --out_dir") from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f  # kept open for the whole run: closing it would release the lock
+
+
+out_dir_lock = lock_out_dir() if master_process else None
 
 
 def print0(*args):
@@ -147,14 +198,17 @@ np.random.seed(seed + ddp_rank)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 # data: each rank reads its own slice of the same sequential stream (shards), or of the task's generated sequences
 task = None
-if dataset == 'mqar':
-    task = MQAR(task_vocab_size, block_size, mqar_num_pairs)
-elif dataset == 'statetrack':
-    task = StateTracking(task_vocab_size, block_size, statetrack_num_vars, statetrack_num_assignments, statetrack_num_queries)
+try:
+    if dataset == 'mqar':
+        task = MQAR(task_vocab_size, block_size, mqar_num_pairs)
+    elif dataset == 'statetrack':
+        task = StateTracking(task_vocab_size, block_size, statetrack_num_vars, statetrack_num_assignments, statetrack_num_queries)
+except ValueError as e:  # the task's own check of its settings
+    raise UserError(f"dataset={dataset!r}: {e}") from None
 if task is not None:
     vocab_size = task.vocab_size  # the model's vocabulary is the task's
     print0(f"task {dataset}: vocab_size {vocab_size}, sequences of {block_size} tokens, loss and accuracy on answers only")
@@ -164,10 +218,8 @@ data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', data
 def make_loader(split):
     if task is not None:
         return TaskLoader(task, split, batch_size, seed, ddp_rank, ddp_world_size)
-    return ShardLoader(data_dir, split, batch_size, block_size, ddp_rank, ddp_world_size)
+    return ShardLoader(data_dir, split, batch_size, block_size, ddp_rank, ddp_world_size, vocab_size=model_args['vocab_size'])
 
-
-train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 # model
 iter_num = 0
@@ -189,12 +241,11 @@ if init_from == 'resume':
     model.load_state_dict(checkpoint['model'])
     iter_num = checkpoint['iter_num']
     best_val_loss = checkpoint['best_val_loss']
-elif init_from == 'scratch':
-    model = GPT(GPTConfig(**model_args))
 else:
-    raise ValueError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+    model = GPT(GPTConfig(**model_args))
 print0(model.describe())
 model.to(device)
+train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
@@ -249,7 +300,7 @@ def get_lr(it):
     """Linear warmup for warmup_iters steps, cosine decay to min_lr at lr_decay_iters, then min_lr."""
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
+    if it >= lr_decay_iters:  # (>=: no division by zero when lr_decay_iters == warmup_iters)
         return min_lr
     decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 → 0
@@ -279,7 +330,10 @@ def gpu_peak_flops():
 
 
 if wandb_log and master_process:
-    import wandb  # lazily: only users who log need it installed
+    try:
+        import wandb  # lazily: only users who log need it installed
+    except ImportError:
+        raise UserError("wandb_log=True but wandb is not installed: pip install wandb, or --wandb_log=False") from None
     wandb.init(project=wandb_project, name=wandb_run_name, config=config, mode=wandb_mode)
 
 peak_flops = gpu_peak_flops()
@@ -302,6 +356,8 @@ t0 = time.time()
 local_iter_num = 0
 running_mfu = -1.0
 start_iter = iter_num
+first_loss, warn_at = None, None  # a loss past warn_at (2x the run's first, then 2x the last warned) is warned about
+skipped = 0                       # consecutive steps the fp16 grad scaler skipped (inf/nan gradients)
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for param_group in optimizer.param_groups:
@@ -315,6 +371,9 @@ while True:
             line += f", train acc {losses['train_acc']:.4f}, val acc {losses['val_acc']:.4f}"
             metrics.update({'train/acc': losses['train_acc'], 'val/acc': losses['val_acc']})
         print0(line)
+        if not (math.isfinite(losses['train']) and math.isfinite(losses['val'])):
+            raise UserError(f"training diverged: the eval at iter {iter_num} gave a non-finite loss; nothing was saved, "
+                            f"{out_dir}/ckpt.pt keeps the last good state: resume with a lower learning_rate or grad_clip > 0")
         if wandb_log and master_process:
             wandb.log(metrics)
         rng_states = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
@@ -325,18 +384,20 @@ while True:
             dist.all_gather_object(all_rng, rng_states)
         else:
             all_rng = [rng_states]
-        if losses['val'] < best_val_loss or always_save_checkpoint:
+        improved = losses['val'] < best_val_loss
+        if improved or always_save_checkpoint:
             best_val_loss = min(best_val_loss, losses['val'])
             if iter_num > 0 and master_process:
                 ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
-                        'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config,
+                        'iter_num': iter_num, 'val_loss': losses['val'], 'best_val_loss': best_val_loss, 'config': config,
                         'train_loader': loader_states, 'rng': all_rng, 'scaler': scaler.state_dict()}
-                print0(f"saving checkpoint to {out_dir}")
-                save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'))
+                print0(f"saving checkpoint to {out_dir}" + (" (best so far, also best.pt)" if improved else ""))
+                save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'), best=os.path.join(out_dir, 'best.pt') if improved else None)
     if eval_only:
         break
 
     # forward/backward with gradient accumulation; DDP syncs gradients on the last micro-step only
+    step_loss = torch.zeros((), device=device)  # the mean loss over the micro-steps
     for micro_step in range(gradient_accumulation_steps):
         if ddp:
             model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
@@ -348,9 +409,23 @@ while True:
         X, Y = train_loader.next_batch()
         X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
         scaler.scale(loss).backward()
-    if grad_clip != 0.0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        step_loss += loss.detach()
+    scaler.unscale_(optimizer)  # a no-op without the fp16 scaler
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)  # inf: measure, do not clip
+    # every step, before the weights change: a non-finite loss or gradient norm stops the run (one CPU-GPU sync).
+    # With fp16 the scaler skips inf/nan gradients by design; 16 skips in a row (the scale / 65536) mean divergence.
+    lossf, normf = torch.stack([step_loss.float(), grad_norm.float()]).tolist()
+    skipped = skipped + 1 if scaler.is_enabled() and not math.isfinite(normf) else 0
+    if not math.isfinite(lossf) or (not math.isfinite(normf) and (not scaler.is_enabled() or skipped > 16)):
+        raise UserError(f"training diverged at iter {iter_num}: loss {lossf:.4g}, gradient norm {normf:.4g}; the weights were "
+                        f"not updated and {out_dir}/ckpt.pt keeps the last good state: lower learning_rate (now {learning_rate:g}) "
+                        f"or set grad_clip > 0 (now {grad_clip:g}), then resume")
+    if first_loss is None:
+        first_loss, warn_at = lossf, 2 * lossf
+    elif lossf > warn_at > 0:
+        print0(f"warning: iter {iter_num}: loss {lossf:.4f} is {lossf / first_loss:.1f}x this run's first ({first_loss:.4f}): "
+               f"the run may be diverging (lower learning_rate, or set grad_clip)")
+        warn_at = 2 * lossf  # the next warning when it doubles again
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -359,7 +434,6 @@ while True:
     dt = t1 - t0
     t0 = t1
     if iter_num % log_interval == 0:
-        lossf = loss.item() * gradient_accumulation_steps  # a CPU-GPU sync point; the last micro-step's loss
         line = f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {lr:.2e}"
         if peak_flops and local_iter_num >= 5:  # let the first (compiling) iterations pass
             mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)

@@ -27,24 +27,34 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import sys
 import tarfile
+from urllib.parse import urlparse
 from multiprocessing import Pool
 
 import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))  # repo root
+from configurator import UserError, excepthook  # noqa: E402
 from dataloader import ShardWriter, gpt2_encoding  # noqa: E402
 
-enc = gpt2_encoding()
-eot = enc._special_tokens['<|endoftext|>']  # 50256
+EOT = 50256   # GPT-2's <|endoftext|>
+_enc = None   # the tokenizer, loaded on first use (so --help works offline; spawned workers load their own)
+
+
+def encoder():
+    global _enc
+    if _enc is None:
+        _enc = gpt2_encoding()
+    return _enc
 
 
 def tokenize(doc):
     """(name, text) -> (name, uint16 tokens with EOT first). Runs in the worker processes."""
     name, text = doc
-    return name, np.array([eot] + enc.encode_ordinary(text), dtype=np.uint16)
+    return name, np.array([EOT] + encoder().encode_ordinary(text), dtype=np.uint16)
 
 
 def unit_hash(name):
@@ -73,7 +83,15 @@ def docs_from_jsonl(path, name):
     with open(path, encoding='utf-8') as f:
         for i, line in enumerate(f):
             if line.strip():
-                yield f"{name}:{i}", json.loads(line)['text']
+                try:
+                    text = json.loads(line)['text']
+                except (ValueError, KeyError, TypeError) as e:
+                    what = 'not valid JSON' if isinstance(e, ValueError) else 'no "text" field'
+                    raise UserError(f"{path}, line {i + 1}: {what}; each line of a .jsonl input must be an object "
+                                    f"like {{\"text\": \"...\"}}") from None
+                if not isinstance(text, str):
+                    raise UserError(f"{path}, line {i + 1}: \"text\" is a {type(text).__name__}, not a string")
+                yield f"{name}:{i}", text
 
 
 def docs_from_folder(folder):
@@ -91,13 +109,15 @@ def docs_from_folder(folder):
 
 
 def local_docs(path):
+    if not os.path.exists(path):
+        raise UserError(f"--input {path}: no such file or folder")
     if os.path.isdir(path):
         return docs_from_folder(path)
     if path.endswith('.tar.xz'):
         return docs_from_tar_xz(path)
     if path.endswith('.jsonl'):
         return docs_from_jsonl(path, os.path.basename(path))
-    raise ValueError(f"--input {path}: expected openwebtext.tar.xz, a .jsonl file or a folder")
+    raise UserError(f"--input {path}: expected openwebtext.tar.xz, a .jsonl file or a folder")
 
 
 # -----------------------------------------------------------------------------
@@ -135,9 +155,32 @@ def prepare_local(args, pool):
     return {'val': (val, ndocs['val']), 'train': (train, ndocs['train'])}
 
 
+def hub_reachable(timeout=5):
+    """Whether the Hugging Face Hub answers a TCP connect: offline, this fails in seconds, where the hub client
+    retries for ~25 s. Behind a proxy, or with HF_HUB_OFFLINE set (the local HF cache), the client decides."""
+    if any(os.environ.get(k) for k in ('HF_HUB_OFFLINE', 'HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')):
+        return True
+    host = urlparse(os.environ.get('HF_ENDPOINT', 'https://huggingface.co')).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+OFFLINE_HINT = ("download OpenWebText where there is a network and pass it with --input (openwebtext.tar.xz, .jsonl "
+                "files or a folder of .txt), or set HF_HUB_OFFLINE=1 if it is already in the Hugging Face cache")
+
+
 def prepare_hf(args, pool):
+    if not hub_reachable():
+        raise UserError(f"cannot reach the Hugging Face Hub to download Skylion007/openwebtext: {OFFLINE_HINT}")
     from datasets import load_dataset  # only this path needs it
-    dataset = load_dataset("Skylion007/openwebtext", split="train", num_proc=args.num_proc)
+    try:
+        dataset = load_dataset("Skylion007/openwebtext", split="train", num_proc=args.num_proc)
+    except (ConnectionError, OSError) as e:  # datasets' and the hub client's network errors are both OSErrors
+        raise UserError(f"downloading Skylion007/openwebtext failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+                        f"{OFFLINE_HINT}") from e
     split_dataset = dataset.train_test_split(test_size=args.val_fraction, seed=2357, shuffle=True)
     split_dataset['val'] = split_dataset.pop('test')  # rename, as nanoGPT does
     out = {}
@@ -161,6 +204,7 @@ def main(argv=None):
     parser.add_argument('--num_proc', type=int, default=max(1, os.cpu_count() // 2), help='tokenizer processes')
     parser.add_argument('--val_fraction', type=float, default=0.0005, help='share of documents in val (0.05%%)')
     args = parser.parse_args(argv)
+    encoder()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
 
     os.makedirs(args.out_dir, exist_ok=True)
     with Pool(args.num_proc) if args.num_proc > 1 else contextlib.nullcontext() as pool:  # pool is None for 1
@@ -175,4 +219,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    sys.excepthook = excepthook  # a UserError (no tokenizer or no network offline, a bad --input) is one line
     main()
