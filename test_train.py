@@ -355,3 +355,11 @@ def test_second_run_in_same_out_dir_stops_at_once(pystdlib, tmp_path):
     run(TINY + [f'--out_dir={tmp_path}', '--max_iters=1', '--eval_interval=100'])  # the stale lock does not block
     with open(os.path.join(tmp_path, 'log.txt')) as f:
         assert f.read().count('=== ') == 2  # the refused run wrote nothing to the log
+
+
+def test_readme_setup_notes():
+    """Next to the two set-up commands: the offline-tokenizer note and the CPU-threads note (issue 13, item 5)."""
+    with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        quick_start = f.read().split('## Quick start', 1)[1].split('\n## ', 1)[0]
+    assert 'TIKTOKEN_CACHE_DIR' in quick_start and '--input' in quick_start
+    assert 'OMP_NUM_THREADS=1 python train.py' in quick_start and '0.95 s per step' in quick_start
