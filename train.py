@@ -148,12 +148,11 @@ log_path = os.path.join(out_dir, 'log.txt')
 
 
 def lock_out_dir():
-    """Hold an exclusive lock on out_dir/lock while this run lives, so a second run in the same out_dir stops at once
-    instead of mixing its log and checkpoints with this one. The OS drops the lock when the process ends, even by
-    kill -9, so a stale lock never blocks. (No fcntl on Windows: no lock there.)"""
+    """Hold out_dir/lock while this run lives, so a second run in the same out_dir stops at once instead of mixing
+    logs and checkpoints. The OS drops the lock with the process, even at kill -9: a stale one never blocks."""
     try:
         import fcntl
-    except ImportError:
+    except ImportError:  # Windows: no lock
         return None
     f = open(os.path.join(out_dir, 'lock'), 'a+')
     try:
@@ -317,6 +316,14 @@ def gather_loader_states():
     return states
 
 
+def diverged(what):
+    """The error that stops a diverged run, raised before anything non-finite reaches the weights or a checkpoint."""
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    kept = f"{ckpt_path} keeps the last good state" if os.path.exists(ckpt_path) else "no checkpoint was written"
+    return UserError(f"training diverged at iter {iter_num}: {what}; nothing was saved ({kept}): lower learning_rate "
+                     f"(now {learning_rate:g}) or set grad_clip > 0 (now {grad_clip:g})")
+
+
 def gpu_peak_flops():
     """Dense bf16 peak of the local GPU for MFU, or None when unknown (MFU is then not printed)."""
     if device_type != 'cuda':
@@ -372,8 +379,7 @@ while True:
             metrics.update({'train/acc': losses['train_acc'], 'val/acc': losses['val_acc']})
         print0(line)
         if not (math.isfinite(losses['train']) and math.isfinite(losses['val'])):
-            raise UserError(f"training diverged: the eval at iter {iter_num} gave a non-finite loss; nothing was saved, "
-                            f"{out_dir}/ckpt.pt keeps the last good state: resume with a lower learning_rate or grad_clip > 0")
+            raise diverged('a non-finite eval loss')
         if wandb_log and master_process:
             wandb.log(metrics)
         rng_states = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
@@ -417,9 +423,7 @@ while True:
     lossf, normf = torch.stack([step_loss.float(), grad_norm.float()]).tolist()
     skipped = skipped + 1 if scaler.is_enabled() and not math.isfinite(normf) else 0
     if not math.isfinite(lossf) or (not math.isfinite(normf) and (not scaler.is_enabled() or skipped > 16)):
-        raise UserError(f"training diverged at iter {iter_num}: loss {lossf:.4g}, gradient norm {normf:.4g}; the weights were "
-                        f"not updated and {out_dir}/ckpt.pt keeps the last good state: lower learning_rate (now {learning_rate:g}) "
-                        f"or set grad_clip > 0 (now {grad_clip:g}), then resume")
+        raise diverged(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
     if first_loss is None:
         first_loss, warn_at = lossf, 2 * lossf
     elif lossf > warn_at > 0:
