@@ -350,6 +350,14 @@ def _stb(ptr, tok0, H, n, x, i: tl.constexpr, D: tl.constexpr, col0, BD: tl.cons
     tl.store(p, x.to(ptr.dtype.element_ty), mask=valid[:, None])
 
 @triton.jit
+def _st_row(ptr, tok0, H, n, i: tl.constexpr, x0, x1, x2, x3):
+    # row block i of a [B, T, H, C = 64] matrix from its four [16, 16] blocks
+    _stb(ptr, tok0, H, n, x0, i, 64, 0, 16)
+    _stb(ptr, tok0, H, n, x1, i, 64, 16, 16)
+    _stb(ptr, tok0, H, n, x2, i, 64, 32, 16)
+    _stb(ptr, tok0, H, n, x3, i, 64, 48, 16)
+
+@triton.jit
 def _g_row(G_ptr, tok0, H, n, row, DG: tl.constexpr, col0, BG: tl.constexpr):
     # G at chunk row min(row, n - 1) as a [1, BG] row (the reference of a block pair; clamped so that a padded block
     # never reads past the sequence)
@@ -494,77 +502,43 @@ def _intra_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, G_ptr, P_ptr, A_ptr,
         m = (rows < n)[:, None]
         tl.store(G_ptr + offs, tl.cumsum(tl.load(g_ptr + offs, mask=m, other=0.).to(tl.float32), axis=0), mask=m)
         tl.debug_barrier()  # G is read back by row blocks (other threads' values) below
+    # Block row by block row, so that few [16, 16] blocks are live at once: row i's blocks of P (stored at once) and
+    # L, then row i of A = (I + L)^-1 by block forward substitution (mixers.md §4.3.3),
+    #     X_ii = (I + L_ii)^-1 (_inv16),   X_ij = -X_ii sum_{j <= m < i} L_im X_mj,
+    # then W_i = sum_{j <= i} X_ij (beta exp(G) K)_j and U_i = sum_{j <= i} X_ij (beta V)_j. IPREC: fp32-accurate dots.
     zero = tl.zeros([16, 16], dtype=tl.float32)
+    # row 0
     b0 = _ldv(beta_ptr, tok0, H, n, 0)
-    b1 = _ldv(beta_ptr, tok0, H, n, 1)
-    b2 = _ldv(beta_ptr, tok0, H, n, 2)
-    b3 = _ldv(beta_ptr, tok0, H, n, 3)
-    # the ten blocks of P (stored at once) and L (kept for the inverse)
     P00, L00 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b0, tok0, H, n, 0, 0, scale, DK, DG, GATE, PREC)
-    P10, L10 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b1, tok0, H, n, 1, 0, scale, DK, DG, GATE, PREC)
-    P11, L11 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b1, tok0, H, n, 1, 1, scale, DK, DG, GATE, PREC)
-    _stb(P_ptr, tok0, H, n, P00, 0, 64, 0, 16)
-    _stb(P_ptr, tok0, H, n, zero, 0, 64, 16, 16)
-    _stb(P_ptr, tok0, H, n, zero, 0, 64, 32, 16)
-    _stb(P_ptr, tok0, H, n, zero, 0, 64, 48, 16)
-    _stb(P_ptr, tok0, H, n, P10, 1, 64, 0, 16)
-    _stb(P_ptr, tok0, H, n, P11, 1, 64, 16, 16)
-    _stb(P_ptr, tok0, H, n, zero, 1, 64, 32, 16)
-    _stb(P_ptr, tok0, H, n, zero, 1, 64, 48, 16)
-    P20, L20 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 0, scale, DK, DG, GATE, PREC)
-    P21, L21 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 1, scale, DK, DG, GATE, PREC)
-    P22, L22 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 2, scale, DK, DG, GATE, PREC)
-    _stb(P_ptr, tok0, H, n, P20, 2, 64, 0, 16)
-    _stb(P_ptr, tok0, H, n, P21, 2, 64, 16, 16)
-    _stb(P_ptr, tok0, H, n, P22, 2, 64, 32, 16)
-    _stb(P_ptr, tok0, H, n, zero, 2, 64, 48, 16)
-    P30, L30 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 0, scale, DK, DG, GATE, PREC)
-    P31, L31 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 1, scale, DK, DG, GATE, PREC)
-    P32, L32 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 2, scale, DK, DG, GATE, PREC)
-    P33, L33 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 3, scale, DK, DG, GATE, PREC)
-    _stb(P_ptr, tok0, H, n, P30, 3, 64, 0, 16)
-    _stb(P_ptr, tok0, H, n, P31, 3, 64, 16, 16)
-    _stb(P_ptr, tok0, H, n, P32, 3, 64, 32, 16)
-    _stb(P_ptr, tok0, H, n, P33, 3, 64, 48, 16)
-    # A = (I + L)^-1 by 16x16 blocks (mixers.md §4.3.3): the four diagonal blocks by forward substitution, then block
-    # forward substitution below them, X_ij = -X_ii sum_{j <= m < i} L_im X_mj. IPREC: fp32-accurate dots.
+    _st_row(P_ptr, tok0, H, n, 0, P00, zero, zero, zero)
     X00 = _inv16(L00, IPREC)
-    X11 = _inv16(L11, IPREC)
-    X22 = _inv16(L22, IPREC)
-    X33 = _inv16(L33, IPREC)
-    X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=IPREC), input_precision=IPREC)
-    X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=IPREC), input_precision=IPREC)
-    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=IPREC), input_precision=IPREC)
-    X20 = -tl.dot(X22, tl.dot(L20, X00, input_precision=IPREC) + tl.dot(L21, X10, input_precision=IPREC),
-                  input_precision=IPREC)
-    X31 = -tl.dot(X33, tl.dot(L31, X11, input_precision=IPREC) + tl.dot(L32, X21, input_precision=IPREC),
-                  input_precision=IPREC)
-    X30 = -tl.dot(X33, tl.dot(L30, X00, input_precision=IPREC) + tl.dot(L31, X10, input_precision=IPREC)
-                  + tl.dot(L32, X20, input_precision=IPREC), input_precision=IPREC)
-    _stb(A_ptr, tok0, H, n, X00, 0, 64, 0, 16)
-    _stb(A_ptr, tok0, H, n, zero, 0, 64, 16, 16)
-    _stb(A_ptr, tok0, H, n, zero, 0, 64, 32, 16)
-    _stb(A_ptr, tok0, H, n, zero, 0, 64, 48, 16)
-    _stb(A_ptr, tok0, H, n, X10, 1, 64, 0, 16)
-    _stb(A_ptr, tok0, H, n, X11, 1, 64, 16, 16)
-    _stb(A_ptr, tok0, H, n, zero, 1, 64, 32, 16)
-    _stb(A_ptr, tok0, H, n, zero, 1, 64, 48, 16)
-    _stb(A_ptr, tok0, H, n, X20, 2, 64, 0, 16)
-    _stb(A_ptr, tok0, H, n, X21, 2, 64, 16, 16)
-    _stb(A_ptr, tok0, H, n, X22, 2, 64, 32, 16)
-    _stb(A_ptr, tok0, H, n, zero, 2, 64, 48, 16)
-    _stb(A_ptr, tok0, H, n, X30, 3, 64, 0, 16)
-    _stb(A_ptr, tok0, H, n, X31, 3, 64, 16, 16)
-    _stb(A_ptr, tok0, H, n, X32, 3, 64, 32, 16)
-    _stb(A_ptr, tok0, H, n, X33, 3, 64, 48, 16)
-    # W_i = sum_{j <= i} X_ij (beta exp(G) K)_j,  U_i = sum_{j <= i} X_ij (beta V)_j
+    _st_row(A_ptr, tok0, H, n, 0, X00, zero, zero, zero)
     w, u = _wu_row(X00, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
     _stb(w_ptr, tok0, H, n, w, 0, DK, 0, DK)
     _stb(u_ptr, tok0, H, n, u, 0, DV, 0, DV)
+    # row 1
+    b1 = _ldv(beta_ptr, tok0, H, n, 1)
+    P10, L10 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b1, tok0, H, n, 1, 0, scale, DK, DG, GATE, PREC)
+    P11, L11 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b1, tok0, H, n, 1, 1, scale, DK, DG, GATE, PREC)
+    _st_row(P_ptr, tok0, H, n, 1, P10, P11, zero, zero)
+    X11 = _inv16(L11, IPREC)
+    X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=IPREC), input_precision=IPREC)
+    _st_row(A_ptr, tok0, H, n, 1, X10, X11, zero, zero)
     w, u = _wu_row(X10, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
     w1, u1 = _wu_row(X11, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 1, DK, DV, DG, GATE, PREC)
     _stb(w_ptr, tok0, H, n, w + w1, 1, DK, 0, DK)
     _stb(u_ptr, tok0, H, n, u + u1, 1, DV, 0, DV)
+    # row 2
+    b2 = _ldv(beta_ptr, tok0, H, n, 2)
+    P20, L20 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 0, scale, DK, DG, GATE, PREC)
+    P21, L21 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 1, scale, DK, DG, GATE, PREC)
+    P22, L22 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 2, scale, DK, DG, GATE, PREC)
+    _st_row(P_ptr, tok0, H, n, 2, P20, P21, P22, zero)
+    X22 = _inv16(L22, IPREC)
+    X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=IPREC), input_precision=IPREC)
+    X20 = -tl.dot(X22, tl.dot(L20, X00, input_precision=IPREC) + tl.dot(L21, X10, input_precision=IPREC),
+                  input_precision=IPREC)
+    _st_row(A_ptr, tok0, H, n, 2, X20, X21, X22, zero)
     w, u = _wu_row(X20, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
     w1, u1 = _wu_row(X21, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 1, DK, DV, DG, GATE, PREC)
     w += w1
@@ -572,6 +546,20 @@ def _intra_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, G_ptr, P_ptr, A_ptr,
     w1, u1 = _wu_row(X22, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 2, DK, DV, DG, GATE, PREC)
     _stb(w_ptr, tok0, H, n, w + w1, 2, DK, 0, DK)
     _stb(u_ptr, tok0, H, n, u + u1, 2, DV, 0, DV)
+    # row 3
+    b3 = _ldv(beta_ptr, tok0, H, n, 3)
+    P30, L30 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 0, scale, DK, DG, GATE, PREC)
+    P31, L31 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 1, scale, DK, DG, GATE, PREC)
+    P32, L32 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 2, scale, DK, DG, GATE, PREC)
+    P33, L33 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 3, scale, DK, DG, GATE, PREC)
+    _st_row(P_ptr, tok0, H, n, 3, P30, P31, P32, P33)
+    X33 = _inv16(L33, IPREC)
+    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=IPREC), input_precision=IPREC)
+    X31 = -tl.dot(X33, tl.dot(L31, X11, input_precision=IPREC) + tl.dot(L32, X21, input_precision=IPREC),
+                  input_precision=IPREC)
+    X30 = -tl.dot(X33, tl.dot(L30, X00, input_precision=IPREC) + tl.dot(L31, X10, input_precision=IPREC)
+                  + tl.dot(L32, X20, input_precision=IPREC), input_precision=IPREC)
+    _st_row(A_ptr, tok0, H, n, 3, X30, X31, X32, X33)
     w, u = _wu_row(X30, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
     w1, u1 = _wu_row(X31, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 1, DK, DV, DG, GATE, PREC)
     w += w1
