@@ -11,20 +11,15 @@ import subprocess
 import sys
 import tarfile
 
+import numpy as np
+import pytest
+import torch
+
+from configurator import UserError
+from dataloader import (HEADER_INTS, MAGIC, VERSION, ShardLoader, ShardWriter,
+                        gpt2_encoding, read_shard, shard_paths, shared_tiktoken_cache, write_shard)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-# tiktoken cannot download the GPT-2 BPE offline: use a shared cache when the checkout has one
-_cache = os.path.join(HERE, '..', 'shared', 'tiktoken')
-if os.path.isdir(_cache) and 'TIKTOKEN_CACHE_DIR' not in os.environ:
-    os.environ['TIKTOKEN_CACHE_DIR'] = _cache
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tiktoken  # noqa: E402
-import torch  # noqa: E402
-
-from configurator import UserError  # noqa: E402
-from dataloader import (HEADER_INTS, MAGIC, VERSION, ShardLoader, ShardWriter,  # noqa: E402
-                        read_shard, shard_paths, shared_tiktoken_cache, write_shard)
 
 sys.path.insert(0, os.path.join(HERE, 'data', 'openwebtext'))
 import prepare as owt_prepare  # noqa: E402
@@ -35,7 +30,7 @@ import prepare as pystdlib_prepare  # noqa: E402
 sys.path.pop(0)
 del sys.modules['prepare']
 
-enc = tiktoken.get_encoding("gpt2")
+enc = gpt2_encoding()  # offline: TIKTOKEN_CACHE_DIR, or a shared/tiktoken copy (see dataloader.py)
 EOT = 50256
 
 

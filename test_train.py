@@ -14,9 +14,6 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-SHARED_TIKTOKEN = os.path.join(ROOT, '..', 'shared', 'tiktoken')
-if os.path.isdir(SHARED_TIKTOKEN) and 'TIKTOKEN_CACHE_DIR' not in os.environ:
-    os.environ['TIKTOKEN_CACHE_DIR'] = SHARED_TIKTOKEN  # offline copy of the GPT-2 BPE
 
 # a tiny model on the offline dataset: 2 layers × 32 wide, 4 × 32 tokens per step
 TINY = ['--dataset=pystdlib', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
