@@ -292,77 +292,130 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 
 # -----------------------------------------------------------------------------
 # Triton kernels for the delta rule: DeltaNet (GATE=0, no gate), Gated DeltaNet (GATE=1, g [B,T,H]) and KDA
-# (GATE=2, g [B,T,H,Dk]); chunk C = 64 cut into four sub-chunks of 16 rows; Dk, Dv powers of two from 16 to 128.
+# (GATE=2, g [B,T,H,Dk]); chunk C = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
 # Numerical rules kept in every kernel below (mixers.md §4.5, §7):
 # - all arithmetic in fp32 registers; dots in tf32 (bf16/fp16 inputs) or IEEE fp32 (fp32 inputs);
-# - the only decay exponents ever formed are G_r - G_i with r >= i (G = chunk-local cumsum of g), so every exp is of
-#   a number <= 0 and lies in [0, 1];
+# - the only decay exponents ever formed are G_r - G_i with r >= i, G_r and G_n - G_r inside one chunk
+#   (G = chunk-local cumsum of g), so every exp is of a number <= 0 and lies in [0, 1];
 # - masked entries are removed with a select (tl.where) before the exp, never by multiplying by 0, so padded rows
 #   of a partial last chunk cannot make inf * 0 = NaN;
 # - token offsets are int64 (B*T*H*D can pass 2^31).
 # T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
 # head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
-#
-# The gated Gram products by sub-chunks of 16. Inside a chunk every intra-chunk matrix is a decayed Gram
-#     P[r, i] = sum_c a[r, c] b[i, c] exp(G[r, c] - G[i, c])          (i <= r)
-# (P_qk with a = q, b = k; L with a = k, b = k, rows scaled by beta). A per-channel gate (KDA) does not factor out of
-# the sum over c, and one reference row for the whole chunk overflows for strong gates (mixers.md §7 item 3). With
-# the chunk cut into blocks of 16 rows, a pair of blocks (i, j < i) factors exactly through the last row of block
-# i - 1, ref = 16 i - 1, which lies between every row of block i and every row of block j:
-#     P_ij = (Q_i * exp(G_i - G_ref)) (K_j * exp(G_ref - G_j))^T       both exponents <= 0
-# so the six blocks below the diagonal are plain tensor-core dots. The four 16 x 16 diagonal blocks still need exact
-# per-pair decays: there the block is split dyadically (4 levels, reference = the last row of the left half of each
-# 2s-block), each level one masked [16, 16] dot with both exponents <= 0. A scalar gate (GDN) runs the same code with
-# one gate column (DG = 1, broadcast over the key channels) and a direct [16, 16] decay on the diagonal; DeltaNet has
-# no exps at all.
+# TODO (speed, notes/perf.md, H100: KDA 1.9x fla forward, 2.7x forward+backward; DeltaNet 1.7x / 2.6x): the backward
+# kernel _grads_bwd was most of the time (KDA 20 of 29 ms, spilling at D=128); split into _wy_bwd + _grads_bwd
+# (2026-11-23 (b), not yet timed on a GPU). P, A, W, h, Delta are recomputed in the backward.
 
 TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
 
-@triton.jit
-def _rows(tok0, H, n, i: tl.constexpr):
-    # rows 16 i .. 16 i + 15 of this chunk: chunk row numbers, their token-head indices, and which are real tokens
-    r = 16 * i + tl.arange(0, 16)
-    return r, tok0 + r.to(tl.int64) * H, r < n
+# Shared device helpers: gated Gram products within a chunk.
+#
+# Inside a chunk every intra-chunk matrix is a "decayed Gram" product
+#     P[r, i] = sum_c a[r, c] b[i, c] exp(G[r, c] - G[i, c])          (i <= r)
+# (P_qk with a=q, b=k; L with a=k, b=k and rows scaled by beta). A scalar gate (GDN) gives one
+# [C, C] factor exp(G_r - G_i) applied after an ordinary dot. A per-channel gate (KDA) does not
+# factor out of the sum over c, and splitting exp(G_r - G_i) = exp(G_r - nu) exp(nu - G_i) with a
+# single reference nu overflows for strong gates (mixers.md §7 item 3). We use a dyadic split
+# instead: for a pair i < r take the smallest block size 2s (s = 1, 2, 4, ... C/2) with r and i in
+# the same 2s-block but different halves; nu = G at the last row of the left half. Then
+# r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
+# free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1.
 
 @triton.jit
-def _ldv(ptr, tok0, H, n, i: tl.constexpr):
-    # the [16] vector of a [B, T, H] tensor (beta) for rows 16 i .. 16 i + 15, fp32, 0 on padded rows
-    r, tok, valid = _rows(tok0, H, n, i)
-    return tl.load(ptr + tok, mask=valid, other=0.).to(tl.float32)
+def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
+           DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # q, k [C, DK] fp32 (rows >= n are 0); Gm [C, DG] chunk-local cumsum (rows >= n are 0);
+    # g_ptr/sg: row 0 of this chunk's G and its row stride (KDA reference rows are gathered).
+    # Returns the two decayed Grams of the chunk, [C, C] each:
+    #   P[r, i] = sum_c q_rc k_ic exp(G_rc - G_ic) for i <= r,   K[r, i] = the same with k_r for i < r.
+    # Computed together because the key-side factor k_i exp(nu - G_i) is shared (KDA: one exp per level).
+    r = tl.arange(0, C)[:, None]
+    i = tl.arange(0, C)[None, :]
+    if GATE == 2:
+        valid = r < n
+        cols = tl.arange(0, DK)[None, :]
+        P = tl.where(r == i, tl.sum(q * k, 1)[:, None], 0.)  # the diagonal, factor 1
+        K = tl.zeros([C, C], dtype=tl.float32)
+        for lvl in tl.static_range(LOG2C):
+            s = 1 << lvl  # half-block size of this level (compile-time)
+            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)  # last row of the left half
+            nu = tl.load(g_ptr + ref * sg + cols)                       # [C, DK]
+            up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # exp(G_r - nu) <= 1
+            kl = k * tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))  # k_i exp(nu - G_i)
+            same = (r // (2 * s)) == (i // (2 * s))                     # only pairs of this level
+            P += tl.where(same, tl.dot(q * up, tl.trans(kl), input_precision=PREC), 0.)
+            K += tl.where(same, tl.dot(k * up, tl.trans(kl), input_precision=PREC), 0.)
+    else:
+        P = tl.dot(q, tl.trans(k), input_precision=PREC)
+        K = tl.dot(k, tl.trans(k), input_precision=PREC)
+        if GATE == 1:
+            decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
+            P = P * decay
+            K = K * decay
+        P = tl.where((i <= r) & (r < n), P, 0.)
+        K = tl.where((i < r) & (r < n), K, 0.)
+    return P, K
 
 @triton.jit
-def _stv(ptr, tok0, H, n, x, i: tl.constexpr):
-    r, tok, valid = _rows(tok0, H, n, i)
-    tl.store(ptr + tok, x, mask=valid)
-
-@triton.jit
-def _ldb(ptr, tok0, H, n, i: tl.constexpr, D: tl.constexpr, col0, BD: tl.constexpr):
-    # the [16, BD] tile of rows 16 i .. 16 i + 15 and columns col0 .. col0 + BD of a [B, T, H, D] tensor, fp32,
-    # 0 on padded rows
-    r, tok, valid = _rows(tok0, H, n, i)
-    p = ptr + tok[:, None] * D + col0 + tl.arange(0, BD)[None, :]
-    return tl.load(p, mask=valid[:, None], other=0.).to(tl.float32)
-
-@triton.jit
-def _stb(ptr, tok0, H, n, x, i: tl.constexpr, D: tl.constexpr, col0, BD: tl.constexpr):
-    r, tok, valid = _rows(tok0, H, n, i)
-    p = ptr + tok[:, None] * D + col0 + tl.arange(0, BD)[None, :]
-    tl.store(p, x.to(ptr.dtype.element_ty), mask=valid[:, None])
-
-@triton.jit
-def _st_row(ptr, tok0, H, n, i: tl.constexpr, x0, x1, x2, x3):
-    # row block i of a [B, T, H, C = 64] matrix from its four [16, 16] blocks
-    _stb(ptr, tok0, H, n, x0, i, 64, 0, 16)
-    _stb(ptr, tok0, H, n, x1, i, 64, 16, 16)
-    _stb(ptr, tok0, H, n, x2, i, 64, 32, 16)
-    _stb(ptr, tok0, H, n, x3, i, 64, 48, 16)
-
-@triton.jit
-def _g_row(G_ptr, tok0, H, n, row, DG: tl.constexpr, col0, BG: tl.constexpr):
-    # G at chunk row min(row, n - 1) as a [1, BG] row (the reference of a block pair; clamped so that a padded block
-    # never reads past the sequence)
-    r = tl.minimum(row, n - 1).to(tl.int64)
-    return tl.load(G_ptr + (tok0 + r * H) * DG + col0 + tl.arange(0, BG))[None, :]
+def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # Backward of P = _grams' P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
+    # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
+    # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
+    #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
+    #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
+    # KDA: the same dyadic reference rows as _grams, so every exp is of a number <= 0; the two exp factors of a
+    # level are shared by the four products.
+    r = tl.arange(0, C)[:, None]
+    i = tl.arange(0, C)[None, :]
+    dLb = dL * beta[:, None]
+    if GATE == 2:
+        valid = r < n
+        cols = tl.arange(0, DK)[None, :]
+        dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
+        dq += dPd * k
+        dk += dPd * q
+        for lvl in tl.static_range(LOG2C):
+            s = 1 << lvl  # half-block size of this level (compile-time)
+            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
+            nu = tl.load(g_ptr + ref * sg + cols)
+            up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # rows r (right half)
+            dn = tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))   # rows i (left half)
+            same = (r // (2 * s)) == (i // (2 * s))
+            kdn = k * dn
+            m = up * tl.dot(tl.where(same, dP, 0.), kdn, input_precision=PREC)
+            dq += m
+            dG += q * m
+            m = dn * tl.dot(tl.trans(tl.where(same, dP, 0.)), q * up, input_precision=PREC)
+            dk += m
+            dG -= k * m
+            m = up * tl.dot(tl.where(same, dL, 0.), kdn, input_precision=PREC)
+            dk += beta[:, None] * m
+            dG += beta[:, None] * k * m
+            dbeta += tl.sum(m * k, 1)
+            m = dn * tl.dot(tl.trans(tl.where(same, dLb, 0.)), k * up, input_precision=PREC)
+            dk += m
+            dG -= k * m
+    else:
+        if GATE == 1:
+            decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
+            dP = dP * decay
+            dL = dL * decay
+            dLb = dLb * decay
+        m = tl.dot(dP, k, input_precision=PREC)
+        dq += m
+        dG += q * m
+        m = tl.dot(tl.trans(dP), q, input_precision=PREC)
+        dk += m
+        dG -= k * m
+        m = tl.dot(dL, k, input_precision=PREC)
+        dk += beta[:, None] * m
+        dG += beta[:, None] * k * m
+        dbeta += tl.sum(m * k, 1)
+        m = tl.dot(tl.trans(dLb), k, input_precision=PREC)
+        dk += m
+        dG -= k * m
+    return dq, dk, dG, dbeta
 
 @triton.jit
 def _inv16(Lb, IPREC: tl.constexpr):
@@ -376,84 +429,21 @@ def _inv16(Lb, IPREC: tl.constexpr):
     return X
 
 @triton.jit
-def _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr, DK: tl.constexpr, col0,
-               BK: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # the scaled factors of block pair (i, j < i) over key channels col0 .. col0 + BK:
-    # qs = Q_i e, ks = K_i e, kc = K_j f with e = exp(G_i - G_ref), f = exp(G_ref - G_j), ref = 16 i - 1
-    r, tok, valid = _rows(tok0, H, n, i)
-    rj, tokj, validj = _rows(tok0, H, n, j)
-    q = _ldb(q_ptr, tok0, H, n, i, DK, col0, BK)
-    k = _ldb(k_ptr, tok0, H, n, i, DK, col0, BK)
-    kj = _ldb(k_ptr, tok0, H, n, j, DK, col0, BK)
-    if GATE > 0:
-        if GATE == 2:
-            Gi = _ldb(G_ptr, tok0, H, n, i, DG, col0, BK)
-            Gj = _ldb(G_ptr, tok0, H, n, j, DG, col0, BK)
-            Gref = _g_row(G_ptr, tok0, H, n, 16 * i - 1, DG, col0, BK)
-        else:
-            Gi = _ldb(G_ptr, tok0, H, n, i, DG, 0, 1)
-            Gj = _ldb(G_ptr, tok0, H, n, j, DG, 0, 1)
-            Gref = _g_row(G_ptr, tok0, H, n, 16 * i - 1, DG, 0, 1)
-        e = tl.exp(tl.where(valid[:, None], Gi - Gref, float('-inf')))
-        f = tl.exp(tl.where(validj[:, None], Gref - Gj, float('-inf')))
-        return q * e, k * e, kj * f, q, k, kj, e, f
-    else:
-        return q, k, kj, q, k, kj, q, kj
-
-@triton.jit
-def _gram_block_fwd(q_ptr, k_ptr, G_ptr, beta, tok0, H, n, i: tl.constexpr, j: tl.constexpr, scale,
-                    DK: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # block (i, j) of P = scale * P_qk (with its diagonal) and of L = Diag(beta) K K^T (strict), both decayed; [16, 16]
+def _block_ptrs(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
+    # pointers and row mask of the 16x16 block (i, j) of this chunk's [C=64, C] matrix (row r at token tok0 + r H)
     a = tl.arange(0, 16)
-    r2 = a[:, None]
-    c2 = a[None, :]
-    if j < i:
-        qs, ks, kc, _, _, _, _, _ = _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, i, j, DK, 0, DK, DG, GATE, PREC)
-        P = tl.dot(qs, tl.trans(kc), input_precision=PREC)
-        L = tl.dot(ks, tl.trans(kc), input_precision=PREC)
-    else:
-        r, tok, valid = _rows(tok0, H, n, i)
-        q = _ldb(q_ptr, tok0, H, n, i, DK, 0, DK)
-        k = _ldb(k_ptr, tok0, H, n, i, DK, 0, DK)
-        if GATE == 2:
-            P = tl.where(r2 == c2, tl.sum(q * k, 1)[:, None], 0.)  # the diagonal, factor 1
-            L = tl.zeros([16, 16], dtype=tl.float32)
-            G = _ldb(G_ptr, tok0, H, n, i, DG, 0, DK)
-            for lvl in tl.static_range(4):
-                s = 1 << lvl  # half-block size of this level (compile-time)
-                ref = (r // (2 * s)) * (2 * s) + s - 1  # chunk row of the last row of the left half
-                nu = tl.load(G_ptr + (tok0 + tl.minimum(ref, n - 1).to(tl.int64)[:, None] * H) * DG
-                             + tl.arange(0, DK)[None, :])
-                up = tl.exp(tl.where(((a % (2 * s)) >= s)[:, None] & valid[:, None], G - nu, float('-inf')))
-                dn = tl.exp(tl.where(((a % (2 * s)) < s)[:, None] & valid[:, None], nu - G, float('-inf')))
-                same = (r2 // (2 * s)) == (c2 // (2 * s))
-                kdn = tl.trans(k * dn)
-                P += tl.where(same, tl.dot(q * up, kdn, input_precision=PREC), 0.)
-                L += tl.where(same, tl.dot(k * up, kdn, input_precision=PREC), 0.)
-        else:
-            P = tl.dot(q, tl.trans(k), input_precision=PREC)
-            L = tl.dot(k, tl.trans(k), input_precision=PREC)
-            if GATE == 1:
-                G = _ldb(G_ptr, tok0, H, n, i, DG, 0, 1)
-                decay = tl.exp(tl.where((c2 <= r2) & valid[:, None], G - tl.trans(G), float('-inf')))
-                P = P * decay
-                L = L * decay
-        P = tl.where(c2 <= r2, P, 0.)
-        L = tl.where(c2 < r2, L, 0.)
-    return P * scale, L * beta[:, None]
+    rows = 16 * i + a
+    return ptr + (tok0 + rows[:, None] * H) * 64 + 16 * j + a[None, :], (rows < n)[:, None]
 
 @triton.jit
-def _wu_row(X, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, j: tl.constexpr, DK: tl.constexpr,
-            DV: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # X [16, 16] block (i, j) of A times block j of (beta exp(G) K) and of (beta V): the terms of W_i and U_i
-    r, tok, valid = _rows(tok0, H, n, j)
-    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    k = _ldb(k_ptr, tok0, H, n, j, DK, 0, DK) * beta[:, None]
-    if GATE > 0:
-        G = _ldb(G_ptr, tok0, H, n, j, DG, 0, DG)
-        k = k * tl.exp(tl.where(valid[:, None], G, float('-inf')))
-    v = _ldb(v_ptr, tok0, H, n, j, DV, 0, DV) * beta[:, None]
-    return tl.dot(X, k, input_precision=PREC), tl.dot(X, v, input_precision=PREC)
+def _ld(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
+    p, m = _block_ptrs(ptr, tok0, H, n, i, j)
+    return tl.load(p, mask=m, other=0.)
+
+@triton.jit
+def _st(ptr, tok0, H, n, x, i: tl.constexpr, j: tl.constexpr):
+    p, m = _block_ptrs(ptr, tok0, H, n, i, j)
+    tl.store(p, x, mask=m)
 
 @triton.jit
 def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr, DG: tl.constexpr,
@@ -477,99 +467,127 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 #   L   = StrictTril(Diag(beta) (K K^T decayed by exp(G_r - G_i)))      A = (I + L)^-1
 #   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
 #   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
-#   O   = (Q * exp(G)) S scale + P Delta,   P = scale Tril(Q K^T decayed)                  (parallel)
-# Three kernels: _intra_fwd (per chunk: G, P, L by blocks of 16, A by block substitution, W, U), _state_fwd (the
-# sequential pass: snapshots h[c] = S, Delta, final state), _output_fwd (O). G, P, A, W, h and Delta are kept for the
-# backward: recomputing them cost about a fifth of the backward (notes/perf.md) and storing them costs less memory
-# than the backward's own buffers.
+#   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (parallel)
+# Kernels: _chunk_cumsum (G), _grams_fwd (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
+# _state_fwd (snapshots h[c] = S, Delta), _output_fwd (O, from the stored P_qk).
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _intra_fwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, G_ptr, P_ptr, A_ptr, w_ptr, u_ptr, scale, T, H,
-                      DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr, IPREC: tl.constexpr):
-    # One program per (chunk, b h). P, A: fp32 rows [B, T, H, C] (the blocks above the diagonal written as 0);
-    # W, U in k's and v's dtype; G (gated) fp32 [B, T, H, DG], the chunk-local cumsum of g.
+def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
+    # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
+    # -1e4 over a long sequence and G_r - G_i would lose all its digits (mixers.md §4.0).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
-    n = tl.minimum(T - c * 64, 64).to(tl.int32)
-    tok0 = (b * T + c * 64) * H + h                # int64 token-head index of the chunk's first row
-    if GATE > 0:
-        # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach -1e4 over a long
-        # sequence and G_r - G_i would lose all its digits (mixers.md §4.0)
-        rows = tl.arange(0, 64)
-        offs = (tok0 + rows.to(tl.int64)[:, None] * H) * DG + tl.arange(0, DG)[None, :]
-        m = (rows < n)[:, None]
-        tl.store(G_ptr + offs, tl.cumsum(tl.load(g_ptr + offs, mask=m, other=0.).to(tl.float32), axis=0), mask=m)
-        tl.debug_barrier()  # G is read back by row blocks (other threads' values) below
-    # Block row by block row, so that few [16, 16] blocks are live at once: row i's blocks of P (stored at once) and
-    # L, then row i of A = (I + L)^-1 by block forward substitution (mixers.md §4.3.3),
-    #     X_ii = (I + L_ii)^-1 (_inv16),   X_ij = -X_ii sum_{j <= m < i} L_im X_mj,
-    # then W_i = sum_{j <= i} X_ij (beta exp(G) K)_j and U_i = sum_{j <= i} X_ij (beta V)_j. IPREC: fp32-accurate dots.
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-    # row 0
-    b0 = _ldv(beta_ptr, tok0, H, n, 0)
-    P00, L00 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b0, tok0, H, n, 0, 0, scale, DK, DG, GATE, PREC)
-    _st_row(P_ptr, tok0, H, n, 0, P00, zero, zero, zero)
-    X00 = _inv16(L00, IPREC)
-    _st_row(A_ptr, tok0, H, n, 0, X00, zero, zero, zero)
-    w, u = _wu_row(X00, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
-    _stb(w_ptr, tok0, H, n, w, 0, DK, 0, DK)
-    _stb(u_ptr, tok0, H, n, u, 0, DV, 0, DV)
-    # row 1
-    b1 = _ldv(beta_ptr, tok0, H, n, 1)
-    P10, L10 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b1, tok0, H, n, 1, 0, scale, DK, DG, GATE, PREC)
-    P11, L11 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b1, tok0, H, n, 1, 1, scale, DK, DG, GATE, PREC)
-    _st_row(P_ptr, tok0, H, n, 1, P10, P11, zero, zero)
-    X11 = _inv16(L11, IPREC)
+    t = c * C + tl.arange(0, C)
+    offs = ((b * T + t) * H + h)[:, None] * DG + tl.arange(0, DG)[None, :]
+    mask = (t < T)[:, None]
+    g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
+    tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # P_qk (with its diagonal) and L = StrictTril(Diag(beta) K K^T), both decayed, as fp32 rows [B, T, H, C].
+    # Its own kernel, summed over key tiles of BK channels: with the inverse in the same kernel, or whole Dk = 128
+    # rows, the live tiles spilled registers (notes/perf.md).
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h                       # [C] int64 token-head index
+    tok0 = (b * T + c * C) * H + h
+    P = tl.zeros([C, C], dtype=tl.float32)
+    K = tl.zeros([C, C], dtype=tl.float32)
+    for kt in tl.static_range(DK // BK):
+        ck = kt * BK + tl.arange(0, BK)
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        if GATE == 2:
+            g_tile = G_ptr + kt * BK                # KDA: this tile's gate channels
+            Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
+        else:
+            g_tile = G_ptr
+            Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+        Pt, Kt = _grams(qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, GATE, C, BK, LOG2C, PREC)
+        P += Pt
+        K += Kt
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    tl.store(P_ptr + tok[:, None] * C + rows[None, :], P, mask=valid[:, None])
+    tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _inverse_kernel(A_ptr, T, H, IPREC: tl.constexpr):
+    # A = (I + L)^-1 in place of L (from _grams_fwd), by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal
+    # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
+    # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
+    # many programs per SM hide the latency (inside _wy_fwd, one 255-register program per SM took 2.0 ms at
+    # B8 T4096 H16 on an H100). IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    n = tl.minimum(T - c * 64, 64)
+    tok0 = (b * T + c * 64) * H + h                 # int64 token-head index of the chunk's first row
+    L10 = _ld(A_ptr, tok0, H, n, 1, 0)
+    L20 = _ld(A_ptr, tok0, H, n, 2, 0)
+    L21 = _ld(A_ptr, tok0, H, n, 2, 1)
+    L30 = _ld(A_ptr, tok0, H, n, 3, 0)
+    L31 = _ld(A_ptr, tok0, H, n, 3, 1)
+    L32 = _ld(A_ptr, tok0, H, n, 3, 2)
+    X00 = _inv16(_ld(A_ptr, tok0, H, n, 0, 0), IPREC)
+    X11 = _inv16(_ld(A_ptr, tok0, H, n, 1, 1), IPREC)
+    X22 = _inv16(_ld(A_ptr, tok0, H, n, 2, 2), IPREC)
+    X33 = _inv16(_ld(A_ptr, tok0, H, n, 3, 3), IPREC)
+    tl.debug_barrier()  # every block of L is read before any of A is written over it
     X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=IPREC), input_precision=IPREC)
-    _st_row(A_ptr, tok0, H, n, 1, X10, X11, zero, zero)
-    w, u = _wu_row(X10, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
-    w1, u1 = _wu_row(X11, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 1, DK, DV, DG, GATE, PREC)
-    _stb(w_ptr, tok0, H, n, w + w1, 1, DK, 0, DK)
-    _stb(u_ptr, tok0, H, n, u + u1, 1, DV, 0, DV)
-    # row 2
-    b2 = _ldv(beta_ptr, tok0, H, n, 2)
-    P20, L20 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 0, scale, DK, DG, GATE, PREC)
-    P21, L21 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 1, scale, DK, DG, GATE, PREC)
-    P22, L22 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b2, tok0, H, n, 2, 2, scale, DK, DG, GATE, PREC)
-    _st_row(P_ptr, tok0, H, n, 2, P20, P21, P22, zero)
-    X22 = _inv16(L22, IPREC)
     X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=IPREC), input_precision=IPREC)
+    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=IPREC), input_precision=IPREC)
     X20 = -tl.dot(X22, tl.dot(L20, X00, input_precision=IPREC) + tl.dot(L21, X10, input_precision=IPREC),
                   input_precision=IPREC)
-    _st_row(A_ptr, tok0, H, n, 2, X20, X21, X22, zero)
-    w, u = _wu_row(X20, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
-    w1, u1 = _wu_row(X21, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 1, DK, DV, DG, GATE, PREC)
-    w += w1
-    u += u1
-    w1, u1 = _wu_row(X22, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 2, DK, DV, DG, GATE, PREC)
-    _stb(w_ptr, tok0, H, n, w + w1, 2, DK, 0, DK)
-    _stb(u_ptr, tok0, H, n, u + u1, 2, DV, 0, DV)
-    # row 3
-    b3 = _ldv(beta_ptr, tok0, H, n, 3)
-    P30, L30 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 0, scale, DK, DG, GATE, PREC)
-    P31, L31 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 1, scale, DK, DG, GATE, PREC)
-    P32, L32 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 2, scale, DK, DG, GATE, PREC)
-    P33, L33 = _gram_block_fwd(q_ptr, k_ptr, G_ptr, b3, tok0, H, n, 3, 3, scale, DK, DG, GATE, PREC)
-    _st_row(P_ptr, tok0, H, n, 3, P30, P31, P32, P33)
-    X33 = _inv16(L33, IPREC)
-    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=IPREC), input_precision=IPREC)
     X31 = -tl.dot(X33, tl.dot(L31, X11, input_precision=IPREC) + tl.dot(L32, X21, input_precision=IPREC),
                   input_precision=IPREC)
     X30 = -tl.dot(X33, tl.dot(L30, X00, input_precision=IPREC) + tl.dot(L31, X10, input_precision=IPREC)
                   + tl.dot(L32, X20, input_precision=IPREC), input_precision=IPREC)
-    _st_row(A_ptr, tok0, H, n, 3, X30, X31, X32, X33)
-    w, u = _wu_row(X30, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 0, DK, DV, DG, GATE, PREC)
-    w1, u1 = _wu_row(X31, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 1, DK, DV, DG, GATE, PREC)
-    w += w1
-    u += u1
-    w1, u1 = _wu_row(X32, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 2, DK, DV, DG, GATE, PREC)
-    w += w1
-    u += u1
-    w1, u1 = _wu_row(X33, k_ptr, v_ptr, beta_ptr, G_ptr, tok0, H, n, 3, DK, DV, DG, GATE, PREC)
-    _stb(w_ptr, tok0, H, n, w + w1, 3, DK, 0, DK)
-    _stb(u_ptr, tok0, H, n, u + u1, 3, DV, 0, DV)
+    # the blocks above the diagonal stay 0 as _grams_fwd wrote them
+    _st(A_ptr, tok0, H, n, X00, 0, 0)
+    _st(A_ptr, tok0, H, n, X10, 1, 0)
+    _st(A_ptr, tok0, H, n, X11, 1, 1)
+    _st(A_ptr, tok0, H, n, X20, 2, 0)
+    _st(A_ptr, tok0, H, n, X21, 2, 1)
+    _st(A_ptr, tok0, H, n, X22, 2, 2)
+    _st(A_ptr, tok0, H, n, X30, 3, 0)
+    _st(A_ptr, tok0, H, n, X31, 3, 1)
+    _st(A_ptr, tok0, H, n, X32, 3, 2)
+    _st(A_ptr, tok0, H, n, X33, 3, 3)
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
+                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
+                   C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # W = A (beta exp(G) K), U = A (beta V) with A = (I + L)^-1 from _inverse
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h                       # [C] int64 token-head index
+    tok0 = (b * T + c * C) * H + h
+    X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    ck = tl.arange(0, DK)
+    cv = tl.arange(0, DV)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))    # exp(G_r) <= 1, 0 on padded rows
+    w = tl.dot(X, kk * eg * beta[:, None], input_precision=PREC)
+    u = tl.dot(X, vv * beta[:, None], input_precision=PREC)
+    tl.store(w_ptr + tok[:, None] * DK + ck[None, :], w.to(w_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(u_ptr + tok[:, None] * DV + cv[None, :], u.to(u_ptr.dtype.element_ty), mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, T, NT,
@@ -613,8 +631,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
                        H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # O = scale (Q * exp(G)) S + P Delta, with the scaled P from _intra_fwd
+                       DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
+                       PREC: tl.constexpr):
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -629,42 +647,46 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     cv = iv * BV + tl.arange(0, BV)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
     S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
     d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
-    o = scale * tl.dot(qg, S, input_precision=PREC) + tl.dot(P, d, input_precision=PREC)
+    o = scale * (tl.dot(qg, S, input_precision=PREC) + tl.dot(P, d, input_precision=PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
-# Triton backward (mixers.md §5.2), from the forward's stored G, P, A, W, h[c], Delta
+# Triton backward (mixers.md §5.2; A, W, h, Delta are recomputed by the forward kernels)
 #
-# _dv_local: dDelta_intra = P^T dO                                           (parallel over chunks)
+# _dv_local: dDelta_intra = P_qk^T dO                                       (parallel over chunks)
 # _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
 #   dDelta = dDelta_intra + Kd dS'                    Kd = K * exp(G_n - G)
 #   dS     = Diag(exp G_n) dS' + scale (Q * exp G)^T dO - W^T dDelta   (after chunk 0: d initial_state)
 # Then per chunk, with S = h[c], dS' = dh[c]:
-#   dP = scale Tril(dO Delta^T);  dQg = scale dO S^T;  dKd = Delta dS'^T;  X = A^T dDelta
+#   dP = Tril(dO Delta^T);  dQg = scale dO S^T;  dKd = Delta dS'^T;  X = A^T dDelta
 #   dL = -StrictTril(X Delta^T)      (below);   Y = A^T dW = -X S^T  (dW = -dDelta S^T)
 #   dv = beta X;  dbeta = rowsum(X V) + rowsum(Y exp(G) K) + rowsum(M' K)
 #   dq = dQg exp(G) + M;   dk = beta exp(G) Y + dKd exp(G_n - G) + N + beta M' + N'
 #   dG = Y beta exp(G) K + dQg Qg - dKd Kd + Q M - K N + beta K M' - K N';  dG[n-1] += dG_n
 #   dG_n = exp(G_n) rowsum(S dS') + colsum(dKd Kd);   dg = reverse cumsum of dG within the chunk
-# with M, N the gated-Gram backward of P_qk and M', N' that of L, by the same blocks of 16 as the forward
-# (_gram_pair_bwd, _gram_diag_bwd): with D(X)[r, c] = sum_i X[r, i] k_ic exp(G_rc - G_ic) (row side) and
-# D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
-#   M = D(dP), N = D'(dP, q), M' = D(dL) (times beta), N' = D'(beta dL, k); d/dG_r of exp(G_r - G_i) is +, of G_i -.
+# with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_grams_bwd).
 # dL: L enters only through Delta = U - W S = A R with R = beta V - beta exp(G) K S, which does not depend on L, so
-# Delta = (I + L)^-1 R and dL = -A^T dDelta Delta^T = -X Delta^T: one [C, C] product per V-tile, no K, gates or state.
-# Kernels:
+# Delta = (I + L)^-1 R and dL = -A^T dDelta Delta^T = -X Delta^T. This is the longer route through W and U used
+# before the split, -A^T dA A^T with dA = dDelta R^T, since R^T A^T = (A R)^T = Delta^T; but it needs neither K, the
+# gates nor the state, only one [C, C] product per V-tile. Delta is the stored one (k's dtype), which the forward
+# used for O and the state; bf16 CPU errors of every gradient unchanged to 2 digits (notes/perf.md).
+# Two kernels:
 # _wy_bwd, per chunk: the C x C part and the value side, contractions over V-tiles: dP, dL, X -> dv and rowsum(X V).
-#   dL in place of A and X in place of dDelta (no later kernel reads them).
-# _grads_bwd, per chunk and key tile of BK channels, by row blocks of 16: the per-channel terms (dQg, dKd, Y, dG_n:
-#   contractions over V-tiles) and the gated-Gram backward from the stored dP, dL. The row sums over channels
-#   (dbeta, and dg for GDN) come back as one partial per key tile (and one from _wy_bwd) and are added up outside.
+#   dP goes to a new buffer allocated once W is freed (the same bytes at Dk = 128 in bf16), dL in place of A and X in
+#   place of dDelta (no later kernel reads them), so the split adds no memory at Dk = 128.
+# _grads_bwd, per chunk and key tile of BK channels: the per-channel terms (dQg, dKd, Y, dG_n: contractions over
+#   V-tiles) and _grams_bwd from the stored dP, dL. The row sums over channels (dbeta, and dg for GDN) come back as
+#   one partial per key tile (and one from _wy_bwd) and are added up outside.
+# Why two kernels: one kernel holding A, dA, dP, dL [C, C] next to the [C, BK] gradient tiles used all 255 registers
+# and spilled (ptxas sm_90a at Dk = Dv = 128: 1.6 KB DeltaNet, 6.1 KB KDA; 20 of KDA's 29 ms fwd+bwd on an H100,
+# notes/perf.md), and repeated the C x C work (dA with all Dk channels) in every key tile.
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, T,
+def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, scale, T,
                      H, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
@@ -675,10 +697,11 @@ def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, T,
     valid = t < T
     tok = (b * T + t) * H + h
     cv = iv * BV + tl.arange(0, BV)
-    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # scaled, from _intra_fwd
+    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
     dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    dd = tl.dot(tl.trans(P), dO, input_precision=PREC)
+    dd = scale * tl.dot(tl.trans(P), dO, input_precision=PREC)
     tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
+
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
@@ -722,9 +745,9 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_p
 @triton.jit(do_not_specialize=["T", "H"])
 def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbeta_ptr, dP_ptr, dL_ptr, scale, T,
                    H, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
-    # One program per chunk: the C x C gradients and the value side, all contractions over V-tiles. dvn_ptr holds
-    # dDelta on entry and X = A^T dDelta on exit (each program reads and writes only its own chunk's rows).
-    # dP_ptr, dL_ptr: the scaled, masked dP and dL [B, T, H, C]; dbeta_ptr: rowsum(X V) [B, T, H].
+    # One program per chunk: the C x C gradients and the value side, all contractions over V-tiles. Each program
+    # reads and writes only its own chunk's rows, so dL_ptr may be A_ptr (dL over A) and dvn_ptr holds dDelta on
+    # entry and X = A^T dDelta on exit. dP_ptr: the scaled, masked dP [B, T, H, C]; dbeta_ptr: rowsum(X V) [B, T, H].
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -755,251 +778,96 @@ def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbet
         tl.store(dvn_ptr + x_offs, X, mask=valid[:, None])              # over dDelta: its last reader was the dot
     dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
     dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+    tl.debug_barrier()  # every thread has read its part of A before dL is written over it
     tl.store(dP_ptr + tok[:, None] * C + rows[None, :], dP, mask=valid[:, None])
     tl.store(dL_ptr + tok[:, None] * C + rows[None, :], dL, mask=valid[:, None])
     tl.store(dbeta_ptr + tok, dbeta, mask=valid)
-
-
-@triton.jit
-def _gram_pair_bwd(dP, dL, beta, q_ptr, k_ptr, G_ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr,
-                   DK: tl.constexpr, col0, BK: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr,
-                   PREC: tl.constexpr):
-    # backward of the off-diagonal block pair (i, j < i) of P_qk (unscaled; dP carries the scale) and of
-    # L = beta_i (K_i e)(K_j f)^T, over key channels col0 .. col0 + BK. Returns the terms for block i
-    # (dq, dk, dG, dbeta) and for block j (dk, dG).
-    qs, ks, kc, q, k, kj, e, f = _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, i, j, DK, col0, BK, DG, GATE, PREC)
-    m = tl.dot(dP, kc, input_precision=PREC)
-    mL = tl.dot(dL, kc, input_precision=PREC)
-    mc = tl.dot(tl.trans(dP), qs, input_precision=PREC) + tl.dot(tl.trans(dL * beta[:, None]), ks,
-                                                                   input_precision=PREC)
-    if GATE > 0:
-        m = m * e
-        mL = mL * e
-        mc = mc * f
-    dk_i = beta[:, None] * mL
-    return m, dk_i, q * m + k * dk_i, tl.sum(mL * k, 1), mc, -kj * mc
-
-@triton.jit
-def _gram_diag_bwd(dP, dL, beta, q_ptr, k_ptr, G_ptr, tok0, H, n, i: tl.constexpr, DK: tl.constexpr, col0,
-                   BK: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # backward of the diagonal block (i, i) of P_qk and L over key channels col0 .. col0 + BK -> dq, dk, dG, dbeta
-    a = tl.arange(0, 16)
-    r2 = a[:, None]
-    c2 = a[None, :]
-    r, tok, valid = _rows(tok0, H, n, i)
-    q = _ldb(q_ptr, tok0, H, n, i, DK, col0, BK)
-    k = _ldb(k_ptr, tok0, H, n, i, DK, col0, BK)
-    dLb = dL * beta[:, None]
-    if GATE == 2:
-        dPd = tl.sum(tl.where(r2 == c2, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
-        dq = dPd * k
-        dk = dPd * q
-        dG = tl.zeros([16, BK], dtype=tl.float32)
-        dbeta = tl.zeros([16], dtype=tl.float32)
-        G = _ldb(G_ptr, tok0, H, n, i, DG, col0, BK)
-        for lvl in tl.static_range(4):
-            s = 1 << lvl  # half-block size of this level (compile-time), as in _gram_block_fwd
-            ref = (r // (2 * s)) * (2 * s) + s - 1
-            nu = tl.load(G_ptr + (tok0 + tl.minimum(ref, n - 1).to(tl.int64)[:, None] * H) * DG
-                         + col0 + tl.arange(0, BK)[None, :])
-            up = tl.exp(tl.where(((a % (2 * s)) >= s)[:, None] & valid[:, None], G - nu, float('-inf')))
-            dn = tl.exp(tl.where(((a % (2 * s)) < s)[:, None] & valid[:, None], nu - G, float('-inf')))
-            same = (r2 // (2 * s)) == (c2 // (2 * s))
-            kdn = k * dn
-            dPs = tl.where(same, dP, 0.)
-            m = up * tl.dot(dPs, kdn, input_precision=PREC)
-            dq += m
-            dG += q * m
-            m = dn * (tl.dot(tl.trans(dPs), q * up, input_precision=PREC)
-                      + tl.dot(tl.trans(tl.where(same, dLb, 0.)), k * up, input_precision=PREC))
-            dk += m
-            dG -= k * m
-            m = up * tl.dot(tl.where(same, dL, 0.), kdn, input_precision=PREC)
-            dk += beta[:, None] * m
-            dG += beta[:, None] * k * m
-            dbeta += tl.sum(m * k, 1)
-    else:
-        if GATE == 1:
-            G = _ldb(G_ptr, tok0, H, n, i, DG, 0, 1)
-            decay = tl.exp(tl.where((c2 <= r2) & valid[:, None], G - tl.trans(G), float('-inf')))
-            dP = dP * decay
-            dL = dL * decay
-            dLb = dLb * decay
-        dq = tl.dot(dP, k, input_precision=PREC)
-        dG = q * dq
-        m = tl.dot(tl.trans(dP), q, input_precision=PREC) + tl.dot(tl.trans(dLb), k, input_precision=PREC)
-        dk = m
-        dG -= k * m
-        m = tl.dot(dL, k, input_precision=PREC)
-        dk += beta[:, None] * m
-        dG += beta[:, None] * k * m
-        dbeta = tl.sum(m * k, 1)
-    return dq, dk, dG, dbeta
-
-@triton.jit
-def _vside_bwd(dqg, dkd, Y, S, dS, vn_ptr, do_ptr, x_ptr, tok0, H, n, i: tl.constexpr, DV: tl.constexpr, cv0,
-               BV: tl.constexpr, PREC: tl.constexpr):
-    # contractions over one V-tile for row block i: dQg += dO S^T, dKd += Delta dS'^T, Y -= X S^T
-    d = _ldb(vn_ptr, tok0, H, n, i, DV, cv0, BV)
-    dO = _ldb(do_ptr, tok0, H, n, i, DV, cv0, BV)
-    X = _ldb(x_ptr, tok0, H, n, i, DV, cv0, BV)
-    dqg += tl.dot(dO, tl.trans(S), input_precision=PREC)
-    dkd += tl.dot(d, tl.trans(dS), input_precision=PREC)
-    Y -= tl.dot(X, tl.trans(S), input_precision=PREC)
-    return dqg, dkd, Y
-
-@triton.jit
-def _chan_bwd(dqg, dkd, Y, q_ptr, k_ptr, beta_ptr, G_ptr, Gn, tok0, H, n, i: tl.constexpr, DK: tl.constexpr,
-              col0, BK: tl.constexpr, DG: tl.constexpr, GATE: tl.constexpr):
-    # the per-channel terms of row block i: W = A (beta exp(G) K) through Y, and Qg = Q exp(G), Kd = K exp(G_n - G)
-    # -> dq, dk, dG, dbeta, and the block's share of colsum(dKd Kd) for dG_n
-    r, tok, valid = _rows(tok0, H, n, i)
-    q = _ldb(q_ptr, tok0, H, n, i, DK, col0, BK)
-    k = _ldb(k_ptr, tok0, H, n, i, DK, col0, BK)
-    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    if GATE > 0:
-        if GATE == 2:
-            G = _ldb(G_ptr, tok0, H, n, i, DG, col0, BK)
-        else:
-            G = _ldb(G_ptr, tok0, H, n, i, DG, 0, 1)
-        eg = tl.exp(tl.where(valid[:, None], G, float('-inf')))            # exp(G), 0 on padded rows
-        egn = tl.exp(tl.where(valid[:, None], Gn - G, float('-inf')))      # exp(G_n - G)
-    else:
-        eg = tl.where(valid[:, None], 1., 0.)
-        egn = eg
-    Yb = Y * eg
-    dk = Yb * beta[:, None]
-    dbeta = tl.sum(Yb * k, 1)
-    kd = k * egn
-    dq = dqg * eg
-    dk += dkd * egn
-    dG = Yb * k * beta[:, None] + dq * q - dkd * kd
-    return dq, dk, dG, dbeta, tl.sum(dkd * kd, 0), beta
-
-@triton.jit
-def _dg_store(dG, carry, dg_ptr, part, tok0, H, n, i: tl.constexpr, DK: tl.constexpr, col0, BK: tl.constexpr,
-              GATE: tl.constexpr):
-    # dg of row block i = reverse cumsum of dG within the chunk (G = cumsum(g)): the block's own reverse cumsum plus
-    # the sum over the later blocks (carry). GDN sums over channels first (one partial per key tile).
-    r, tok, valid = _rows(tok0, H, n, i)
-    if GATE == 2:
-        tl.store(dg_ptr + tok[:, None] * DK + col0 + tl.arange(0, BK)[None, :],
-                 tl.cumsum(dG, axis=0, reverse=True) + carry[None, :], mask=valid[:, None])
-        return carry + tl.sum(dG, 0)
-    else:
-        dGs = tl.sum(dG, 1)
-        tl.store(dg_ptr + part + tok, tl.cumsum(dGs, axis=0, reverse=True) + carry, mask=valid)
-        return carry + tl.sum(dGs, 0)
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_ptr, do_ptr, x_ptr, dh_ptr,
                       dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      DG: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # One program per (key tile, chunk, b h), by row blocks of 16: dq, dk, KDA's dg for BK key channels; partial
-    # dbeta (GDN: dg) sums. dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (fp32, written by _wy_bwd).
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
+                      PREC: tl.constexpr):
+    # One program per (key tile, chunk, b h): dq, dk, KDA's dg for BK key channels; partial dbeta (GDN: dg) sums.
+    # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (fp32, written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
-    n = tl.minimum(T - c * 64, 64).to(tl.int32)
-    tok0 = (b * T + c * 64) * H + h
-    col0 = ik * BK
-    ck = col0 + tl.arange(0, BK)
+    rows = tl.arange(0, C)
+    r2 = rows[:, None]
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tok0 = (b * T + c * C) * H + h
+    ck = ik * BK + tl.arange(0, BK)                 # this program's key channels
 
-    # contractions over the value dimension, one V-tile at a time: [16, BK] per row block
-    z = tl.zeros([16, BK], dtype=tl.float32)
-    dqg0, dkd0, Y0, dqg1, dkd1, Y1, dqg2, dkd2, Y2, dqg3, dkd3, Y3 = z, z, z, z, z, z, z, z, z, z, z, z
+    # contractions over the value dimension, one V-tile at a time: [C, BK] each
+    dqg = tl.zeros([C, BK], dtype=tl.float32)
+    dkd = tl.zeros([C, BK], dtype=tl.float32)
+    Y = tl.zeros([C, BK], dtype=tl.float32)                              # A^T dW = -X S^T
     sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(S * dS')
     s_base = ((b * NT + c) * H + h) * DK * DV
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
+        x_offs = tok[:, None] * DV + cv[None, :]
         S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
         dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        X = tl.load(x_ptr + x_offs, mask=valid[:, None], other=0.)
+        dqg += tl.dot(dO, tl.trans(S), input_precision=PREC)
+        dkd += tl.dot(d, tl.trans(dS), input_precision=PREC)
+        Y -= tl.dot(X, tl.trans(S), input_precision=PREC)
         sds += tl.sum(S * dS, 1)
-        dqg0, dkd0, Y0 = _vside_bwd(dqg0, dkd0, Y0, S, dS, vn_ptr, do_ptr, x_ptr, tok0, H, n, 0, DV, iv * BV, BV, PREC)
-        dqg1, dkd1, Y1 = _vside_bwd(dqg1, dkd1, Y1, S, dS, vn_ptr, do_ptr, x_ptr, tok0, H, n, 1, DV, iv * BV, BV, PREC)
-        dqg2, dkd2, Y2 = _vside_bwd(dqg2, dkd2, Y2, S, dS, vn_ptr, do_ptr, x_ptr, tok0, H, n, 2, DV, iv * BV, BV, PREC)
-        dqg3, dkd3, Y3 = _vside_bwd(dqg3, dkd3, Y3, S, dS, vn_ptr, do_ptr, x_ptr, tok0, H, n, 3, DV, iv * BV, BV, PREC)
+    dqg = dqg * scale
 
+    # loaded after the loop, so that they are not live during it
     if GATE == 2:
-        Gn = _g_row(G_ptr, tok0, H, n, 63, DG, col0, BK)                # G_n, [1, BK]
-    elif GATE == 1:
-        Gn = _g_row(G_ptr, tok0, H, n, 63, DG, 0, 1)
+        g_tile = G_ptr + ik * BK                    # KDA: this tile's gate channels
+        Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
     else:
-        Gn = tl.zeros([1, 1], dtype=tl.float32)
-    dq0, dk0, dG0, db0, gn0, be0 = _chan_bwd(dqg0 * scale, dkd0, Y0, q_ptr, k_ptr, beta_ptr, G_ptr, Gn, tok0, H, n, 0,
-                                             DK, col0, BK, DG, GATE)
-    dq1, dk1, dG1, db1, gn1, be1 = _chan_bwd(dqg1 * scale, dkd1, Y1, q_ptr, k_ptr, beta_ptr, G_ptr, Gn, tok0, H, n, 1,
-                                             DK, col0, BK, DG, GATE)
-    dq2, dk2, dG2, db2, gn2, be2 = _chan_bwd(dqg2 * scale, dkd2, Y2, q_ptr, k_ptr, beta_ptr, G_ptr, Gn, tok0, H, n, 2,
-                                             DK, col0, BK, DG, GATE)
-    dq3, dk3, dG3, db3, gn3, be3 = _chan_bwd(dqg3 * scale, dkd3, Y3, q_ptr, k_ptr, beta_ptr, G_ptr, Gn, tok0, H, n, 3,
-                                             DK, col0, BK, DG, GATE)
+        g_tile = G_ptr
+        Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
+    egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
+    # (c) W = A kb
+    kb = kk * eg * beta[:, None]
+    dk = Y * eg * beta[:, None]
+    dbeta = tl.sum(Y * eg * kk, 1)
+    dG = Y * kb
+    # (e) Qg, Kd
+    kd = kk * egn
+    dq = dqg * eg
+    dG += dqg * qq * eg
+    dk += dkd * egn
+    dG -= dkd * kd
+    # (f) P_qk (scale folded into dP) and (g) L = beta_r (K K^T decayed), strictly lower
+    dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
+                                   GATE, C, BK, LOG2C, PREC)
 
-    # the gated-Gram backward, block by block: the diagonal blocks, then the pairs below them
-    a, b_, c_, d_ = _gram_diag_bwd(_ldb(dP_ptr, tok0, H, n, 0, 64, 0, 16), _ldb(dL_ptr, tok0, H, n, 0, 64, 0, 16),
-                                   be0, q_ptr, k_ptr, G_ptr, tok0, H, n, 0, DK, col0, BK, DG, GATE, PREC)
-    dq0, dk0, dG0, db0 = dq0 + a, dk0 + b_, dG0 + c_, db0 + d_
-    a, b_, c_, d_ = _gram_diag_bwd(_ldb(dP_ptr, tok0, H, n, 1, 64, 16, 16), _ldb(dL_ptr, tok0, H, n, 1, 64, 16, 16),
-                                   be1, q_ptr, k_ptr, G_ptr, tok0, H, n, 1, DK, col0, BK, DG, GATE, PREC)
-    dq1, dk1, dG1, db1 = dq1 + a, dk1 + b_, dG1 + c_, db1 + d_
-    a, b_, c_, d_ = _gram_diag_bwd(_ldb(dP_ptr, tok0, H, n, 2, 64, 32, 16), _ldb(dL_ptr, tok0, H, n, 2, 64, 32, 16),
-                                   be2, q_ptr, k_ptr, G_ptr, tok0, H, n, 2, DK, col0, BK, DG, GATE, PREC)
-    dq2, dk2, dG2, db2 = dq2 + a, dk2 + b_, dG2 + c_, db2 + d_
-    a, b_, c_, d_ = _gram_diag_bwd(_ldb(dP_ptr, tok0, H, n, 3, 64, 48, 16), _ldb(dL_ptr, tok0, H, n, 3, 64, 48, 16),
-                                   be3, q_ptr, k_ptr, G_ptr, tok0, H, n, 3, DK, col0, BK, DG, GATE, PREC)
-    dq3, dk3, dG3, db3 = dq3 + a, dk3 + b_, dG3 + c_, db3 + d_
-    # pairs (i, j < i): row block i gets dq, dk, dG, dbeta; column block j gets dk, dG
-    a, b_, c_, d_, e_, f_ = _gram_pair_bwd(_ldb(dP_ptr, tok0, H, n, 1, 64, 0, 16), _ldb(dL_ptr, tok0, H, n, 1, 64, 0, 16),
-                                           be1, q_ptr, k_ptr, G_ptr, tok0, H, n, 1, 0, DK, col0, BK, DG, GATE, PREC)
-    dq1, dk1, dG1, db1, dk0, dG0 = dq1 + a, dk1 + b_, dG1 + c_, db1 + d_, dk0 + e_, dG0 + f_
-    a, b_, c_, d_, e_, f_ = _gram_pair_bwd(_ldb(dP_ptr, tok0, H, n, 2, 64, 0, 16), _ldb(dL_ptr, tok0, H, n, 2, 64, 0, 16),
-                                           be2, q_ptr, k_ptr, G_ptr, tok0, H, n, 2, 0, DK, col0, BK, DG, GATE, PREC)
-    dq2, dk2, dG2, db2, dk0, dG0 = dq2 + a, dk2 + b_, dG2 + c_, db2 + d_, dk0 + e_, dG0 + f_
-    a, b_, c_, d_, e_, f_ = _gram_pair_bwd(_ldb(dP_ptr, tok0, H, n, 2, 64, 16, 16), _ldb(dL_ptr, tok0, H, n, 2, 64, 16, 16),
-                                           be2, q_ptr, k_ptr, G_ptr, tok0, H, n, 2, 1, DK, col0, BK, DG, GATE, PREC)
-    dq2, dk2, dG2, db2, dk1, dG1 = dq2 + a, dk2 + b_, dG2 + c_, db2 + d_, dk1 + e_, dG1 + f_
-    a, b_, c_, d_, e_, f_ = _gram_pair_bwd(_ldb(dP_ptr, tok0, H, n, 3, 64, 0, 16), _ldb(dL_ptr, tok0, H, n, 3, 64, 0, 16),
-                                           be3, q_ptr, k_ptr, G_ptr, tok0, H, n, 3, 0, DK, col0, BK, DG, GATE, PREC)
-    dq3, dk3, dG3, db3, dk0, dG0 = dq3 + a, dk3 + b_, dG3 + c_, db3 + d_, dk0 + e_, dG0 + f_
-    a, b_, c_, d_, e_, f_ = _gram_pair_bwd(_ldb(dP_ptr, tok0, H, n, 3, 64, 16, 16), _ldb(dL_ptr, tok0, H, n, 3, 64, 16, 16),
-                                           be3, q_ptr, k_ptr, G_ptr, tok0, H, n, 3, 1, DK, col0, BK, DG, GATE, PREC)
-    dq3, dk3, dG3, db3, dk1, dG1 = dq3 + a, dk3 + b_, dG3 + c_, db3 + d_, dk1 + e_, dG1 + f_
-    a, b_, c_, d_, e_, f_ = _gram_pair_bwd(_ldb(dP_ptr, tok0, H, n, 3, 64, 32, 16), _ldb(dL_ptr, tok0, H, n, 3, 64, 32, 16),
-                                           be3, q_ptr, k_ptr, G_ptr, tok0, H, n, 3, 2, DK, col0, BK, DG, GATE, PREC)
-    dq3, dk3, dG3, db3, dk2, dG2 = dq3 + a, dk3 + b_, dG3 + c_, db3 + d_, dk2 + e_, dG2 + f_
-
-    _stb(dq_ptr, tok0, H, n, dq0, 0, DK, col0, BK)
-    _stb(dq_ptr, tok0, H, n, dq1, 1, DK, col0, BK)
-    _stb(dq_ptr, tok0, H, n, dq2, 2, DK, col0, BK)
-    _stb(dq_ptr, tok0, H, n, dq3, 3, DK, col0, BK)
-    _stb(dk_ptr, tok0, H, n, dk0, 0, DK, col0, BK)
-    _stb(dk_ptr, tok0, H, n, dk1, 1, DK, col0, BK)
-    _stb(dk_ptr, tok0, H, n, dk2, 2, DK, col0, BK)
-    _stb(dk_ptr, tok0, H, n, dk3, 3, DK, col0, BK)
+    tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     # partial sums per key tile: dbeta [NK, B, T, H], GDN dg [NK, B, T, H]; KDA dg has its own columns
     part = ik.to(tl.int64) * T * H * (tl.num_programs(2) // H)           # ik * B*T*H
-    _stv(dbeta_ptr + part, tok0, H, n, db0, 0)
-    _stv(dbeta_ptr + part, tok0, H, n, db1, 1)
-    _stv(dbeta_ptr + part, tok0, H, n, db2, 2)
-    _stv(dbeta_ptr + part, tok0, H, n, db3, 3)
+    tl.store(dbeta_ptr + part + tok, dbeta, mask=valid)
     if GATE > 0:
-        # G_n enters the state decay exp(G_n) S and Kd; it is row n-1 of the cumsum
-        dGn = tl.exp(Gn) * sds[None, :] + (gn0 + gn1 + gn2 + gn3)[None, :]   # [1, BK]
-        rr = tl.arange(0, 16)[:, None]
-        dG0 += tl.where(rr == n - 1, dGn, 0.)
-        dG1 += tl.where(rr + 16 == n - 1, dGn, 0.)
-        dG2 += tl.where(rr + 32 == n - 1, dGn, 0.)
-        dG3 += tl.where(rr + 48 == n - 1, dGn, 0.)
-        if GATE == 2:
-            carry = tl.zeros([BK], dtype=tl.float32)
+        # (h) G_n enters the state decay exp(G_n) S and Kd; it is row n-1 of the cumsum
+        dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]   # [1, BK]
+        dG += tl.where(r2 == n - 1, dGn, 0.)
+        if GATE == 1:
+            dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)             # G = cumsum(g) => reverse
+            tl.store(dg_ptr + part + tok, dg, mask=valid)
         else:
-            carry = tl.sum(tl.zeros([16], dtype=tl.float32), 0)
-        carry = _dg_store(dG3, carry, dg_ptr, part, tok0, H, n, 3, DK, col0, BK, GATE)
-        carry = _dg_store(dG2, carry, dg_ptr, part, tok0, H, n, 2, DK, col0, BK, GATE)
-        carry = _dg_store(dG1, carry, dg_ptr, part, tok0, H, n, 1, DK, col0, BK, GATE)
-        carry = _dg_store(dG0, carry, dg_ptr, part, tok0, H, n, 0, DK, col0, BK, GATE)
+            dg = tl.cumsum(dG, axis=0, reverse=True)
+            tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
 # Triton kernels for scalar-decay linear attention: plain linear attention, RetNet, Mamba2 (mixers.md §4.1, §5.5).
@@ -1386,12 +1254,12 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
 # -----------------------------------------------------------------------------
 # the Triton path as custom ops, and the public calls
 #
-# Forward (kernels::delta_rule_fwd): _intra_fwd (G, P, A, W, U) -> _state_fwd (h[c], Delta, final state) -> _output_fwd
-# (O). G, P, A, W, h and Delta come back as extra outputs and are saved for the backward (kernels::delta_rule_bwd:
-# _dv_local, _state_bwd reverse over chunks, _wy_bwd, _grads_bwd), which recomputes nothing. Both are
-# torch.library custom ops with fake (shape) functions and the backward registered as the forward's autograd
-# formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph break. Optional tensors
-# cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
+# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> A, W, U (_wy_fwd) -> h[c], Delta, final state
+# (_state_fwd) -> O (_output_fwd). Saved: q, k, v, beta, G, the initial state, and for KDA P_qk and A (_store_grams);
+# the backward (kernels::delta_rule_bwd) recomputes the rest of P, A, W, h, Delta, then runs _dv_local, _state_bwd (reverse over chunks),
+# _wy_bwd and _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered
+# as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
+# break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
 
 def _gate_kind(g, k):
     """0: DeltaNet (no gate), 1: GDN (g [B,T,H]), 2: KDA (g [B,T,H,Dk]); and DG, the gate values per token."""
@@ -1408,132 +1276,165 @@ def _meta(q, k, v):
 def _warps(DK, DV):
     # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
     return 8 if max(DK, DV) >= 128 else 4
-
 def _bwd_key_tile(DK, GATE):
-    # -> (BK, warps) of _grads_bwd: key channels per program and warps
-    return min(DK, 32), 4
-
-def _intra_warps(DK, GATE):
-    # warps of _intra_fwd
-    return 4
+    # -> (BK, warps) of _grads_bwd: 32 key channels per program; KDA with 8 warps, DeltaNet / GDN with 4. Measured
+    # fwd+bwd at B8 T4096 H16 D128 bf16 on an H100 (Triton 3.6, notes/perf.md): KDA 32/8 17.6 ms, 16/4 18.8, 16/8 21.3,
+    # 64/8 22.2; DeltaNet 32/4 7.4, 64/8 7.7, 32/8 8.6. (Picking by ptxas spill bytes alone had chosen 16/8 for KDA:
+    # fewer spills, but each extra tile re-reads the chunk's V-side tiles, dP and dL.)
+    return min(DK, 32), (8 if GATE == 2 else 4)
 
 # The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
 # and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
 
+def _store_grams(GATE):
+    # KDA keeps P_qk and A = (I + L)^-1 from the forward for the backward (its gated Gram is the expensive part of the
+    # recompute: _grams_fwd + _inverse were 2.2 of its 17.6 ms fwd+bwd at B8 T4096 H16 D128 on an H100, and the two
+    # fp32 [B, T, H, 64] buffers stay under fla's peak memory); DeltaNet and GDN recompute them (0.66 ms, and their
+    # peak memory is already at fla's). notes/perf.md 2026-11-23 (d).
+    return GATE == 2
+
+def _grams_inverse(q, k, beta, G, GATE, DG):
+    """P_qk and A = (I + L)^-1 per chunk, fp32 [B, T, H, C]."""
+    B, T, H, DK, DV, NT, BV, prec = _meta(k, k, k)
+    C = TRITON_CHUNK
+    Gp = G if G is not None else k  # any pointer; unused when GATE == 0
+    A = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
+    P = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
+    # key tile and warps of _grams_fwd, measured at B8 T4096 H16 D128 on an H100 (notes/perf.md): DeltaNet 64-channel
+    # tiles with 4 warps (0.26 ms; whole rows with 8 warps 0.33); KDA whole rows with 8 warps (1.76 ms; 64-channel
+    # tiles with 4 warps 4.05: its six gate levels spill)
+    BK, nw = (DK, _warps(DK, DK)) if GATE == 2 else (min(DK, 64), 4)
+    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, BK, DG, C, int(math.log2(C)), GATE, prec,
+                                   num_warps=nw)
+    _inverse_kernel[(NT, B * H)](A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=2)
+    return P, A
+
+def _fwd_recompute(q, k, v, beta, G, h0, output_final_state, GATE, DG, P=None, A=None):
+    """P_qk, A, W per chunk (P, A taken as given when passed), then the sequential pass: state snapshots h[c]
+    (k's dtype), Delta, final state (fp32)."""
+    B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
+    C = TRITON_CHUNK
+    Gp = G if G is not None else k  # any pointer; unused when GATE == 0
+    if P is None:
+        P, A = _grams_inverse(q, k, beta, G, GATE, DG)
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec, num_warps=_warps(DK, DV))
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
+    vn = torch.empty_like(v)
+    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    _state_fwd_kernel[(DV // BV, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
+                                         T, NT, H, DK, DV, BV, DG, C, GATE, prec, h0 is not None, ht is not None,
+                                         num_warps=_warps(DK, DV), num_stages=2)
+    return P, A, w, h, vn, ht
+
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                     scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                               torch.Tensor, torch.Tensor]:
-    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for), and what the backward
-    reads: G fp32 [B,T,H,DG] (chunk-local cumsum of g; empty for DeltaNet), P and A fp32 [B,T,H,C], W (k's dtype),
-    h [B,NT,H,Dk,Dv] (k's dtype), Delta (v's dtype)."""
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
+    G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A fp32
+    [B,T,H,C] where _store_grams keeps them for the backward (empty otherwise)."""
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = _gate_kind(g, k)
-    C, dev, f32 = TRITON_CHUNK, k.device, torch.float32
-    G = torch.empty(B, T, H, DG, device=dev, dtype=f32) if GATE > 0 else torch.empty(0, device=dev, dtype=f32)
-    P = torch.empty(B, T, H, C, device=dev, dtype=f32)
-    A = torch.empty(B, T, H, C, device=dev, dtype=f32)
-    w, u = torch.empty_like(k), torch.empty_like(v)
-    gp = g.contiguous() if GATE > 0 else k  # any pointer where there is no gate
-    Gp = G if GATE > 0 else k
-    _intra_fwd_kernel[(NT, B * H)](q, k, v, beta, gp, Gp, P, A, w, u, scale, T, H, DK, DV, DG, GATE, prec,
-                                   'ieee' if prec == 'ieee' else 'tf32x3', num_warps=_intra_warps(DK, GATE))
+    G = torch.empty(0, device=k.device, dtype=torch.float32)
+    if GATE > 0:
+        G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
+        _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    h = torch.empty(B, NT, H, DK, DV, device=dev, dtype=k.dtype)
-    vn = torch.empty_like(v)
-    ht = torch.empty(B, H, DK, DV, device=dev, dtype=f32) if output_final_state else torch.empty(0, device=dev,
-                                                                                                  dtype=f32)
-    _state_fwd_kernel[(DV // BV, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h,
-                                         ht if output_final_state else h, T, NT, H, DK, DV, BV, DG, C, GATE, prec,
-                                         h0 is not None, output_final_state, num_warps=_warps(DK, DV), num_stages=2)
-    del u
+    P, A, w, h, vn, ht = _fwd_recompute(q, k, v, beta, G if GATE > 0 else None, h0, output_final_state, GATE, DG)
     o = torch.empty_like(v)
-    _output_fwd_kernel[(DV // BV, NT, B * H)](q, P, Gp, h, vn, o, scale, T, NT, H, DK, DV, BV, DG, C, GATE, prec,
-                                              num_warps=_warps(DK, DV))
-    return o, ht, G, P, A, w, h, vn
+    Gp = G if GATE > 0 else k
+    _output_fwd_kernel[(DV // BV, NT, B * H)](q, P, Gp, h, vn, o, scale, T, NT, H, DK, DV, BV, DG, TRITON_CHUNK,
+                                              int(math.log2(TRITON_CHUNK)), GATE, prec, num_warps=_warps(DK, DV))
+    empty = lambda: torch.empty(0, device=k.device, dtype=torch.float32)  # outputs must not alias each other
+    keep = _store_grams(GATE)
+    return o, (ht if ht is not None else empty()), G, (P if keep else empty()), (A if keep else empty())
 
 @_delta_rule_fwd.register_fake
 def _(q, k, v, beta, g, scale, initial_state, output_final_state):
     B, T, H, DK = k.shape
     GATE, DG = _gate_kind(g, k)
-    NT = triton.cdiv(T, TRITON_CHUNK) if HAVE_TRITON else -(-T // TRITON_CHUNK)
-    f32 = torch.float32
-    ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=f32)
-    G = q.new_empty((B, T, H, DG) if GATE > 0 else (0,), dtype=f32)
-    P = q.new_empty((B, T, H, TRITON_CHUNK), dtype=f32)
-    return (v.new_empty(v.shape), ht, G, P, q.new_empty(P.shape, dtype=f32), k.new_empty(k.shape),
-            k.new_empty((B, NT, H, DK, v.shape[-1])), v.new_empty(v.shape))
+    ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    G = q.new_empty((B, T, H, DG) if GATE > 0 else (0,), dtype=torch.float32)
+    PA = (B, T, H, TRITON_CHUNK) if _store_grams(GATE) else (0,)
+    return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=torch.float32), q.new_empty(PA, dtype=torch.float32)
 
 @torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
 def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
-                    P: torch.Tensor, A: torch.Tensor, w: torch.Tensor, h: torch.Tensor, vn: torch.Tensor,
-                    has_initial_state: bool, do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+                    P: Optional[torch.Tensor], A: Optional[torch.Tensor],
+                    initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
-    d initial_state fp32 (empty without one). G, P, A, w, h, vn: the forward's (G None for DeltaNet)."""
+    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet)."""
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = (0, 1) if G is None else ((1, 1) if G.shape[-1] == 1 else (2, G.shape[-1]))
-    C, dev, f32 = TRITON_CHUNK, k.device, torch.float32
+    C, LOG2C = TRITON_CHUNK, int(math.log2(TRITON_CHUNK))
     Gp = G if G is not None else k
-    dvn = torch.empty(B, T, H, DV, device=dev, dtype=f32)
-    _dv_local_kernel[(DV // BV, NT, B * H)](P, do, dvn, T, H, DV, BV, C, prec, num_warps=_warps(DK, DV))
-    dh = torch.empty(B, NT, H, DK, DV, device=dev, dtype=f32)
-    dh0 = torch.empty(B, H, DK, DV, device=dev, dtype=f32) if has_initial_state else None
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    stored = P is not None
+    P, A, w, h, vn, _ = _fwd_recompute(q, k, v, beta, G, h0, False, GATE, DG, P, A)
+    dvn = torch.empty(B, T, H, DV, device=k.device, dtype=torch.float32)
+    _dv_local_kernel[(DV // BV, NT, B * H)](P, do, dvn, scale, T, H, DV, BV, C, prec, num_warps=_warps(DK, DV))
+    del P  # its last use: freed before dh, the largest buffer, is allocated (peak memory of forward+backward)
+    dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=torch.float32)
+    dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
     _state_bwd_kernel[(DV // BV, B * H)](q, k, w, Gp, do, dvn, dh, dht if dht is not None else dh,
                                          dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BV, DG,
                                          C, GATE, prec, dht is not None, dh0 is not None, num_warps=_warps(DK, DV),
                                          num_stages=2)
-    dP = torch.empty(B, T, H, C, device=dev, dtype=f32)
-    dL = torch.empty(B, T, H, C, device=dev, dtype=f32)
+    del w  # its last use: dP below takes its place (the same bytes at Dk = 128 in bf16)
+    dP = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     BK, nw = _bwd_key_tile(DK, GATE)
     NK = DK // BK
     # dbeta (and GDN's dg) come back as one partial sum per key tile (dbeta's last slot: the value side from _wy_bwd),
     # added up below
-    dbeta = torch.empty(NK + 1, B, T, H, device=dev, dtype=f32)
-    dg = torch.empty(0, device=dev, dtype=f32)
+    dbeta = torch.empty(NK + 1, B, T, H, device=k.device, dtype=torch.float32)
+    dg = torch.empty(0, device=k.device, dtype=torch.float32)
     if GATE == 1:
-        dg = torch.empty(NK, B, T, H, device=dev, dtype=f32)
+        dg = torch.empty(NK, B, T, H, device=k.device, dtype=torch.float32)
     elif GATE == 2:
-        dg = torch.empty(B, T, H, DK, device=dev, dtype=f32)
-    X = dvn  # X = A^T dDelta is written over dDelta (no other kernel reads dDelta afterwards)
+        dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
+    # X = A^T dDelta over dDelta (no other kernel reads it afterwards); dL over A when A was recomputed here (a
+    # stored A is the forward's saved tensor and stays untouched)
+    dL, X = (torch.empty_like(A) if stored else A), dvn
+    # V-tiles of 32 with 8 warps, no pipelining: 116 B spilled (64 / 4 warps: 1608 B; 3 stages: 132 B;
+    # notes/ptxas_check.py, not yet timed on a GPU)
     _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, 32), C, prec,
                                 num_warps=8, num_stages=1)
     _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, X, dh, dq, dk, dbeta,
                                        dg if GATE > 0 else dbeta, scale, T, NT, H, DK, DV, BK, BV,
-                                       DG, GATE, prec, num_warps=nw, num_stages=1)
+                                       DG, C, LOG2C, GATE, prec, num_warps=nw, num_stages=1)
     if GATE == 1:
         dg = dg.sum(0)
-    return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=dev))
+    return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
 
 @_delta_rule_bwd.register_fake
-def _(q, k, v, beta, G, P, A, w, h, vn, has_initial_state, do, dht, scale):
+def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
     f32 = torch.float32
-    B, T, H, DK = k.shape
     dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
-    dh0 = q.new_empty((B, H, DK, v.shape[-1]) if has_initial_state else (0,), dtype=f32)
+    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
 
 def _delta_rule_setup(ctx, inputs, output):
     q, k, v, beta, g, scale, initial_state, output_final_state = inputs
-    o, ht, G, P, A, w, h, vn = output
-    ctx.save_for_backward(q, k, v, beta, G if g is not None else None, P, A, w, h, vn)
+    keep = output[3].numel() > 0
+    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3] if keep else None,
+                          output[4] if keep else None, initial_state)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = None if g is None else g.dtype
-    ctx.h0_dtype = None if initial_state is None else initial_state.dtype
 
 def _delta_rule_backward(ctx, do, dht, *_):
-    q, k, v, beta, G, P, A, w, h, vn = ctx.saved_tensors
+    q, k, v, beta, G, P, A, h0 = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
-    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, w, h, vn, ctx.h0_dtype is not None, do, dht,
-                                                 ctx.scale)
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale)
     return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
-            None if ctx.h0_dtype is None else dh0.to(ctx.h0_dtype), None)
+            None if h0 is None else dh0.to(h0.dtype), None)
 
 _delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
