@@ -32,7 +32,8 @@ tensors for ours and fla); scale Dk^-0.5; no initial or final state. Times are m
 (ms). fwd runs without autograd; fwd+bwd is one forward and the backward of <o, do>. Peak MiB is
 torch.cuda.max_memory_allocated() during one forward+backward minus what was allocated before it (inputs, do and
 the gradients of the previous run excluded). Ours runs first and prints at once; fla's row then carries
-"ours/fla" = ours ÷ that fla kernel at the same shape (fwd / fwd+bwd) and "o vs fla", the relative RMS difference
+"ours/fla" = ours ÷ that fla kernel at the same shape (fwd / fwd+bwd; on our GDN row: ours ÷ our DeltaNet, "÷dn") and
+"o vs fla", the relative RMS difference
 of the two outputs. A kernel that refuses or fails is reported in its row.
 """
 
@@ -51,7 +52,8 @@ import kernels
 
 SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 12, 64)]  # B, T, H, D (Dk = Dv = D)
 QUICK_SHAPES = [(2, 4096, 16, 128)]
-VARIANTS = ("kda", "gdn", "deltanet")  # KDA first: the headline target of issue 4; the default run
+VARIANTS = ("kda", "deltanet", "gdn")  # KDA first (the headline target); DeltaNet before GDN, whose row is also
+                                       # divided by our DeltaNet's at the same shape
 SCALAR_VARIANTS = ("retnet", "mamba2")  # issue 5, not in the default run: --variants retnet,mamba2
 RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128)]  # B, T, H, D
 MAMBA2_SHAPES = [(8, 4096, 32, 64, 128, 1), (8, 4096, 16, 128, 128, 16)]  # B, T, heads, headdim P, d_state N, groups
@@ -151,6 +153,7 @@ def bench_chunked(shapes, variants, fla):
             row(["sdpa causal (flash)", shape, first_line(e)])
         del qkv
         torch.cuda.empty_cache()
+        ours_at_shape = {}  # variant -> (fwd, fwd+bwd) ms of ours at this shape
         for variant in variants:
             x = inputs(B, T, H, D, variant)
             leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else [])
@@ -167,6 +170,10 @@ def bench_chunked(shapes, variants, fla):
                     ratio, diff = "", ""
                     if impl == "ours":
                         ours, o_ours = (f, fb), o
+                        ours_at_shape[variant] = ours
+                        if variant == "gdn" and "deltanet" in ours_at_shape:  # the gate's cost over our DeltaNet
+                            dn = ours_at_shape["deltanet"]
+                            ratio = f"{f / dn[0]:.2f} / {fb / dn[1]:.2f} ÷dn"
                     else:
                         if ours:
                             ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
