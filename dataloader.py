@@ -23,6 +23,7 @@ For evaluation make a ShardLoader on split='val' and call reset() before each ev
 eval sees the same tokens.
 """
 import glob
+import functools
 import os
 import subprocess
 
@@ -54,6 +55,7 @@ def shared_tiktoken_cache(root=os.path.dirname(os.path.abspath(__file__))):
     return None
 
 
+@functools.cache  # loaded once per process, on first use (so --help works offline)
 def gpt2_encoding():
     """tiktoken's GPT-2 BPE, the tokenizer of every dataset here. tiktoken downloads it once into its
     cache; on an offline machine point TIKTOKEN_CACHE_DIR at a copy. When the variable is unset, a copy in a

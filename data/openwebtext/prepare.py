@@ -41,20 +41,12 @@ from configurator import UserError, excepthook  # noqa: E402
 from dataloader import ShardWriter, gpt2_encoding  # noqa: E402
 
 EOT = 50256   # GPT-2's <|endoftext|>
-_enc = None   # the tokenizer, loaded on first use (so --help works offline; spawned workers load their own)
-
-
-def encoder():
-    global _enc
-    if _enc is None:
-        _enc = gpt2_encoding()
-    return _enc
 
 
 def tokenize(doc):
     """(name, text) -> (name, uint16 tokens with EOT first). Runs in the worker processes."""
     name, text = doc
-    return name, np.array([EOT] + encoder().encode_ordinary(text), dtype=np.uint16)
+    return name, np.array([EOT] + gpt2_encoding().encode_ordinary(text), dtype=np.uint16)
 
 
 def unit_hash(name):
@@ -204,7 +196,7 @@ def main(argv=None):
     parser.add_argument('--num_proc', type=int, default=max(1, os.cpu_count() // 2), help='tokenizer processes')
     parser.add_argument('--val_fraction', type=float, default=0.0005, help='share of documents in val (0.05%%)')
     args = parser.parse_args(argv)
-    encoder()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
+    gpt2_encoding()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
 
     os.makedirs(args.out_dir, exist_ok=True)
     with Pool(args.num_proc) if args.num_proc > 1 else contextlib.nullcontext() as pool:  # pool is None for 1

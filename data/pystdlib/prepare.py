@@ -32,14 +32,6 @@ EXCLUDE_DIRS = {'site-packages', 'test', 'tests', 'idle_test', '__pycache__'}
 MAX_BYTES = 500_000
 VAL_PERMILLE = 20  # ~2% of files go to val
 EOT = 50256        # GPT-2's <|endoftext|>
-_enc = None        # the tokenizer, loaded on first use (so --help works offline; spawned workers load their own)
-
-
-def encoder():
-    global _enc
-    if _enc is None:
-        _enc = gpt2_encoding()
-    return _enc
 
 
 def list_files(root):
@@ -81,7 +73,7 @@ def tokenize(path):
     """One document: EOT then the GPT-2 BPE tokens of the file's text, as uint16."""
     with open(path, encoding='utf-8') as f:
         text = f.read()
-    return np.array([EOT] + encoder().encode_ordinary(text), dtype=np.uint16)
+    return np.array([EOT] + gpt2_encoding().encode_ordinary(text), dtype=np.uint16)
 
 
 def main():
@@ -89,7 +81,7 @@ def main():
     parser.add_argument('--out_dir', default=os.path.dirname(os.path.abspath(__file__)), help='where the shards go')
     parser.add_argument('--num_proc', type=int, default=2, help='tokenizer processes')
     args = parser.parse_args()
-    encoder()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
+    gpt2_encoding()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
 
     root = sysconfig.get_paths()['stdlib']
     relpaths = list_files(root)
