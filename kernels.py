@@ -302,9 +302,9 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # - token offsets are int64 (B*T*H*D can pass 2^31).
 # T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
 # head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
-# TODO (speed, notes/perf.md, H100: KDA 1.9x fla forward, 2.7x forward+backward; DeltaNet 1.7x / 2.6x): the backward
-# kernel _grads_bwd was most of the time (KDA 20 of 29 ms, spilling at D=128); split into _wy_bwd + _grads_bwd
-# (2026-11-23 (b), not yet timed on a GPU). P, A, W, h, Delta are recomputed in the backward.
+# TODO (speed, notes/perf.md 2026-11-23 (d), H100: KDA 1.91x fla forward, 1.48x forward+backward; DeltaNet 1.70x /
+# 2.10x): KDA's dyadic gated Gram (_grams_fwd, _grams_bwd) and the fp32 intermediates between eight kernels limit;
+# the backward recomputes W, h, Delta (and P, A except for KDA).
 
 TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
 
@@ -1256,8 +1256,8 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
 #
 # Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> A, W, U (_wy_fwd) -> h[c], Delta, final state
 # (_state_fwd) -> O (_output_fwd). Saved: q, k, v, beta, G, the initial state, and for KDA P_qk and A (_store_grams);
-# the backward (kernels::delta_rule_bwd) recomputes the rest of P, A, W, h, Delta, then runs _dv_local, _state_bwd (reverse over chunks),
-# _wy_bwd and _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered
+# the backward (kernels::delta_rule_bwd) recomputes the rest of P, A, W, h, Delta, then runs _dv_local, _state_bwd
+# (reverse over chunks), _wy_bwd and _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered
 # as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
 # break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
 
