@@ -1662,7 +1662,7 @@ def _say_once(line):
 
 def _log_path(fn, path, note, x):
     what = {"recurrent": "the recurrent torch path", "chunked": "the chunked torch path", "triton": "the Triton kernels",
-            "step": "the torch step", "triton step": "the Triton step kernel"}[path]
+            "step": "the torch step", "triton step": "the Triton step kernel", "torch": "torch"}[path]
     line = f"kernels: {fn} uses {what} on {x.device.type}{note}"
     if torch.compiler.is_compiling():
         # Dynamo cannot trace print: say it once while tracing (comptime runs at trace time), with no guard on
@@ -1709,3 +1709,216 @@ def linear_attn_step(q, k, v, g, state, scale=None):
     if path == "triton":
         return linear_attn_step_triton(q, k, v, g, state, scale)
     return linear_attn_step_torch(q, k, v, g, state, scale)
+
+# -----------------------------------------------------------------------------
+# short convolution (DeltaNet, Gated DeltaNet, KDA: q, k, v; Mamba2: x, B, C)
+#   p_t = b + sum_j w[:, j] * x_{t-W+1+j}  (x_t = 0 for t < 0),   y_t = silu(p_t)        depthwise, causal, width W
+#   backward: dp_t = dy_t * silu'(p_t);  dx_t = sum_j w[:, j] * dp_{t+W-1-j};  dw[:, j] = sum_t dp_t x_{t-W+1+j}
+#   decode:   the last W-1 raw inputs are the state; one token shifts it by one
+# The torch version runs F.conv1d over a [B, D, T] transpose; the Triton kernels read [B, T, D] as it is (channels
+# contiguous), fuse the SiLU and recompute p in the backward instead of saving it: the convs are memory-bound, so
+# the floor is one read of x and one write of y forward, two reads (x, dy) and one write (dx) backward.
+
+def short_conv_torch(x, weight, bias=None):
+    """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype."""
+    D, W = weight.shape
+    xx = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, D, W-1+T]: zeros before the start
+    b = None if bias is None else bias.to(x.dtype)
+    return F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
+
+def short_conv_step_torch(x, state, weight, bias=None):
+    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs, updated in place) -> y [B, D]."""
+    window = torch.cat([state, x[:, None].to(state.dtype)], dim=1)            # [B, W, D]
+    p = torch.einsum("bwd,dw->bd", window.float(), weight.float())
+    if bias is not None:
+        p = p + bias.float()
+    state.copy_(window[:, 1:])
+    return F.silu(p).to(x.dtype)
+
+@triton.jit
+def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, W: tl.constexpr, BT: tl.constexpr,
+                           BD: tl.constexpr, BIAS: tl.constexpr):
+    it, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    t = it * BT + tl.arange(0, BT)
+    d = idd * BD + tl.arange(0, BD)
+    dm = d < D
+    p = tl.zeros((BT, BD), dtype=tl.float32)
+    if BIAS:
+        p += tl.load(b_ptr + d, mask=dm, other=0.)[None, :]
+    for j in tl.static_range(W):
+        tj = t - (W - 1) + j
+        xj = tl.load(x_ptr + b * sxb + tj[:, None] * sxt + d[None, :], mask=(tj >= 0)[:, None] & dm[None, :], other=0.)
+        p += tl.load(w_ptr + d * W + j, mask=dm, other=0.)[None, :] * xj.to(tl.float32)
+    y = p * tl.sigmoid(p)
+    tl.store(y_ptr + b * T * D + t[:, None] * D + d[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=(t < T)[:, None] & dm[None, :])
+
+@triton.jit
+def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, NTB,
+                           W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr):
+    # dx_t needs dp at t .. t+W-1, so p is recomputed at W shifts (x re-read from L1/L2, not from DRAM); the weight
+    # and bias gradients come out as one partial sum per program (summed by the caller: deterministic, no atomics)
+    it, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    t = it * BT + tl.arange(0, BT)
+    d = idd * BD + tl.arange(0, BD)
+    dm = d < D
+    xb = x_ptr + b * sxb
+    dx = tl.zeros((BT, BD), dtype=tl.float32)
+    for s in tl.static_range(W):             # dp at t + s meets w[:, W-1-s] in dx_t
+        ts = t + s
+        p = tl.zeros((BT, BD), dtype=tl.float32)
+        if BIAS:
+            p += tl.load(b_ptr + d, mask=dm, other=0.)[None, :]
+        for j in tl.static_range(W):
+            tj = ts - (W - 1) + j
+            xj = tl.load(xb + tj[:, None] * sxt + d[None, :], mask=((tj >= 0) & (tj < T))[:, None] & dm[None, :],
+                         other=0.)
+            p += tl.load(w_ptr + d * W + j, mask=dm, other=0.)[None, :] * xj.to(tl.float32)
+        dy = tl.load(dy_ptr + b * T * D + ts[:, None] * D + d[None, :], mask=(ts < T)[:, None] & dm[None, :],
+                     other=0.).to(tl.float32)
+        sg = tl.sigmoid(p)
+        dp = dy * sg * (1 + p * (1 - sg))   # silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p))); 0 past the end
+        dx += tl.load(w_ptr + d * W + (W - 1 - s), mask=dm, other=0.)[None, :] * dp
+        if s == 0:                           # this program's share of dw and db: rows t of its own block
+            part = (b * NTB + it) * W * D
+            for j in tl.static_range(W):
+                tj = t - (W - 1) + j
+                xj = tl.load(xb + tj[:, None] * sxt + d[None, :], mask=((tj >= 0) & (tj < T))[:, None] & dm[None, :],
+                             other=0.)
+                tl.store(dw_ptr + part + j * D + d, tl.sum(dp * xj.to(tl.float32), 0), mask=dm)
+            if BIAS:
+                tl.store(db_ptr + (b * NTB + it) * D + d, tl.sum(dp, 0), mask=dm)
+    tl.store(dx_ptr + b * T * D + t[:, None] * D + d[None, :], dx.to(dx_ptr.dtype.element_ty),
+             mask=(t < T)[:, None] & dm[None, :])
+
+@triton.jit
+def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, W: tl.constexpr, BD: tl.constexpr,
+                            BIAS: tl.constexpr):
+    # one token per batch row: y = silu(b + sum_j w[:, j] window_j) with window = (state, x); state <- window[1:]
+    idd, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    d = idd * BD + tl.arange(0, BD)
+    dm = d < D
+    x = tl.load(x_ptr + b * D + d, mask=dm, other=0.).to(tl.float32)
+    p = tl.load(w_ptr + d * W + (W - 1), mask=dm, other=0.) * x
+    if BIAS:
+        p += tl.load(b_ptr + d, mask=dm, other=0.)
+    sb = s_ptr + b * (W - 1) * D
+    prev = x  # placeholder for W == 1 (no state)
+    for j in tl.static_range(W - 1):
+        xj = tl.load(sb + j * D + d, mask=dm, other=0.)
+        p += tl.load(w_ptr + d * W + j, mask=dm, other=0.) * xj.to(tl.float32)
+        if j > 0:
+            tl.store(sb + (j - 1) * D + d, xj, mask=dm)   # shift left by one (read before written: same program)
+    if W > 1:
+        tl.store(sb + (W - 2) * D + d, x.to(s_ptr.dtype.element_ty), mask=dm)
+    tl.store(y_ptr + b * D + d, (p * tl.sigmoid(p)).to(y_ptr.dtype.element_ty), mask=dm)
+
+_CONV_BT, _CONV_BD = 32, 128  # [32, 128] tiles: 32 fp32 values per thread at 4 warps
+
+def _conv_rows(x):
+    """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels
+    must be contiguous; anything else is copied once."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x, x.stride(0), x.stride(1)
+
+@torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
+def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    B, T, D = x.shape
+    x, sxb, sxt = _conv_rows(x)
+    y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, _CONV_BD), B)
+    _short_conv_fwd_kernel[grid](x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt,
+                                 weight.shape[1], _CONV_BT, _CONV_BD, bias is not None)
+    return y
+
+@_short_conv_fwd.register_fake
+def _(x, weight, bias):
+    return x.new_empty(x.shape)
+
+@torch.library.custom_op("kernels::short_conv_bwd", mutates_args=())
+def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dy: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dx (x's dtype), dw fp32 [D, W], db fp32 [D] (empty without a bias)."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    x, sxb, sxt = _conv_rows(x)
+    dy = dy.contiguous()
+    NTB = triton.cdiv(T, _CONV_BT)
+    dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
+    dw = torch.empty(B * NTB, W, D, device=x.device, dtype=torch.float32)
+    db = torch.empty(B * NTB, D, device=x.device, dtype=torch.float32) if bias is not None else dw
+    _short_conv_bwd_kernel[(NTB, triton.cdiv(D, _CONV_BD), B)](
+        x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db, T, D, sxb, sxt, NTB,
+        W, _CONV_BT, _CONV_BD, bias is not None)
+    db = db.sum(0) if bias is not None else torch.empty(0, device=x.device)
+    return dx, dw.sum(0).t().contiguous(), db
+
+@_short_conv_bwd.register_fake
+def _(x, weight, bias, dy):
+    f32 = torch.float32
+    return x.new_empty(x.shape), weight.new_empty(weight.shape, dtype=f32), x.new_empty(
+        (0,) if bias is None else bias.shape, dtype=f32)
+
+def _short_conv_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight, bias)
+
+def _short_conv_backward(ctx, dy):
+    x, weight, bias = ctx.saved_tensors
+    dx, dw, db = _short_conv_bwd(x, weight, bias, dy)
+    return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype)
+
+_short_conv_fwd.register_autograd(_short_conv_backward, setup_context=_short_conv_setup)
+
+@torch.library.custom_op("kernels::short_conv_step", mutates_args=("state",))
+def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
+                        ) -> torch.Tensor:
+    B, D = x.shape
+    y = torch.empty_like(x)
+    x = x.contiguous()
+    _short_conv_step_kernel[(triton.cdiv(D, _CONV_BD), B)](x, state, weight.contiguous(),
+                                                           bias if bias is not None else weight, y, D,
+                                                           weight.shape[1], _CONV_BD, bias is not None)
+    return y
+
+@_short_conv_step_op.register_fake
+def _(x, state, weight, bias):
+    return x.new_empty(x.shape)
+
+def _conv_path(x):
+    """-> ('triton' | 'torch', note): as _pick_path, for any channel count (the kernels tile D by 128)."""
+    forced = os.environ.get("KERNELS_PATH", "")
+    if forced:
+        _pick_path("short_conv", x, x)  # the same checks of the forced value
+        return ("triton" if forced == "triton" else "torch"), " (forced by KERNELS_PATH)"
+    if not (x.is_cuda and HAVE_TRITON):
+        return "torch", ""
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return "torch", f" (the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype})"
+    return "triton", ""
+
+def short_conv(x, weight, bias=None, initial=None):
+    """silu(causal depthwise conv) over x [B, T, D] with weight [D, W], bias [D] | None; initial [B, W-1, D] | None
+    holds the raw inputs before x (zeros when None). -> y [B, T, D] in x's dtype. Triton on CUDA (and when
+    KERNELS_PATH=triton forces it), torch elsewhere; differentiable in x, weight, bias (and initial)."""
+    if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
+        _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
+    path, note = _conv_path(x)
+    _log_path("short_conv", path, note, x)
+    P = 0
+    if initial is not None:  # prefill after earlier tokens: run over (initial, x) and drop the first W-1 outputs
+        P = initial.shape[1]
+        x = torch.cat([initial.to(x.dtype), x], dim=1)
+    y = _short_conv_fwd(x, weight, bias) if path == "triton" else short_conv_torch(x, weight, bias)
+    return y[:, P:] if P else y
+
+def short_conv_step(x, state, weight, bias=None):
+    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]."""
+    path, note = _conv_path(x)
+    if path == "triton" and not state.is_contiguous():
+        path, note = "torch", " (the Triton step needs a contiguous state)"
+    _log_path("short_conv_step", "triton step" if path == "triton" else "step", note, x)
+    if path == "triton":
+        return _short_conv_step_op(x, state, weight, bias)
+    return short_conv_step_torch(x, state, weight, bias)

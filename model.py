@@ -104,15 +104,35 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
 
 
-def apply_rope(x, pos0, base):
-    """Rotary embedding, rotate-half pairing (dim i with i + hs/2). x: [B, T, nh, hs]; positions pos0..pos0+T-1."""
-    B, T, nh, hs = x.shape
-    inv_freq = 1.0 / (base ** (torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs))  # [hs/2]
-    pos = torch.arange(pos0, pos0 + T, device=x.device, dtype=torch.float32)
-    angles = pos[:, None] * inv_freq[None, :]                               # [T, hs/2]
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]  # [1, T, 1, hs/2]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
+def rope_angles(pos0, n, hs, base, device=None):
+    """(cos, sin) [n, hs/2] fp32 of the rotary angles pos·base^(−2i/hs) at positions pos0 .. pos0+n−1."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))  # [hs/2]
+    angles = torch.arange(pos0, pos0 + n, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+class Rotary(nn.Module):
+    """Rotary embedding, rotate-half pairing (dim i with i + hs/2), x: [B, T, nh, hs] at positions pos0..pos0+T−1.
+
+    The cos/sin tables of the first block_size positions are computed once (fp32 buffers, not saved in
+    checkpoints): recomputing them every step is a kernel of transcendentals per element of q and k."""
+
+    def __init__(self, hs, base, block_size):
+        super().__init__()
+        self.hs, self.base = hs, base
+        cos, sin = rope_angles(0, block_size, hs, base)
+        self.register_buffer('cos', cos, persistent=False)
+        self.register_buffer('sin', sin, persistent=False)
+
+    def forward(self, x, pos0=0):
+        T = x.size(1)
+        if pos0 + T <= self.cos.size(0):
+            cos, sin = self.cos[pos0:pos0 + T], self.sin[pos0:pos0 + T]
+        else:  # past the table (decoding beyond block_size): compute these positions
+            cos, sin = rope_angles(pos0, T, self.hs, self.base, x.device)
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]              # [1, T, 1, hs/2]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
 class MLP(nn.Module):
@@ -140,8 +160,8 @@ class MLP(nn.Module):
 class ShortConv(nn.Module):
     """Depthwise causal conv of width W over time, then SiLU: y_t = silu(Σ_j w[:, j]·x_{t−W+1+j} (+ b)).
 
-    Decode cache: the last W−1 *raw* inputs (before SiLU), stored under `cache[name]`; an empty cache
-    means zeros before the sequence start. One code path serves training, prefill and decode."""
+    kernels.short_conv (Triton on CUDA, F.conv1d elsewhere). Decode cache: the last W−1 *raw* inputs (before
+    SiLU) under `cache[name]`; a one-token call shifts them in place (kernels.short_conv_step)."""
 
     def __init__(self, dim, name, width=4, bias=False):
         super().__init__()
@@ -151,18 +171,15 @@ class ShortConv(nn.Module):
         self.bias = nn.Parameter(conv.bias.detach()) if bias else None
 
     def forward(self, x, cache=None):
-        B, T, D = x.shape
-        if cache is not None and self.name in cache:
-            prev = cache[self.name]
-        else:
-            prev = x.new_zeros(B, self.width - 1, D)
-        xx = torch.cat([prev, x], dim=1)                 # [B, W-1+T, D]
-        if cache is not None:
-            cache[self.name] = xx[:, -(self.width - 1):]  # raw inputs, kept for the next call
-        w = self.weight.to(x.dtype)[:, None, :]          # [D, 1, W]
-        b = None if self.bias is None else self.bias.to(x.dtype)
-        y = F.conv1d(xx.transpose(1, 2), w, b, groups=D)  # 'valid' conv: exactly T outputs, [B, D, T]
-        return F.silu(y.transpose(1, 2))
+        prev = None if cache is None else cache.get(self.name)
+        if prev is not None and x.size(1) == 1:
+            return kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias)[:, None]
+        y = kernels.short_conv(x, self.weight, self.bias, initial=prev)
+        if cache is not None:  # the last W−1 raw inputs (zeros before the start), kept for the next call
+            W1 = self.width - 1
+            xx = torch.cat([x.new_zeros(x.size(0), W1, x.size(2)) if prev is None else prev.to(x.dtype), x], dim=1)
+            cache[self.name] = xx[:, -W1:].contiguous()
+        return y
 
 
 def l2norm(x, eps=1e-6):
@@ -226,7 +243,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.residual_out = True
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.rope_base = config.rope_base
+        self.rope = Rotary(self.hs, config.rope_base, config.block_size)
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
@@ -235,7 +252,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.hs)
         v = v.view(B, T, self.n_kv_head, self.hs)
         past = cache['k'].size(2) if cache else 0   # tokens already in the cache = position of x[:, 0]
-        q, k = apply_rope(q, past, self.rope_base), apply_rope(k, past, self.rope_base)
+        q, k = self.rope(q, past), self.rope(k, past)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, nh, T, hs]
         if cache is not None:
             if past:
@@ -279,7 +296,8 @@ class RetNet(nn.Module):
     def __init__(self, config, layer_idx=0):
         super().__init__()
         C, hd = config.n_embd, config.head_dim
-        self.H, self.hd, self.rope_base = max(1, round(0.8 * C / hd)), hd, config.rope_base
+        self.H, self.hd = max(1, round(0.8 * C / hd)), hd
+        self.rope = Rotary(hd, config.rope_base, config.block_size)
         inner = self.H * hd
         self.q_proj, self.k_proj = nn.Linear(C, inner, bias=config.bias), nn.Linear(C, inner, bias=config.bias)
         self.v_proj, self.g_proj = nn.Linear(C, inner, bias=config.bias), nn.Linear(C, inner, bias=config.bias)
@@ -294,8 +312,8 @@ class RetNet(nn.Module):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
         past = cache.get('pos', 0) if cache else 0
-        q = apply_rope(self.q_proj(x).view(shape), past, self.rope_base)
-        k = apply_rope(self.k_proj(x).view(shape), past, self.rope_base)
+        q = self.rope(self.q_proj(x).view(shape), past)
+        k = self.rope(self.k_proj(x).view(shape), past)
         o = scan(cache, q, k, self.v_proj(x).view(shape), g=self.log_gamma)
         if cache is not None:
             cache['pos'] = past + T  # RoPE position of the next token

@@ -767,3 +767,93 @@ def test_linear_attn_triton_compile(gate, monkeypatch):
     o1 = kernels.linear_attn_step(*args, s1)
     o2 = torch.compile(kernels.linear_attn_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(*args, s2)
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
+
+# -----------------------------------------------------------------------------
+# short convolution: the Triton kernels (forward, dx, dw, db, decode step) against F.conv1d in fp64
+
+def conv_inputs(B, T, D, W, dtype, bias, seed=0, wide=False):
+    gen = torch.Generator().manual_seed(seed)
+    # wide: x is a column slice of a wider tensor (rows not contiguous), as Mamba2's xBC is
+    xw = torch.randn(B, T, D + (7 if wide else 0), generator=gen, dtype=F64)
+    w = torch.randn(D, W, generator=gen, dtype=F64) / W ** 0.5
+    b = torch.randn(D, generator=gen, dtype=F64) if bias else None
+    dy = torch.randn(B, T, D, generator=gen, dtype=F64)
+    return xw, w, b, dy
+
+def close(got, ref, tol, what):
+    assert torch.isfinite(got).all() and rel_err(got, ref) < tol, f"{what}: {rel_err(got, ref):.2e}"
+
+def conv_reference(x, w, b):
+    """fp64 loop over the window: independent of both F.conv1d and the kernels."""
+    B, T, D = x.shape
+    W = w.shape[1]
+    xx = torch.cat([x.new_zeros(B, W - 1, D), x], dim=1)
+    p = sum(w[:, j] * xx[:, j:j + T] for j in range(W)) + (0 if b is None else b)
+    return F.silu(p)
+
+@pytest.mark.parametrize("T", (1, 3, 33, 70))
+@pytest.mark.parametrize("D,bias,wide", [(5, False, False), (130, True, True), (64, False, True)])
+@pytest.mark.parametrize("dtype", (F32, torch.bfloat16), ids=_id)
+def test_short_conv_triton_vs_reference(T, D, bias, wide, dtype, monkeypatch):
+    monkeypatch.setenv("KERNELS_PATH", "triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    xw, w, b, dy = conv_inputs(2, T, D, 4, dtype, bias, wide=wide)
+    ref_in = [xw[..., :D].clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if bias else [])
+    ref = conv_reference(ref_in[0], ref_in[1], ref_in[2] if bias else None)
+    ref.backward(dy)
+    xt = xw.to(dev, dtype).requires_grad_()
+    wt = w.to(dev, F32).requires_grad_()
+    bt = b.to(dev, F32).requires_grad_() if bias else None
+    y = kernels.short_conv(xt[..., :D], wt, bt)
+    y.backward(dy.to(dev, dtype))
+    tol = 2e-5 if dtype == F32 else 2e-2
+    assert y.dtype == dtype and xt.grad.dtype == dtype and wt.grad.dtype == F32
+    close(y.cpu().double(), ref, tol, "y")
+    close(xt.grad[..., :D].cpu().double(), ref_in[0].grad, tol, "dx")
+    assert (xt.grad[..., D:] == 0).all()
+    close(wt.grad.cpu().double(), ref_in[1].grad, tol, "dw")
+    if bias:
+        close(bt.grad.cpu().double(), ref_in[2].grad, tol, "db")
+
+@pytest.mark.parametrize("bias", (False, True))
+def test_short_conv_prefill_and_steps_match_one_pass(bias, monkeypatch):
+    # a prefill of 5 tokens, then 3 one-token steps (state updated in place) == one pass over the 8 tokens; torch and
+    # Triton paths alike (Triton through the interpreter on CPU)
+    paths = ["chunked"] + (["triton"] if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" else [])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    xw, w, b, _ = conv_inputs(3, 8, 20, 4, F32, bias)
+    x, w, b = xw.to(dev, F32), w.to(dev, F32), None if b is None else b.to(dev, F32)
+    ref = conv_reference(x.double(), w.double(), None if b is None else b.double())
+    for path in paths:
+        monkeypatch.setenv("KERNELS_PATH", path)
+        y0 = kernels.short_conv(x[:, :5], w, b)
+        state = x[:, 2:5].clone()
+        ys = [kernels.short_conv_step(x[:, t], state, w, b) for t in range(5, 8)]
+        got = torch.cat([y0] + [y[:, None] for y in ys], dim=1)
+        close(got.double().cpu(), ref.cpu(), 1e-5, path)
+        assert torch.equal(state, x[:, 5:8])
+        y1 = kernels.short_conv(x[:, 6:], w, b, initial=x[:, 3:6])   # prefill that continues from a window
+        close(y1.double().cpu(), ref[:, 6:].cpu(), 1e-5, path + " initial")
+
+def test_short_conv_compiles(monkeypatch):
+    # kernels::short_conv_fwd/bwd and the mutating step under torch.compile(fullgraph=True) == eager (CPU: aot_eager)
+    monkeypatch.setenv("KERNELS_PATH", "triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    xw, w, b, dy = conv_inputs(2, 37, 24, 4, F32, True, wide=True)
+    x, w, b, dy = (t.to(DEV, F32) for t in (xw, w, b, dy))
+    f = lambda x, w, b: (kernels.short_conv(x[..., :24], w, b) * dy).sum()
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        loss = fn(*leaves)
+        results.append([loss] + list(torch.autograd.grad(loss, leaves)))
+    for a, c in zip(*results):
+        assert rms_err(c, a) < 1e-6
+    s1, s2 = x[:, :3, :24].clone(), x[:, :3, :24].clone()
+    y1 = kernels.short_conv_step(x[:, 3, :24], s1, w, b)
+    y2 = torch.compile(kernels.short_conv_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(
+        x[:, 3, :24], s2, w, b)
+    assert rms_err(y2, y1) < 1e-6 and torch.equal(s1, s2)
