@@ -8,6 +8,8 @@ The scalar-decay family (variants retnet, mamba2; not in the default run) has it
 default before 2026-11-23); the Mamba2 core (Δ = softplus(dt + dt_bias), v = Δ·x, g = Δ·A, the scan, + D·x: model.py's math between
 the conv output and the gated norm) in absolute times at the mamba_ssm shapes of issue 5, next to mamba_ssm's
 mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Triton step vs the torch step).
+--model_decode and --train measure whole models: decode latency, and training speed, memory and GPU time by kernel
+category per mixer and context (issue 15).
 
     python bench.py            # B=8 T=4096 H=16 D=128; B=2 T=16384 H=16 D=128; B=8 T=4096 H=12 D=64; decode at 1 and 64
     python bench.py --quick    # B=2 T=4096 H=16 D=128; decode at batch 1
@@ -20,9 +22,25 @@ mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Tri
     python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
                                                # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
                                                # 16 heads x 128, 16 groups; decode at batch 1 and 64
+    python bench.py --train    # whole-model training of the 124M models, every mixer x T = 1024, 4096, 8192, 16384
+    python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
+    python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
 A cold run (empty Triton cache) spends minutes compiling before it measures anything: on an H200 (Triton 3.6),
 the first shape of the full run got through SDPA, DeltaNet (ours, fla) and GDN (ours) in about 4.5 minutes, with our
 kernels already compiled by the tests and fla's chunk_kda backward still compiling.
+
+--train (issue 15): config/<mixer>_owt.py's model (kda_hybrid.py's for 'kda*3,softmax' and other patterns), softmax
+always included and first, --tokens per step (batch = tokens // T), trained as train.py trains on CUDA: torch.compile,
+bf16 autocast, TF32, clip_grad_norm_ at 1.0 with its finiteness check (one sync), fused AdamW; one micro-step per
+optimizer step, random tokens. Each (mixer, T) cell runs in its own process: first all of them compile, --jobs at a
+time (the Inductor and Triton caches on disk are shared), then each is measured alone. Compiling dominates a run:
+one context per command (--contexts 4096) keeps it short. Columns: ms/step = median wall time of a step between CUDA
+events, tokens/s = B*T over it, × softmax = tokens/s over softmax's at that T, MFU = model.flops_per_token(T) ×
+tokens/s over the GPU's bf16 peak, peak MiB = max_memory_allocated over the timed steps; then GPU ms per step by
+kernel category (torch.profiler over 3 more steps; the rules are kernel_category's), whose sum is the GPU's busy
+time and can be below ms/step; outside mixer+attn = that sum less the linear-mixer and attention kernels, and
+÷ softmax's = it over the softmax row's at that T (issue 15's target: <= 1.15 at T=4096). Under the table: each
+cell's top 5 unfused and fused-elementwise kernels, and which path kernels.py took. On CPU: eager fp32, no profile.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -38,7 +56,13 @@ of the two outputs. A kernel that refuses or fails is reported in its row.
 """
 
 import argparse
+import json
 import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -493,6 +517,251 @@ def chunk_sweep(chunks, variants):
         torch.cuda.empty_cache()
 
 
+# -----------------------------------------------------------------------------
+# whole-model training (issue 15): tokens/s, MFU, peak memory and where the GPU time goes, per mixer and context
+
+TRAIN_CONFIGS = {"softmax": "softmax_owt", "kda*3,softmax": "kda_hybrid", "kda": "kda_owt",  # mixer -> config/<file>.py
+                 "gdn": "gdn_owt", "mamba2": "mamba2_owt", "deltanet": "deltanet_owt", "retnet": "retnet_owt"}
+TRAIN_CONTEXTS = "1024,4096,8192,16384"
+CATEGORIES = ("linear mixer", "attention", "matmul", "conv", "fused elem", "unfused", "optimizer")
+WARM_STEPS, WARMUP_STEPS, PROFILE_STEPS = 2, 3, 3  # steps of the --warm run; before the timing; under the profiler
+# the Triton functions of kernels.py (KernelInterface: also what triton.jit returns under TRITON_INTERPRET=1)
+MIXER_KERNELS = frozenset(n for n, o in vars(kernels).items() if isinstance(o, triton.runtime.jit.KernelInterface))
+
+
+def kernel_category(name, mixer_kernels=MIXER_KERNELS):
+    """The category of one CUDA profiler event name (a kernel, memcpy or memset); the first rule that matches wins,
+    case-insensitively (the order matters: Inductor names its kernels after the ops they fuse, 'short_conv_bwd'
+    included; cuDNN's sdpa kernels also hold 'sm90_', fmha kernels 'cutlass'):
+      fused elem    Inductor's generated Triton kernels: 'triton_' (triton_poi_, triton_red_, triton_per_)
+      conv          our short-conv Triton kernels (the name holds 'short_conv')
+      linear mixer  the other Triton kernels of kernels.py: a name starting with one of mixer_kernels (the function
+                    names; all start with '_', which no ATen, cuBLAS or Inductor kernel does)
+      attention     'flash', 'fmha', 'attention', 'sdpa', and the backward's helpers 'dot_do_o' and 'convert_dq'
+                    (FlashAttention, mem-efficient, cuDNN SDPA with its cudnn::fusion:: helpers)
+      conv          'conv' (not 'convert'), 'fprop', 'dgrad', 'wgrad': ATen's conv_depthwise2d_*, cuDNN convolutions
+      optimizer     'multi_tensor_apply' (fused AdamW, and clip_grad_norm_'s _foreach_norm / _foreach_mul_),
+                    'adam', 'lpnorm' (the foreach norm's cleanup); the few scalar ops between them land in unfused
+      matmul        'gemm', 'gemv', 'cutlass', 'nvjet', 'xmma', 'cublas', 'sm80_', 'sm90_', 'splitkreduce'
+      unfused       everything else: ATen elementwise / reduce / copy / fill / cat / index kernels, memcpy, memset"""
+    low = name.lower()
+    if low.startswith("triton_"):
+        return "fused elem"
+    if "short_conv" in low:
+        return "conv"
+    if name.startswith(tuple(mixer_kernels)):
+        return "linear mixer"
+    for category, pattern in (("attention", r"flash|fmha|attention|sdpa|dot_do_o|convert_dq"),
+                              ("conv", r"conv(?!ert)|fprop|dgrad|wgrad"),
+                              ("optimizer", r"multi_tensor_apply|adam|lpnorm"),
+                              ("matmul", r"gemm|gemv|cutlass|nvjet|xmma|cublas|sm80_|sm90_|splitkreduce")):
+        if re.search(pattern, low):
+            return category
+    return "unfused"
+
+
+def short_kernel_name(name, n=80):
+    """A profiler name without 'void ', 'at::native::' and '(anonymous namespace)::', cut to n characters."""
+    s = re.sub(r"^void |at::native::|\(anonymous namespace\)::", "", name)
+    return s if len(s) <= n else s[:n - 3] + "..."
+
+
+def gpu_peak_flops(name):
+    """Dense bf16 peak FLOP/s of a GPU by its name (train.py's table), or None when unknown (no MFU then)."""
+    for key, flops in (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
+                       ("4090", 165e12), ("A10", 125e12), ("L4", 121e12), ("V100", 125e12), ("3090", 71e12)):
+        if key in name:
+            return flops
+    return None
+
+
+def train_model_config(mixer, T, tiny=False):
+    """GPTConfig of the 124M config file for this mixer pattern (TRAIN_CONFIGS; a pattern not there uses the hybrid's
+    file with its mixer), block_size T, vocab 50304 (train.py's default: GPT-2's 50257 padded to a multiple of 64).
+    tiny: 4 layers x 64 (the hybrid's pattern tiles 4), vocab 256, for a CPU smoke run."""
+    import dataclasses
+    from model import GPTConfig
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config",
+                        TRAIN_CONFIGS.get(mixer, "kda_hybrid") + ".py")
+    g = {}
+    with open(path) as f:
+        exec(f.read(), g)
+    args = {f.name: g[f.name] for f in dataclasses.fields(GPTConfig) if f.name in g}
+    args.update(mixer=mixer, block_size=T, vocab_size=50304)
+    if tiny:
+        args.update(n_layer=4, n_head=2, n_embd=64, head_dim=32, d_state=16, vocab_size=256)
+    return GPTConfig(**args)
+
+
+def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False):
+    """One (mixer, T) cell, in its own process: build the model, torch.compile it on CUDA (eager on CPU), then train
+    on fixed random tokens with train.py's step (bf16 autocast and TF32 on CUDA, fp32 on CPU; forward, backward,
+    clip_grad_norm_ at 1.0, the finiteness check of loss and gradient norm, which syncs, fused AdamW, zero_grad),
+    one micro-step per optimizer step. warm: WARM_STEPS steps and return (fills the compile caches). Otherwise
+    WARMUP_STEPS steps, then `steps` timed ones (CUDA events around each step; the median), peak memory over them,
+    then PROFILE_STEPS under torch.profiler (CUDA only): GPU ms per step by kernel_category. -> dict for the JSON
+    line."""
+    from model import GPT
+    cuda = device.startswith("cuda")
+    B = max(1, tokens // T)
+    out = dict(mixer=mixer, T=T, B=B)
+    torch.backends.cuda.matmul.allow_tf32 = True  # as train.py
+    torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(0)
+    raw = GPT(train_model_config(mixer, T, tiny)).to(device)
+    out["params"] = raw.get_num_params()
+    optimizer = raw.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda" if cuda else "cpu")  # fused AdamW on CUDA
+    model = torch.compile(raw) if cuda else raw
+    ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    seq = torch.randint(0, raw.config.vocab_size, (B, T + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    X, Y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as the loader's; the loss values do not matter
+
+    def step():
+        with ctx:
+            _, loss = model(X, Y)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+        lossf, normf = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # train.py's check: one sync
+        if not (math.isfinite(lossf) and math.isfinite(normf)):
+            raise RuntimeError(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(WARM_STEPS if warm else WARMUP_STEPS):
+        step()
+    sync()
+    if warm:
+        return dict(out, warm_s=time.perf_counter() - t0)
+    times = []  # ms per step
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+        for start, end in events:
+            start.record()
+            step()
+            end.record()
+        sync()
+        times = [start.elapsed_time(end) for start, end in events]
+        out["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out["device_name"] = torch.cuda.get_device_name()
+    else:
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1000)
+        out["device_name"] = "cpu"
+    out["ms"] = statistics.median(times)
+    out["tokens_per_s"] = B * T / out["ms"] * 1000
+    peak = gpu_peak_flops(out["device_name"]) if cuda else None
+    out["mfu"] = raw.flops_per_token(T) * out["tokens_per_s"] / peak if peak else None
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(PROFILE_STEPS):
+                step()
+            sync()
+        per_kernel = {}  # name -> GPU ms per step
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / PROFILE_STEPS / 1000
+        out["gpu_ms"] = sum(per_kernel.values())
+        out["categories"] = {c: 0.0 for c in CATEGORIES}
+        for name, ms in per_kernel.items():
+            out["categories"][kernel_category(name)] += ms
+        ranked = [(short_kernel_name(n, 120), kernel_category(n), ms)
+                  for n, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])]
+        out["top"] = {c: [(n, ms) for n, k, ms in ranked if k == c][:5] for c in ("unfused", "fused elem")}
+        out["kernels"] = ranked  # every kernel, for the JSON file
+    return out
+
+
+def run_cell(mixer, T, args, warm):
+    """Run train_cell in a fresh `python bench.py --train_cell` process -> its dict, or {'error': first line}.
+    Also keeps the 'kernels: ...' lines (which path each mixer took) of its output."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--train_cell", mixer, str(T), "--tokens", str(args.tokens),
+           "--steps", str(args.steps), "--device", args.device] + ["--tiny"] * args.tiny + ["--warm"] * warm
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    lines = p.stdout.splitlines()
+    cell = next((json.loads(s[5:]) for s in reversed(lines) if s.startswith("CELL ")), None)
+    if cell is None:  # died without a word (a crash, killed for memory): the last line it wrote to stderr
+        err = [s for s in p.stderr.splitlines() if s.strip()]
+        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T),
+                    error=err[-1] if err else f"exit code {p.returncode}")
+    cell["paths"] = sorted({s for s in lines if s.startswith("kernels: ")})
+    return cell
+
+
+def train_bench(args, mixers, contexts):
+    """Phase 1 (warm): every cell once, args.jobs processes at a time, to compile (the Inductor and Triton caches
+    on disk are shared, so phase 2 compiles from them). A warm run that fails (e.g. out of memory while sharing
+    the GPU) is measured anyway. Phase 2 (measure): each cell alone, one after the other. Then the table."""
+    from concurrent.futures import ThreadPoolExecutor
+    mixers = ["softmax"] + [m for m in mixers if m != "softmax"]  # every row is a ratio to softmax at its T
+    cells = [(m, T) for T in contexts for m in mixers]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for w in pool.map(lambda c: run_cell(*c, args, warm=True), cells):
+            status = f"error: {w['error']}" if "error" in w else f"{WARM_STEPS} steps in {w['warm_s']:.0f} s, compiling included"
+            print(f"warm {w['mixer']} T={w['T']} B={w['B']}: {status} ({time.perf_counter() - t0:.0f} s in)",
+                  flush=True)
+    results = []
+    for m, T in cells:
+        r = run_cell(m, T, args, warm=False)
+        status = f"error: {r['error']}" if "error" in r else f"{r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s"
+        print(f"measure {m} T={T} B={r['B']}: {status} ({time.perf_counter() - t0:.0f} s in)", flush=True)
+        results.append(r)
+
+    def outside(r):  # GPU ms per step outside the linear-mixer and attention kernels
+        c = r.get("categories")
+        return r["gpu_ms"] - c["linear mixer"] - c["attention"] if c else None
+
+    soft = {r["T"]: r for r in results if r["mixer"] == "softmax" and "error" not in r}
+    for r in results:
+        s = soft.get(r["T"])
+        if "error" not in r and s:
+            r["x_softmax"] = r["tokens_per_s"] / s["tokens_per_s"]
+            if outside(r) is not None:
+                r["outside_ms"] = outside(r)
+                r["outside_vs_softmax"] = outside(r) / outside(s)
+    device_name = next((r["device_name"] for r in results if "device_name" in r), args.device)
+    print(f"\ndevice {device_name}, torch {torch.__version__}, triton {triton.__version__}")
+    print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
+    print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps; categories: GPU ms "
+          f"per step from the kernels of {PROFILE_STEPS} profiled steps (ms/step: median wall time of a step)\n")
+    f = lambda x, spec: "" if x is None else format(x, spec)
+    print("| mixer | T (B) | tokens/s | × softmax | MFU | peak MiB | ms/step | " + " | ".join(CATEGORIES)
+          + " | outside mixer+attn | ÷ softmax's |")
+    print("|---" * (9 + len(CATEGORIES)) + "|")
+    for r in results:
+        head = f"| {r['mixer']} | {r['T']} ({r['B']}) | "
+        if "error" in r:
+            print(head + f"error: {r['error'][:100]} |" + " |" * (6 + len(CATEGORIES)))
+            continue
+        c = r.get("categories", {})
+        print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f"),
+                                 f(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
+                                 f(r.get("peak_mib"), ",.0f"), f(r["ms"], ".1f")]
+                                + [f(c.get(k), ".2f") for k in CATEGORIES]
+                                + [f(r.get("outside_ms"), ".2f"), f(r.get("outside_vs_softmax"), ".2f")]) + " |")
+    for r in results:
+        for category, top in r.get("top", {}).items():
+            print(f"\n{r['mixer']} T={r['T']}: top {category} kernels, ms/step")
+            for name, ms in top:
+                print(f"  {ms:7.3f}  {name[:80]}")
+    paths = sorted({p for r in results for p in r["paths"]})
+    if paths:
+        print("\n" + "\n".join(paths))
+    if not any("categories" in r for r in results):
+        print("\n(no GPU-time categories: the profiler part runs on CUDA only)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=device_name, torch=torch.__version__, triton=triton.__version__,
+                           command=sys.argv, tokens=args.tokens, steps=args.steps, cells=results), fh, indent=1)
+        print(f"\nwrote {args.json}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
@@ -500,19 +769,45 @@ def main():
     ap.add_argument("--chunks", default="", help="retnet/mamba2: time our kernels at these chunk sizes, e.g. 32,64,128")
     ap.add_argument("--model_decode", action="store_true",
                     help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
-    ap.add_argument("--mixers", nargs="+", default=["softmax", "retnet", "mamba2", "kda", "kda*3,softmax"],
-                    help="--model_decode: mixer patterns, space-separated (a pattern may hold commas: 'kda*3,softmax')")
-    ap.add_argument("--contexts", default="256,1024,4096,16384", help="--model_decode: prefill lengths")
-    ap.add_argument("--device", default="", help="--model_decode: '' = cuda if available, else cpu")
+    ap.add_argument("--train", action="store_true",
+                    help="whole-model training per mixer x context: tokens/s, MFU, peak memory, GPU time by category")
+    ap.add_argument("--mixers", nargs="+", default=None,
+                    help="--model_decode / --train: mixer patterns, space-separated (a pattern may hold commas: "
+                         "'kda*3,softmax'); default softmax retnet mamba2 kda 'kda*3,softmax' / all of TRAIN_CONFIGS")
+    ap.add_argument("--contexts", default="", help="--model_decode: prefill lengths (default 256,1024,4096,16384); "
+                                                   f"--train: context lengths (default {TRAIN_CONTEXTS})")
+    ap.add_argument("--device", default="", help="--model_decode / --train: '' = cuda if available, else cpu")
+    ap.add_argument("--tokens", type=int, default=32768, help="--train: tokens per step; batch = tokens // T")
+    ap.add_argument("--steps", type=int, default=10, help="--train: timed steps per cell (the median is reported)")
+    ap.add_argument("--jobs", type=int, default=2, help="--train: cells compiled at once in the warm phase")
+    ap.add_argument("--json", default="", help="--train: also write the results to this JSON file")
+    ap.add_argument("--tiny", action="store_true", help="--train: a 4-layer x 64 model (CPU smoke run)")
+    ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)  # internal: --train_cell's warm phase
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.model_decode:  # needs no GPU
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return model_decode(args.mixers, [int(t) for t in args.contexts.split(",")], device)
+        mixers = args.mixers or ["softmax", "retnet", "mamba2", "kda", "kda*3,softmax"]
+        return model_decode(mixers, [int(t) for t in (args.contexts or "256,1024,4096,16384").split(",")], device)
+    if args.train_cell:  # one cell of --train, in its own process: one JSON line for the parent
+        mixer, T = args.train_cell[0], int(args.train_cell[1])
+        try:
+            cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm)
+        except Exception as e:  # noqa: BLE001 (out of memory, a compile error: the table reports it)
+            import traceback
+            traceback.print_exc()
+            cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), error=first_line(e, 200))
+        print("CELL " + json.dumps(cell), flush=True)
+        return
+    if args.train:  # runs on CPU too (--tiny)
+        args.device = device
+        contexts = [int(t) for t in (args.contexts or TRAIN_CONTEXTS).split(",")]
+        return train_bench(args, args.mixers or list(TRAIN_CONFIGS), contexts)
     delta = [v for v in variants if v in VARIANTS]
     scalar = [v for v in variants if v in SCALAR_VARIANTS]
     if not torch.cuda.is_available():

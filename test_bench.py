@@ -1,0 +1,118 @@
+"""
+bench.py --train on CPU: the kernel-name categories (names as torch.profiler reported them on an H100, torch 2.11),
+one training cell in this process, the cell's JSON line through `--train_cell`, and the parent's table and ratios
+from given cells (the GPU-only columns cannot be measured here).
+
+$ python -m pytest test_bench.py -q
+"""
+import argparse
+import json
+import sys
+
+import pytest
+
+import bench
+
+MIXER = frozenset({'_grads_bwd_kernel', '_grams_fwd_kernel', '_la_state_fwd_kernel', '_st', '_short_conv_bwd_kernel'})
+
+
+@pytest.mark.parametrize('name,category', [
+    ('_grads_bwd_kernel', 'linear mixer'),
+    ('_la_state_fwd_kernel', 'linear mixer'),
+    ('_short_conv_bwd_kernel', 'conv'),  # a kernels.py function, but the short conv has its own column
+    ('triton_poi_fused__to_copy_add_expand_mul_pow_short_conv_bwd_view_22', 'fused elem'),  # Inductor, around it
+    ('triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_add_arange_eq_expand_nll_loss', 'fused elem'),
+    ('triton_per_fused__fused_rms_norm_backward__to_copy_add_view_5', 'fused elem'),
+    ('cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0',
+     'attention'),
+    ('cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*, void*, void*)', 'attention'),
+    ('cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*, unsigned int, unsigned int)', 'attention'),
+    ('void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false>>', 'attention'),
+    ('fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)', 'attention'),
+    ('void conv_depthwise2d_grad_weight_kernel<c10::BFloat16, float>(at::GenericPackedTensorAccessor)', 'conv'),
+    ('nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT', 'matmul'),
+    ('void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x64_32x4_nt_align2>(Params)', 'matmul'),
+    ('void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, false>', 'matmul'),
+    ('sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off', 'matmul'),
+    ('void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::'
+     'FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>',
+     'optimizer'),
+    ('void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, true, float>(float const*)', 'optimizer'),
+    ('void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1>>',
+     'unfused'),
+    ('void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_'
+     'cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda(float)#1}>>', 'unfused'),
+    ('void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps<float, float>>>',
+     'unfused'),
+    ('Memcpy DtoH (Device -> Pageable)', 'unfused'),
+    ('Memset (Device)', 'unfused'),
+])
+def test_kernel_category(name, category):
+    assert bench.kernel_category(name, MIXER) == category
+
+
+def test_mixer_kernels_are_collected_from_kernels_py():
+    assert {'_grads_bwd_kernel', '_la_state_fwd_kernel'} <= bench.MIXER_KERNELS
+    assert bench.kernel_category('_grams_fwd_kernel') == 'linear mixer'
+
+
+def test_model_config_per_mixer():
+    assert bench.train_model_config('kda', 4096).head_dim == 128  # config/kda_owt.py
+    cfg = bench.train_model_config('gdn*3,softmax', 1024)  # not in TRAIN_CONFIGS: the hybrid's file, this mixer
+    assert (cfg.mixer, cfg.block_size, cfg.n_layer, cfg.n_embd) == ('gdn*3,softmax', 1024, 12, 768)
+    assert cfg.vocab_size == 50304
+
+
+@pytest.mark.parametrize('mixer', ['softmax', 'kda*3,softmax'])
+def test_train_cell_cpu(mixer):
+    r = bench.train_cell(mixer, 32, 64, 2, 'cpu', tiny=True)
+    assert (r['B'], r['device_name'], r['mfu']) == (2, 'cpu', None)
+    assert r['ms'] > 0 and r['tokens_per_s'] == pytest.approx(64 / r['ms'] * 1000)
+    assert 'warm_s' in bench.train_cell(mixer, 32, 64, 2, 'cpu', tiny=True, warm=True)
+
+
+def test_train_cell_json_line(monkeypatch, capsys):
+    """What the parent reads: one `CELL {json}` line; a cell that fails says why in it."""
+    monkeypatch.setattr(sys, 'argv', ['bench.py', '--train_cell', 'nosuchmixer', '64', '--tokens', '128', '--device',
+                                      'cpu', '--tiny'])
+    bench.main()
+    line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('CELL ')]
+    cell = json.loads(line[0][5:])
+    assert (cell['mixer'], cell['T'], cell['B']) == ('nosuchmixer', 64, 2) and 'nosuchmixer' in cell['error']
+
+
+def test_run_cell_subprocess():
+    args = argparse.Namespace(tokens=64, steps=1, device='cpu', tiny=True)
+    cell = bench.run_cell('kda', 32, args, warm=True)
+    assert 'error' not in cell and cell['B'] == 2
+    assert 'kernels: delta_rule uses the chunked torch path on cpu' in cell['paths']
+
+
+def test_train_table_ratios(monkeypatch, capsys, tmp_path):
+    """The parent's arithmetic on given cells: × softmax, and GPU time outside the mixer and attention kernels ÷
+    softmax's at the same T; softmax is added first; a failed cell keeps its row."""
+    cats = lambda lin, att, rest: dict(zip(bench.CATEGORIES, (lin, att, rest, 0.0, 0.0, 0.0, 0.0)))
+    given = {('softmax', 1024): dict(ms=100.0, tokens_per_s=300.0, gpu_ms=90.0, categories=cats(0.0, 30.0, 60.0)),
+             ('kda', 1024): dict(ms=150.0, tokens_per_s=200.0, gpu_ms=140.0, categories=cats(71.0, 0.0, 69.0)),
+             ('kda', 4096): dict(error='OutOfMemoryError: CUDA out of memory.'),
+             ('softmax', 4096): dict(ms=100.0, tokens_per_s=300.0, gpu_ms=90.0, categories=cats(0.0, 30.0, 60.0))}
+    calls = []
+
+    def fake_run_cell(mixer, T, args, warm):
+        calls.append((mixer, T, warm))
+        r = dict(mixer=mixer, T=T, B=args.tokens // T, paths=[], device_name='test GPU', mfu=None, peak_mib=1.0)
+        return dict(r, warm_s=1.0) if warm else dict(r, **given[mixer, T])
+
+    monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
+    args = argparse.Namespace(tokens=8192, steps=3, jobs=2, device='cuda', tiny=False, json=str(tmp_path / 'r.json'))
+    bench.train_bench(args, ['kda'], [1024, 4096])
+    assert [c for c in calls if not c[2]] == [('softmax', 1024, False), ('kda', 1024, False), ('softmax', 4096, False),
+                                             ('kda', 4096, False)]
+    rows = [s for s in capsys.readouterr().out.splitlines() if s.startswith('|')]
+    assert len({s.count('|') for s in rows}) == 1  # every row has the header's columns
+    kda = [c.strip() for c in rows[3].strip('|').split('|')]
+    assert kda[:3] == ['kda', '1024 (8)', '200'] and kda[3] == '0.67'
+    assert kda[-2:] == ['69.00', '1.15']  # (140 - 71) / (90 - 30)
+    assert 'OutOfMemoryError' in rows[5]
+    saved = json.load(open(tmp_path / 'r.json'))
+    assert saved['cells'][1]['outside_vs_softmax'] == pytest.approx(1.15)
