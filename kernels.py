@@ -1711,109 +1711,163 @@ def linear_attn_step(q, k, v, g, state, scale=None):
     return linear_attn_step_torch(q, k, v, g, state, scale)
 
 # -----------------------------------------------------------------------------
-# short convolution (DeltaNet, Gated DeltaNet, KDA: q, k, v; Mamba2: x, B, C)
-#   p_t = b + sum_j w[:, j] * x_{t-W+1+j}  (x_t = 0 for t < 0),   y_t = silu(p_t)        depthwise, causal, width W
-#   backward: dp_t = dy_t * silu'(p_t);  dx_t = sum_j w[:, j] * dp_{t+W-1-j};  dw[:, j] = sum_t dp_t x_{t-W+1+j}
-#   decode:   the last W-1 raw inputs are the state; one token shifts it by one
+# short convolution (DeltaNet, Gated DeltaNet, KDA: q, k, v; Mamba2: x, B, C), width 4
+#   p_t = b + w0 x_{t-3} + w1 x_{t-2} + w2 x_{t-1} + w3 x_t   (x_t = 0 for t < 0),   y_t = silu(p_t)   per channel
+#   with norm (q and k of the delta rule): out_t = y_t / sqrt(|y_t|^2 + eps) over each group of G channels (a head)
+#   backward: dy = r (dout - r^2 (y . dout) y) with r = (|y|^2 + eps)^-1/2 (norm), dp_t = dy_t silu'(p_t),
+#             dx_t = w3 dp_t + w2 dp_{t+1} + w1 dp_{t+2} + w0 dp_{t+3},  dw_j = sum_t dp_t x_{t-3+j},  db = sum_t dp_t
+#   decode:   the last 3 raw inputs are the state; one token shifts it by one
 # The torch version runs F.conv1d over a [B, D, T] transpose; the Triton kernels read [B, T, D] as it is (channels
-# contiguous), fuse the SiLU and recompute p in the backward instead of saving it: the convs are memory-bound, so
-# the floor is one read of x and one write of y forward, two reads (x, dy) and one write (dx) backward.
+# contiguous), fuse the SiLU (and the norm), and recompute p in the backward instead of saving it: the convs are
+# memory-bound, so the floor is one read of x and one write of y forward, two reads (x, dy) and one write backward.
 
-def short_conv_torch(x, weight, bias=None):
-    """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype."""
+NORM_EPS = 1e-6  # of the l2 norm of q and k (as model.l2norm)
+
+def short_conv_torch(x, weight, bias=None, norm=0):
+    """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype; norm G > 0:
+    then divided by its l2 norm over each group of G channels (in fp32)."""
     D, W = weight.shape
     xx = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, D, W-1+T]: zeros before the start
     b = None if bias is None else bias.to(x.dtype)
-    return F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
+    y = F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
+    if norm:
+        yf = y.float().unflatten(-1, (D // norm, norm))
+        y = (yf * torch.rsqrt(yf.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2).to(x.dtype)
+    return y
 
-def short_conv_step_torch(x, state, weight, bias=None):
+def short_conv_step_torch(x, state, weight, bias=None, norm=0):
     """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs, updated in place) -> y [B, D]."""
     window = torch.cat([state, x[:, None].to(state.dtype)], dim=1)            # [B, W, D]
     p = torch.einsum("bwd,dw->bd", window.float(), weight.float())
     if bias is not None:
         p = p + bias.float()
     state.copy_(window[:, 1:])
-    return F.silu(p).to(x.dtype)
+    y = F.silu(p)
+    if norm:
+        y = y.unflatten(-1, (-1, norm))
+        y = (y * torch.rsqrt(y.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2)
+    return y.to(x.dtype)
 
 @triton.jit
-def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, W: tl.constexpr, BT: tl.constexpr,
-                           BD: tl.constexpr, BIAS: tl.constexpr):
-    it, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    t = it * BT + tl.arange(0, BT)
-    d = idd * BD + tl.arange(0, BD)
-    dm = d < D
-    p = tl.zeros((BT, BD), dtype=tl.float32)
-    if BIAS:
-        p += tl.load(b_ptr + d, mask=dm, other=0.)[None, :]
-    for j in tl.static_range(W):
-        tj = t - (W - 1) + j
-        xj = tl.load(x_ptr + b * sxb + tj[:, None] * sxt + d[None, :], mask=(tj >= 0)[:, None] & dm[None, :], other=0.)
-        p += tl.load(w_ptr + d * W + j, mask=dm, other=0.)[None, :] * xj.to(tl.float32)
-    y = p * tl.sigmoid(p)
-    tl.store(y_ptr + b * T * D + t[:, None] * D + d[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=(t < T)[:, None] & dm[None, :])
+def _conv_ld(xb, rows, d, dm, T, sxt):
+    """x at rows (zeros outside 0 .. T-1), fp32 [BT, BD]."""
+    return tl.load(xb + rows[:, None] * sxt + d[None, :], mask=((rows >= 0) & (rows < T))[:, None] & dm[None, :],
+                   other=0.).to(tl.float32)
 
 @triton.jit
-def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, NTB,
-                           W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr):
-    # dx_t needs dp at t .. t+W-1, so p is recomputed at W shifts (x re-read from L1/L2, not from DRAM); the weight
-    # and bias gradients come out as one partial sum per program (summed by the caller: deterministic, no atomics)
+def _conv_weights(w_ptr, b_ptr, d, dm, BIAS: tl.constexpr):
+    w0 = tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.)[None, :]
+    w1 = tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.)[None, :]
+    w2 = tl.load(w_ptr + d * 4 + 2, mask=dm, other=0.)[None, :]
+    w3 = tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.)[None, :]
+    bias = tl.load(b_ptr + d, mask=dm, other=0.)[None, :] if BIAS else tl.zeros_like(w0)
+    return w0, w1, w2, w3, bias
+
+@triton.jit
+def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, BT: tl.constexpr, BD: tl.constexpr,
+                           BIAS: tl.constexpr, NORM: tl.constexpr):
     it, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     t = it * BT + tl.arange(0, BT)
     d = idd * BD + tl.arange(0, BD)
     dm = d < D
     xb = x_ptr + b * sxb
-    dx = tl.zeros((BT, BD), dtype=tl.float32)
-    for s in tl.static_range(W):             # dp at t + s meets w[:, W-1-s] in dx_t
-        ts = t + s
-        p = tl.zeros((BT, BD), dtype=tl.float32)
-        if BIAS:
-            p += tl.load(b_ptr + d, mask=dm, other=0.)[None, :]
-        for j in tl.static_range(W):
-            tj = ts - (W - 1) + j
-            xj = tl.load(xb + tj[:, None] * sxt + d[None, :], mask=((tj >= 0) & (tj < T))[:, None] & dm[None, :],
-                         other=0.)
-            p += tl.load(w_ptr + d * W + j, mask=dm, other=0.)[None, :] * xj.to(tl.float32)
-        dy = tl.load(dy_ptr + b * T * D + ts[:, None] * D + d[None, :], mask=(ts < T)[:, None] & dm[None, :],
-                     other=0.).to(tl.float32)
-        sg = tl.sigmoid(p)
-        dp = dy * sg * (1 + p * (1 - sg))   # silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p))); 0 past the end
-        dx += tl.load(w_ptr + d * W + (W - 1 - s), mask=dm, other=0.)[None, :] * dp
-        if s == 0:                           # this program's share of dw and db: rows t of its own block
-            part = (b * NTB + it) * W * D
-            for j in tl.static_range(W):
-                tj = t - (W - 1) + j
-                xj = tl.load(xb + tj[:, None] * sxt + d[None, :], mask=((tj >= 0) & (tj < T))[:, None] & dm[None, :],
-                             other=0.)
-                tl.store(dw_ptr + part + j * D + d, tl.sum(dp * xj.to(tl.float32), 0), mask=dm)
-            if BIAS:
-                tl.store(db_ptr + (b * NTB + it) * D + d, tl.sum(dp, 0), mask=dm)
-    tl.store(dx_ptr + b * T * D + t[:, None] * D + d[None, :], dx.to(dx_ptr.dtype.element_ty),
+    w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
+    p = (bias + w0 * _conv_ld(xb, t - 3, d, dm, T, sxt) + w1 * _conv_ld(xb, t - 2, d, dm, T, sxt)
+         + w2 * _conv_ld(xb, t - 1, d, dm, T, sxt) + w3 * _conv_ld(xb, t, d, dm, T, sxt))
+    y = p * tl.sigmoid(p)
+    if NORM:  # the tile's BD channels are one group
+        y = y * tl.rsqrt(tl.sum(y * y, 1) + eps)[:, None]
+    tl.store(y_ptr + b * T * D + t[:, None] * D + d[None, :], y.to(y_ptr.dtype.element_ty),
              mask=(t < T)[:, None] & dm[None, :])
 
 @triton.jit
-def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, W: tl.constexpr, BD: tl.constexpr,
-                            BIAS: tl.constexpr):
-    # one token per batch row: y = silu(b + sum_j w[:, j] window_j) with window = (state, x); state <- window[1:]
+def _conv_dp(p, dyb, t, d, dm, T, D, eps, NORM: tl.constexpr):
+    """dp_t from p_t and the incoming gradient at rows t (zero for t >= T): through the norm, then the SiLU,
+    silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p)))."""
+    dy = tl.load(dyb + t[:, None] * D + d[None, :], mask=(t < T)[:, None] & dm[None, :], other=0.).to(tl.float32)
+    sg = tl.sigmoid(p)
+    if NORM:
+        y = p * sg
+        r = tl.rsqrt(tl.sum(y * y, 1) + eps)[:, None]
+        dy = r * dy - (r * r * r) * tl.sum(y * dy, 1)[:, None] * y
+    return dy * sg * (1 + p * (1 - sg))
+
+@triton.jit
+def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, eps,
+                           BT: tl.constexpr, BD: tl.constexpr, NSUB: tl.constexpr, BIAS: tl.constexpr,
+                           NORM: tl.constexpr):
+    # Per block of BT rows t: x at t-3 .. t+3 (seven loads; six of them overlap the neighbours' and come from L2),
+    # p at t .. t+3, dx_t = w3 dp_t + w2 dp_{t+1} + w1 dp_{t+2} + w0 dp_{t+3}. One program walks NSUB blocks and
+    # keeps its dw / db terms as [BT, BD] sums, reduced and written once at the end (summed over programs by the
+    # caller: deterministic, no atomics).
+    ip, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    d = idd * BD + tl.arange(0, BD)
+    dm = d < D
+    xb, dyb = x_ptr + b * sxb, dy_ptr + b * T * D
+    w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
+    a0 = tl.zeros((BT, BD), dtype=tl.float32)
+    a1 = tl.zeros((BT, BD), dtype=tl.float32)
+    a2 = tl.zeros((BT, BD), dtype=tl.float32)
+    a3 = tl.zeros((BT, BD), dtype=tl.float32)
+    ab = tl.zeros((BT, BD), dtype=tl.float32)
+    for i in range(NSUB):
+        t = (ip * NSUB + i) * BT + tl.arange(0, BT)
+        xm3 = _conv_ld(xb, t - 3, d, dm, T, sxt)
+        xm2 = _conv_ld(xb, t - 2, d, dm, T, sxt)
+        xm1 = _conv_ld(xb, t - 1, d, dm, T, sxt)
+        x0 = _conv_ld(xb, t, d, dm, T, sxt)
+        xp1 = _conv_ld(xb, t + 1, d, dm, T, sxt)
+        xp2 = _conv_ld(xb, t + 2, d, dm, T, sxt)
+        xp3 = _conv_ld(xb, t + 3, d, dm, T, sxt)
+        dp0 = _conv_dp(bias + w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0, dyb, t, d, dm, T, D, eps, NORM)
+        dx = w3 * dp0
+        dx += w2 * _conv_dp(bias + w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, dyb, t + 1, d, dm, T, D, eps, NORM)
+        dx += w1 * _conv_dp(bias + w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, dyb, t + 2, d, dm, T, D, eps, NORM)
+        dx += w0 * _conv_dp(bias + w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, dyb, t + 3, d, dm, T, D, eps, NORM)
+        tl.store(dx_ptr + b * T * D + t[:, None] * D + d[None, :], dx.to(dx_ptr.dtype.element_ty),
+                 mask=(t < T)[:, None] & dm[None, :])
+        a0 += dp0 * xm3
+        a1 += dp0 * xm2
+        a2 += dp0 * xm1
+        a3 += dp0 * x0
+        ab += dp0
+    part = (b * tl.num_programs(0) + ip) * 4 * D
+    tl.store(dw_ptr + part + d, tl.sum(a0, 0), mask=dm)
+    tl.store(dw_ptr + part + D + d, tl.sum(a1, 0), mask=dm)
+    tl.store(dw_ptr + part + 2 * D + d, tl.sum(a2, 0), mask=dm)
+    tl.store(dw_ptr + part + 3 * D + d, tl.sum(a3, 0), mask=dm)
+    if BIAS:
+        tl.store(db_ptr + (b * tl.num_programs(0) + ip) * D + d, tl.sum(ab, 0), mask=dm)
+
+@triton.jit
+def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.constexpr, BIAS: tl.constexpr,
+                            NORM: tl.constexpr):
+    # one token per batch row: y = silu(p) over the window (s0, s1, s2, x); the state becomes (s1, s2, x)
     idd, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
     d = idd * BD + tl.arange(0, BD)
     dm = d < D
-    x = tl.load(x_ptr + b * D + d, mask=dm, other=0.).to(tl.float32)
-    p = tl.load(w_ptr + d * W + (W - 1), mask=dm, other=0.) * x
+    sb = s_ptr + b * 3 * D
+    s0 = tl.load(sb + d, mask=dm, other=0.)
+    s1 = tl.load(sb + D + d, mask=dm, other=0.)
+    s2 = tl.load(sb + 2 * D + d, mask=dm, other=0.)
+    x = tl.load(x_ptr + b * D + d, mask=dm, other=0.)
+    p = (tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.) * s0.to(tl.float32)
+         + tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.) * s1.to(tl.float32)
+         + tl.load(w_ptr + d * 4 + 2, mask=dm, other=0.) * s2.to(tl.float32)
+         + tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.) * x.to(tl.float32))
     if BIAS:
         p += tl.load(b_ptr + d, mask=dm, other=0.)
-    sb = s_ptr + b * (W - 1) * D
-    prev = x  # placeholder for W == 1 (no state)
-    for j in tl.static_range(W - 1):
-        xj = tl.load(sb + j * D + d, mask=dm, other=0.)
-        p += tl.load(w_ptr + d * W + j, mask=dm, other=0.) * xj.to(tl.float32)
-        if j > 0:
-            tl.store(sb + (j - 1) * D + d, xj, mask=dm)   # shift left by one (read before written: same program)
-    if W > 1:
-        tl.store(sb + (W - 2) * D + d, x.to(s_ptr.dtype.element_ty), mask=dm)
-    tl.store(y_ptr + b * D + d, (p * tl.sigmoid(p)).to(y_ptr.dtype.element_ty), mask=dm)
+    tl.store(sb + d, s1, mask=dm)
+    tl.store(sb + D + d, s2, mask=dm)
+    tl.store(sb + 2 * D + d, x.to(s_ptr.dtype.element_ty), mask=dm)
+    y = p * tl.sigmoid(p)
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
+    tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
-_CONV_BT, _CONV_BD = 32, 128  # [32, 128] tiles: 32 fp32 values per thread at 4 warps
+# (rows, channels, warps) of a tile; with norm the channels are one group. The backward walks NSUB tiles per
+# program so that its dw partial sums stay small (3 MB at B8 T4096 D768)
+_CONV_FWD, _CONV_BWD, _CONV_NSUB = (32, 128, 8), (16, 128, 8), 8
 
 def _conv_rows(x):
     """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels
@@ -1822,72 +1876,83 @@ def _conv_rows(x):
         x = x.contiguous()
     return x, x.stride(0), x.stride(1)
 
+def _conv_tile(cfg, norm):
+    """(rows, channels, warps): with a norm the channels of a tile are one group, and its rows scale to keep the size."""
+    BT, BD, nw = cfg
+    return (max(1, BT * BD // norm), norm, nw) if norm else cfg
+
 @torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
-def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int) -> torch.Tensor:
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
     y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, _CONV_BD), B)
-    _short_conv_fwd_kernel[grid](x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt,
-                                 weight.shape[1], _CONV_BT, _CONV_BD, bias is not None)
+    BT, BD, nw = _conv_tile(_CONV_FWD, norm)
+    _short_conv_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD), B)](
+        x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt, NORM_EPS, BT, BD,
+        bias is not None, norm > 0, num_warps=nw)
     return y
 
 @_short_conv_fwd.register_fake
-def _(x, weight, bias):
+def _(x, weight, bias, norm):
     return x.new_empty(x.shape)
 
 @torch.library.custom_op("kernels::short_conv_bwd", mutates_args=())
-def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], dy: torch.Tensor
+def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int, dy: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> dx (x's dtype), dw fp32 [D, W], db fp32 [D] (empty without a bias)."""
+    """-> dx (x's dtype), dw fp32 [D, 4], db fp32 [D] (empty without a bias)."""
     B, T, D = x.shape
-    W = weight.shape[1]
     x, sxb, sxt = _conv_rows(x)
     dy = dy.contiguous()
-    NTB = triton.cdiv(T, _CONV_BT)
+    BT, BD, nw = _conv_tile(_CONV_BWD, norm)
+    NSUB = max(1, min(_CONV_NSUB, triton.cdiv(T, BT)))
+    NP = triton.cdiv(T, BT * NSUB)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    dw = torch.empty(B * NTB, W, D, device=x.device, dtype=torch.float32)
-    db = torch.empty(B * NTB, D, device=x.device, dtype=torch.float32) if bias is not None else dw
-    _short_conv_bwd_kernel[(NTB, triton.cdiv(D, _CONV_BD), B)](
-        x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db, T, D, sxb, sxt, NTB,
-        W, _CONV_BT, _CONV_BD, bias is not None)
+    dw = torch.empty(B * NP, 4, D, device=x.device, dtype=torch.float32)
+    db = torch.empty(B * NP, D, device=x.device, dtype=torch.float32) if bias is not None else dw
+    _short_conv_bwd_kernel[(NP, triton.cdiv(D, BD), B)](
+        x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db, T, D, sxb, sxt, NORM_EPS,
+        BT, BD, NSUB, bias is not None, norm > 0, num_warps=nw)
     db = db.sum(0) if bias is not None else torch.empty(0, device=x.device)
     return dx, dw.sum(0).t().contiguous(), db
 
 @_short_conv_bwd.register_fake
-def _(x, weight, bias, dy):
+def _(x, weight, bias, norm, dy):
     f32 = torch.float32
     return x.new_empty(x.shape), weight.new_empty(weight.shape, dtype=f32), x.new_empty(
         (0,) if bias is None else bias.shape, dtype=f32)
 
 def _short_conv_setup(ctx, inputs, output):
-    x, weight, bias = inputs
+    x, weight, bias, norm = inputs
     ctx.save_for_backward(x, weight, bias)
+    ctx.norm = norm
 
 def _short_conv_backward(ctx, dy):
     x, weight, bias = ctx.saved_tensors
-    dx, dw, db = _short_conv_bwd(x, weight, bias, dy)
-    return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype)
+    dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.norm, dy)
+    return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None
 
 _short_conv_fwd.register_autograd(_short_conv_backward, setup_context=_short_conv_setup)
 
 @torch.library.custom_op("kernels::short_conv_step", mutates_args=("state",))
-def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
-                        ) -> torch.Tensor:
+def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        norm: int) -> torch.Tensor:
     B, D = x.shape
     y = torch.empty_like(x)
     x = x.contiguous()
-    _short_conv_step_kernel[(triton.cdiv(D, _CONV_BD), B)](x, state, weight.contiguous(),
-                                                           bias if bias is not None else weight, y, D,
-                                                           weight.shape[1], _CONV_BD, bias is not None)
+    BD = norm or 128
+    _short_conv_step_kernel[(triton.cdiv(D, BD), B)](x, state, weight.contiguous(),
+                                                     bias if bias is not None else weight, y, D, NORM_EPS, BD,
+                                                     bias is not None, norm > 0)
     return y
 
 @_short_conv_step_op.register_fake
-def _(x, state, weight, bias):
+def _(x, state, weight, bias, norm):
     return x.new_empty(x.shape)
 
-def _conv_path(x):
-    """-> ('triton' | 'torch', note): as _pick_path, for any channel count (the kernels tile D by 128)."""
+def _conv_path(x, weight):
+    """-> ('triton' | 'torch', note): as _pick_path, for any channel count (the kernels tile D by 128); width 4."""
+    if weight.shape[1] != 4:
+        return "torch", f" (the Triton kernels are written for width 4, got {weight.shape[1]})"
     forced = os.environ.get("KERNELS_PATH", "")
     if forced:
         _pick_path("short_conv", x, x)  # the same checks of the forced value
@@ -1898,27 +1963,30 @@ def _conv_path(x):
         return "torch", f" (the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype})"
     return "triton", ""
 
-def short_conv(x, weight, bias=None, initial=None):
-    """silu(causal depthwise conv) over x [B, T, D] with weight [D, W], bias [D] | None; initial [B, W-1, D] | None
-    holds the raw inputs before x (zeros when None). -> y [B, T, D] in x's dtype. Triton on CUDA (and when
-    KERNELS_PATH=triton forces it), torch elsewhere; differentiable in x, weight, bias (and initial)."""
+def short_conv(x, weight, bias=None, initial=None, norm=0):
+    """silu(causal depthwise conv) over x [B, T, D] with weight [D, 4], bias [D] | None; initial [B, 3, D] | None
+    holds the raw inputs before x (zeros when None); norm G > 0 divides each group of G channels by its l2 norm.
+    -> y [B, T, D] in x's dtype. Triton on CUDA (and when KERNELS_PATH=triton forces it), torch elsewhere;
+    differentiable in x, weight, bias (and initial)."""
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
         _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
-    path, note = _conv_path(x)
+    if norm and (x.shape[-1] % norm or norm & (norm - 1) or not 16 <= norm <= 256):
+        _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={x.shape[-1]}, got {norm}")
+    path, note = _conv_path(x, weight)
     _log_path("short_conv", path, note, x)
     P = 0
     if initial is not None:  # prefill after earlier tokens: run over (initial, x) and drop the first W-1 outputs
         P = initial.shape[1]
         x = torch.cat([initial.to(x.dtype), x], dim=1)
-    y = _short_conv_fwd(x, weight, bias) if path == "triton" else short_conv_torch(x, weight, bias)
+    y = _short_conv_fwd(x, weight, bias, norm) if path == "triton" else short_conv_torch(x, weight, bias, norm)
     return y[:, P:] if P else y
 
-def short_conv_step(x, state, weight, bias=None):
+def short_conv_step(x, state, weight, bias=None, norm=0):
     """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]."""
-    path, note = _conv_path(x)
+    path, note = _conv_path(x, weight)
     if path == "triton" and not state.is_contiguous():
         path, note = "torch", " (the Triton step needs a contiguous state)"
     _log_path("short_conv_step", "triton step" if path == "triton" else "step", note, x)
     if path == "triton":
-        return _short_conv_step_op(x, state, weight, bias)
-    return short_conv_step_torch(x, state, weight, bias)
+        return _short_conv_step_op(x, state, weight, bias, norm)
+    return short_conv_step_torch(x, state, weight, bias, norm)

@@ -783,30 +783,34 @@ def conv_inputs(B, T, D, W, dtype, bias, seed=0, wide=False):
 def close(got, ref, tol, what):
     assert torch.isfinite(got).all() and rel_err(got, ref) < tol, f"{what}: {rel_err(got, ref):.2e}"
 
-def conv_reference(x, w, b):
-    """fp64 loop over the window: independent of both F.conv1d and the kernels."""
+def conv_reference(x, w, b, norm=0):
+    """fp64 sum over the window (and the l2 norm per group of `norm` channels): independent of both F.conv1d and
+    the kernels."""
     B, T, D = x.shape
     W = w.shape[1]
     xx = torch.cat([x.new_zeros(B, W - 1, D), x], dim=1)
-    p = sum(w[:, j] * xx[:, j:j + T] for j in range(W)) + (0 if b is None else b)
-    return F.silu(p)
+    y = F.silu(sum(w[:, j] * xx[:, j:j + T] for j in range(W)) + (0 if b is None else b))
+    if norm:
+        y = torch.cat([g / (g.pow(2).sum(-1, keepdim=True) + kernels.NORM_EPS).sqrt() for g in y.split(norm, -1)], -1)
+    return y
 
-@pytest.mark.parametrize("T", (1, 3, 33, 70))
-@pytest.mark.parametrize("D,bias,wide", [(5, False, False), (130, True, True), (64, False, True)])
+@pytest.mark.parametrize("T", (1, 3, 33, 70, 300))
+@pytest.mark.parametrize("D,bias,wide,norm", [(5, False, False, 0), (130, True, True, 0), (64, False, True, 16),
+                                              (96, False, False, 32)])
 @pytest.mark.parametrize("dtype", (F32, torch.bfloat16), ids=_id)
-def test_short_conv_triton_vs_reference(T, D, bias, wide, dtype, monkeypatch):
+def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype, monkeypatch):
     monkeypatch.setenv("KERNELS_PATH", "triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     xw, w, b, dy = conv_inputs(2, T, D, 4, dtype, bias, wide=wide)
     ref_in = [xw[..., :D].clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if bias else [])
-    ref = conv_reference(ref_in[0], ref_in[1], ref_in[2] if bias else None)
+    ref = conv_reference(ref_in[0], ref_in[1], ref_in[2] if bias else None, norm)
     ref.backward(dy)
     xt = xw.to(dev, dtype).requires_grad_()
     wt = w.to(dev, F32).requires_grad_()
     bt = b.to(dev, F32).requires_grad_() if bias else None
-    y = kernels.short_conv(xt[..., :D], wt, bt)
+    y = kernels.short_conv(xt[..., :D], wt, bt, norm=norm)
     y.backward(dy.to(dev, dtype))
     tol = 2e-5 if dtype == F32 else 2e-2
     assert y.dtype == dtype and xt.grad.dtype == dtype and wt.grad.dtype == F32
@@ -817,24 +821,24 @@ def test_short_conv_triton_vs_reference(T, D, bias, wide, dtype, monkeypatch):
     if bias:
         close(bt.grad.cpu().double(), ref_in[2].grad, tol, "db")
 
-@pytest.mark.parametrize("bias", (False, True))
-def test_short_conv_prefill_and_steps_match_one_pass(bias, monkeypatch):
+@pytest.mark.parametrize("bias,norm", [(False, 0), (True, 0), (False, 16)])
+def test_short_conv_prefill_and_steps_match_one_pass(bias, norm, monkeypatch):
     # a prefill of 5 tokens, then 3 one-token steps (state updated in place) == one pass over the 8 tokens; torch and
     # Triton paths alike (Triton through the interpreter on CPU)
     paths = ["chunked"] + (["triton"] if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" else [])
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    xw, w, b, _ = conv_inputs(3, 8, 20, 4, F32, bias)
+    xw, w, b, _ = conv_inputs(3, 8, 32, 4, F32, bias)
     x, w, b = xw.to(dev, F32), w.to(dev, F32), None if b is None else b.to(dev, F32)
-    ref = conv_reference(x.double(), w.double(), None if b is None else b.double())
+    ref = conv_reference(x.double(), w.double(), None if b is None else b.double(), norm)
     for path in paths:
         monkeypatch.setenv("KERNELS_PATH", path)
-        y0 = kernels.short_conv(x[:, :5], w, b)
+        y0 = kernels.short_conv(x[:, :5], w, b, norm=norm)
         state = x[:, 2:5].clone()
-        ys = [kernels.short_conv_step(x[:, t], state, w, b) for t in range(5, 8)]
+        ys = [kernels.short_conv_step(x[:, t], state, w, b, norm=norm) for t in range(5, 8)]
         got = torch.cat([y0] + [y[:, None] for y in ys], dim=1)
         close(got.double().cpu(), ref.cpu(), 1e-5, path)
         assert torch.equal(state, x[:, 5:8])
-        y1 = kernels.short_conv(x[:, 6:], w, b, initial=x[:, 3:6])   # prefill that continues from a window
+        y1 = kernels.short_conv(x[:, 6:], w, b, initial=x[:, 3:6], norm=norm)  # a prefill continuing from a window
         close(y1.double().cpu(), ref[:, 6:].cpu(), 1e-5, path + " initial")
 
 def test_short_conv_compiles(monkeypatch):
@@ -844,7 +848,8 @@ def test_short_conv_compiles(monkeypatch):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     xw, w, b, dy = conv_inputs(2, 37, 24, 4, F32, True, wide=True)
     x, w, b, dy = (t.to(DEV, F32) for t in (xw, w, b, dy))
-    f = lambda x, w, b: (kernels.short_conv(x[..., :24], w, b) * dy).sum()
+    f = lambda x, w, b: (kernels.short_conv(x[..., :24], w, b) * dy).sum() + kernels.short_conv(x[..., 8:24], w[8:], None,
+                                                                                                norm=16).sum()
     results = []
     for fn in (f, torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")):
         leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
