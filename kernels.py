@@ -1749,95 +1749,116 @@ def short_conv_step_torch(x, state, weight, bias=None, norm=0):
     return y.to(x.dtype)
 
 @triton.jit
-def _conv_ld(xb, rows, d, dm, T, sxt):
-    """x at rows (zeros outside 0 .. T-1), fp32 [BT, BD]."""
-    return tl.load(xb + rows[:, None] * sxt + d[None, :], mask=((rows >= 0) & (rows < T))[:, None] & dm[None, :],
-                   other=0.).to(tl.float32)
+def _conv_ld(base, t, stride, lo, hi, d, dm):
+    """Row t (scalar) of a sequence with the given row stride, [BD] in its dtype; zeros unless lo <= t < hi."""
+    tt = t + d * 0
+    return tl.load(base + t * stride + d, mask=dm & (tt >= lo) & (tt < hi), other=0.)
 
 @triton.jit
 def _conv_weights(w_ptr, b_ptr, d, dm, BIAS: tl.constexpr):
-    w0 = tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.)[None, :]
-    w1 = tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.)[None, :]
-    w2 = tl.load(w_ptr + d * 4 + 2, mask=dm, other=0.)[None, :]
-    w3 = tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.)[None, :]
-    bias = tl.load(b_ptr + d, mask=dm, other=0.)[None, :] if BIAS else tl.zeros_like(w0)
+    w0 = tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.)
+    w1 = tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.)
+    w2 = tl.load(w_ptr + d * 4 + 2, mask=dm, other=0.)
+    w3 = tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.)
+    bias = tl.load(b_ptr + d, mask=dm, other=0.) if BIAS else tl.zeros_like(w0)
     return w0, w1, w2, w3, bias
 
 @triton.jit
-def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, BT: tl.constexpr, BD: tl.constexpr,
+def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, L: tl.constexpr, BD: tl.constexpr,
                            BIAS: tl.constexpr, NORM: tl.constexpr):
-    it, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    t = it * BT + tl.arange(0, BT)
+    # One program: BD channels of L consecutive rows, walked one row at a time with the window (x_{t-3}, x_{t-2},
+    # x_{t-1}) in registers, so that every x is read once; the next four rows are loaded ahead (latency hiding).
+    idd, b, seg = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     d = idd * BD + tl.arange(0, BD)
     dm = d < D
-    xb = x_ptr + b * sxb
+    xb, yb = x_ptr + b * sxb, y_ptr + b * T * D
     w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
-    p = (bias + w0 * _conv_ld(xb, t - 3, d, dm, T, sxt) + w1 * _conv_ld(xb, t - 2, d, dm, T, sxt)
-         + w2 * _conv_ld(xb, t - 1, d, dm, T, sxt) + w3 * _conv_ld(xb, t, d, dm, T, sxt))
-    y = p * tl.sigmoid(p)
-    if NORM:  # the tile's BD channels are one group
-        y = y * tl.rsqrt(tl.sum(y * y, 1) + eps)[:, None]
-    tl.store(y_ptr + b * T * D + t[:, None] * D + d[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=(t < T)[:, None] & dm[None, :])
-
-@triton.jit
-def _conv_dp(p, dyb, t, d, dm, T, D, eps, NORM: tl.constexpr):
-    """dp_t from p_t and the incoming gradient at rows t (zero for t >= T): through the norm, then the SiLU,
-    silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p)))."""
-    dy = tl.load(dyb + t[:, None] * D + d[None, :], mask=(t < T)[:, None] & dm[None, :], other=0.).to(tl.float32)
-    sg = tl.sigmoid(p)
-    if NORM:
-        y = p * sg
-        r = tl.rsqrt(tl.sum(y * y, 1) + eps)[:, None]
-        dy = r * dy - (r * r * r) * tl.sum(y * dy, 1)[:, None] * y
-    return dy * sg * (1 + p * (1 - sg))
+    t0 = seg * L
+    hi = tl.minimum(T, t0 + L)
+    xa = _conv_ld(xb, t0 - 3, sxt, 0, T, d, dm).to(tl.float32)
+    xm = _conv_ld(xb, t0 - 2, sxt, 0, T, d, dm).to(tl.float32)
+    xc = _conv_ld(xb, t0 - 1, sxt, 0, T, d, dm).to(tl.float32)
+    n1 = _conv_ld(xb, t0, sxt, 0, hi, d, dm)
+    n2 = _conv_ld(xb, t0 + 1, sxt, 0, hi, d, dm)
+    n3 = _conv_ld(xb, t0 + 2, sxt, 0, hi, d, dm)
+    n4 = _conv_ld(xb, t0 + 3, sxt, 0, hi, d, dm)
+    for i in range(L):
+        t = t0 + i
+        x0 = n1.to(tl.float32)
+        n1, n2, n3 = n2, n3, n4
+        n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
+        y = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
+        y = y * tl.sigmoid(y)
+        if NORM:  # the program's BD channels are one group
+            y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
+        tl.store(yb + t * D + d, y.to(y_ptr.dtype.element_ty), mask=dm & ((t + d * 0) < hi))
+        xa, xm, xc = xm, xc, x0
 
 @triton.jit
 def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, eps,
-                           BT: tl.constexpr, BD: tl.constexpr, NSUB: tl.constexpr, BIAS: tl.constexpr,
-                           NORM: tl.constexpr):
-    # Per block of BT rows t: x at t-3 .. t+3 (seven loads; six of them overlap the neighbours' and come from L2),
-    # p at t .. t+3, dx_t = w3 dp_t + w2 dp_{t+1} + w1 dp_{t+2} + w0 dp_{t+3}. One program walks NSUB blocks and
-    # keeps its dw / db terms as [BT, BD] sums, reduced and written once at the end (summed over programs by the
-    # caller: deterministic, no atomics).
-    ip, idd, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+                           L: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr):
+    # Rows tau = t0 .. t0+L+2 in order (three past the program's L rows: dx_t needs dp_t .. dp_{t+3}), x and dy read
+    # once per row with the next four loaded ahead. After dp_tau: dx_{tau-3} = q3 + w0 dp_tau is complete (stored when
+    # it is one of this program's rows), and the partial sums shift: q3 <- q2 + w1 dp, q2 <- q1 + w2 dp, q1 <- w3 dp.
+    # dw_j += dp_tau x_{tau-3+j} and db += dp_tau over this program's rows only; one partial sum per program, summed
+    # by the caller (deterministic, no atomics).
+    idd, b, seg = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     d = idd * BD + tl.arange(0, BD)
     dm = d < D
-    xb, dyb = x_ptr + b * sxb, dy_ptr + b * T * D
+    xb, dyb, dxb = x_ptr + b * sxb, dy_ptr + b * T * D, dx_ptr + b * T * D
     w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
-    a0 = tl.zeros((BT, BD), dtype=tl.float32)
-    a1 = tl.zeros((BT, BD), dtype=tl.float32)
-    a2 = tl.zeros((BT, BD), dtype=tl.float32)
-    a3 = tl.zeros((BT, BD), dtype=tl.float32)
-    ab = tl.zeros((BT, BD), dtype=tl.float32)
-    for i in range(NSUB):
-        t = (ip * NSUB + i) * BT + tl.arange(0, BT)
-        xm3 = _conv_ld(xb, t - 3, d, dm, T, sxt)
-        xm2 = _conv_ld(xb, t - 2, d, dm, T, sxt)
-        xm1 = _conv_ld(xb, t - 1, d, dm, T, sxt)
-        x0 = _conv_ld(xb, t, d, dm, T, sxt)
-        xp1 = _conv_ld(xb, t + 1, d, dm, T, sxt)
-        xp2 = _conv_ld(xb, t + 2, d, dm, T, sxt)
-        xp3 = _conv_ld(xb, t + 3, d, dm, T, sxt)
-        dp0 = _conv_dp(bias + w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0, dyb, t, d, dm, T, D, eps, NORM)
-        dx = w3 * dp0
-        dx += w2 * _conv_dp(bias + w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, dyb, t + 1, d, dm, T, D, eps, NORM)
-        dx += w1 * _conv_dp(bias + w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, dyb, t + 2, d, dm, T, D, eps, NORM)
-        dx += w0 * _conv_dp(bias + w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, dyb, t + 3, d, dm, T, D, eps, NORM)
-        tl.store(dx_ptr + b * T * D + t[:, None] * D + d[None, :], dx.to(dx_ptr.dtype.element_ty),
-                 mask=(t < T)[:, None] & dm[None, :])
-        a0 += dp0 * xm3
-        a1 += dp0 * xm2
-        a2 += dp0 * xm1
-        a3 += dp0 * x0
-        ab += dp0
-    part = (b * tl.num_programs(0) + ip) * 4 * D
-    tl.store(dw_ptr + part + d, tl.sum(a0, 0), mask=dm)
-    tl.store(dw_ptr + part + D + d, tl.sum(a1, 0), mask=dm)
-    tl.store(dw_ptr + part + 2 * D + d, tl.sum(a2, 0), mask=dm)
-    tl.store(dw_ptr + part + 3 * D + d, tl.sum(a3, 0), mask=dm)
+    t0 = seg * L
+    own = tl.minimum(T, t0 + L)        # this program's rows: t0 .. own-1
+    hi = tl.minimum(T, t0 + L + 3)     # the rows it reads
+    xa = _conv_ld(xb, t0 - 3, sxt, 0, T, d, dm).to(tl.float32)
+    xm = _conv_ld(xb, t0 - 2, sxt, 0, T, d, dm).to(tl.float32)
+    xc = _conv_ld(xb, t0 - 1, sxt, 0, T, d, dm).to(tl.float32)
+    n1 = _conv_ld(xb, t0, sxt, 0, hi, d, dm)
+    n2 = _conv_ld(xb, t0 + 1, sxt, 0, hi, d, dm)
+    n3 = _conv_ld(xb, t0 + 2, sxt, 0, hi, d, dm)
+    n4 = _conv_ld(xb, t0 + 3, sxt, 0, hi, d, dm)
+    g1 = _conv_ld(dyb, t0, D, 0, hi, d, dm)
+    g2 = _conv_ld(dyb, t0 + 1, D, 0, hi, d, dm)
+    g3 = _conv_ld(dyb, t0 + 2, D, 0, hi, d, dm)
+    g4 = _conv_ld(dyb, t0 + 3, D, 0, hi, d, dm)
+    q1 = tl.zeros_like(w0)
+    q2 = tl.zeros_like(w0)
+    q3 = tl.zeros_like(w0)
+    a0 = tl.zeros_like(w0)
+    a1 = tl.zeros_like(w0)
+    a2 = tl.zeros_like(w0)
+    a3 = tl.zeros_like(w0)
+    ab = tl.zeros_like(w0)
+    for i in range(L + 3):
+        t = t0 + i
+        x0, dy = n1.to(tl.float32), g1.to(tl.float32)
+        n1, n2, n3, g1, g2, g3 = n2, n3, n4, g2, g3, g4
+        n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
+        g4 = _conv_ld(dyb, t + 4, D, 0, hi, d, dm)
+        p = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
+        sg = tl.sigmoid(p)
+        if NORM:  # dy <- r dy - r^3 (y . dy) y, r = (|y|^2 + eps)^-1/2
+            y = p * sg
+            r = tl.rsqrt(tl.sum(y * y, 0) + eps)
+            dy = r * dy - (r * r * r) * tl.sum(y * dy, 0) * y
+        dp = dy * sg * (1 + p * (1 - sg))   # silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p))); dy = 0 past the end
+        tl.store(dxb + (t - 3) * D + d, (q3 + w0 * dp).to(dx_ptr.dtype.element_ty),
+                 mask=dm & ((t - 3 + d * 0) >= t0) & ((t - 3 + d * 0) < own))
+        q3, q2, q1 = q2 + w1 * dp, q1 + w2 * dp, w3 * dp
+        dp = tl.where((t + d * 0) < own, dp, 0.)   # dw and db over this program's rows only
+        a0 += dp * xa
+        a1 += dp * xm
+        a2 += dp * xc
+        a3 += dp * x0
+        ab += dp
+        xa, xm, xc = xm, xc, x0
+    part = (b * tl.num_programs(2) + seg) * 4 * D
+    tl.store(dw_ptr + part + d, a0, mask=dm)
+    tl.store(dw_ptr + part + D + d, a1, mask=dm)
+    tl.store(dw_ptr + part + 2 * D + d, a2, mask=dm)
+    tl.store(dw_ptr + part + 3 * D + d, a3, mask=dm)
     if BIAS:
-        tl.store(db_ptr + (b * tl.num_programs(0) + ip) * D + d, tl.sum(ab, 0), mask=dm)
+        tl.store(db_ptr + (b * tl.num_programs(2) + seg) * D + d, ab, mask=dm)
 
 @triton.jit
 def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.constexpr, BIAS: tl.constexpr,
@@ -1865,9 +1886,8 @@ def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.co
         y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
     tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
-# (rows, channels, warps) of a tile; with norm the channels are one group. The backward walks NSUB tiles per
-# program so that its dw partial sums stay small (3 MB at B8 T4096 D768)
-_CONV_FWD, _CONV_BWD, _CONV_NSUB = (32, 128, 8), (16, 128, 8), 8
+# (rows per program L, channels per program BD, warps); with norm BD is the group (one head)
+_CONV_FWD, _CONV_BWD = (64, 256, 1), (64, 256, 1)
 
 def _conv_rows(x):
     """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels
@@ -1876,19 +1896,18 @@ def _conv_rows(x):
         x = x.contiguous()
     return x, x.stride(0), x.stride(1)
 
-def _conv_tile(cfg, norm):
-    """(rows, channels, warps): with a norm the channels of a tile are one group, and its rows scale to keep the size."""
-    BT, BD, nw = cfg
-    return (max(1, BT * BD // norm), norm, nw) if norm else cfg
+def _conv_cfg(cfg, T, norm):
+    L, BD, nw = cfg
+    return min(L, triton.next_power_of_2(T)), (norm or BD), nw
 
 @torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
 def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int) -> torch.Tensor:
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
     y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    BT, BD, nw = _conv_tile(_CONV_FWD, norm)
-    _short_conv_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD), B)](
-        x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt, NORM_EPS, BT, BD,
+    L, BD, nw = _conv_cfg(_CONV_FWD, T, norm)
+    _short_conv_fwd_kernel[(triton.cdiv(D, BD), B, triton.cdiv(T, L))](
+        x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt, NORM_EPS, L, BD,
         bias is not None, norm > 0, num_warps=nw)
     return y
 
@@ -1903,15 +1922,14 @@ def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
     dy = dy.contiguous()
-    BT, BD, nw = _conv_tile(_CONV_BWD, norm)
-    NSUB = max(1, min(_CONV_NSUB, triton.cdiv(T, BT)))
-    NP = triton.cdiv(T, BT * NSUB)
+    L, BD, nw = _conv_cfg(_CONV_BWD, T, norm)
+    NS = triton.cdiv(T, L)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    dw = torch.empty(B * NP, 4, D, device=x.device, dtype=torch.float32)
-    db = torch.empty(B * NP, D, device=x.device, dtype=torch.float32) if bias is not None else dw
-    _short_conv_bwd_kernel[(NP, triton.cdiv(D, BD), B)](
+    dw = torch.empty(B * NS, 4, D, device=x.device, dtype=torch.float32)
+    db = torch.empty(B * NS, D, device=x.device, dtype=torch.float32) if bias is not None else dw
+    _short_conv_bwd_kernel[(triton.cdiv(D, BD), B, NS)](
         x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db, T, D, sxb, sxt, NORM_EPS,
-        BT, BD, NSUB, bias is not None, norm > 0, num_warps=nw)
+        L, BD, bias is not None, norm > 0, num_warps=nw)
     db = db.sum(0) if bias is not None else torch.empty(0, device=x.device)
     return dx, dw.sum(0).t().contiguous(), db
 
