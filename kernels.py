@@ -1886,8 +1886,9 @@ def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.co
         y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
     tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
-# (rows per program L, channels per program BD, warps); with norm BD is the group (one head)
-_CONV_FWD, _CONV_BWD = (64, 256, 1), (64, 256, 1)
+# (rows per program L, channels per program BD, warps); with norm BD is the group (one head). Chosen by
+# notes/conv_tiles.py on an H100 (notes/perf.md 2026-11-24 (a)): 32 rows x 128 channels, one warp, both ways
+_CONV_FWD, _CONV_BWD = (32, 128, 1), (32, 128, 1)
 
 def _conv_rows(x):
     """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels

@@ -794,7 +794,7 @@ def conv_reference(x, w, b, norm=0):
         y = torch.cat([g / (g.pow(2).sum(-1, keepdim=True) + kernels.NORM_EPS).sqrt() for g in y.split(norm, -1)], -1)
     return y
 
-@pytest.mark.parametrize("T", (1, 3, 33, 70, 300))
+@pytest.mark.parametrize("T", (1, 3, 33, 70))  # 70: three 32-row programs, the last partial
 @pytest.mark.parametrize("D,bias,wide,norm", [(5, False, False, 0), (130, True, True, 0), (64, False, True, 16),
                                               (96, False, False, 32)])
 @pytest.mark.parametrize("dtype", (F32, torch.bfloat16), ids=_id)
