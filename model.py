@@ -207,17 +207,6 @@ def init_decay_rates(n, dt_min=1e-3, dt_max=0.1, a_min=1.0, a_max=16.0):
     return A_log, dt_bias
 
 
-def fused_linear(x, layers):
-    """Several nn.Linear layers that read the same x as ONE matmul (their weights stacked) -> their outputs, column
-    slices of the one result. Small projections (β's H outputs, low-rank gates) run far below the GPU's matmul rate
-    alone, and separately each would re-read x and add its own [B, T, C] term to x's gradient."""
-    w = torch.cat([l.weight for l in layers])
-    b = None
-    if any(l.bias is not None for l in layers):
-        b = torch.cat([l.bias if l.bias is not None else l.weight.new_zeros(l.out_features) for l in layers])
-    return F.linear(x, w, b).split([l.out_features for l in layers], dim=-1)
-
-
 def scan(cache, q, k, v, g=None, beta=None, scale=None):
     """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule).
 
@@ -391,7 +380,6 @@ class DeltaNet(nn.Module):
         S_t = S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t / √d_k,   y = W_o [RMSNorm(o_h)]_h
     H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
     cache_grows = False
-    inputs = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # projections of x, computed as one matmul (fused_linear)
 
     def __init__(self, config, layer_idx=0, n_head=None, v_dim=None):
         super().__init__()
@@ -410,21 +398,20 @@ class DeltaNet(nn.Module):
         self.c_proj.residual_out = True
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def decay(self, p):
+    def decay(self, x):
         return None  # no forgetting: g = 0
 
-    def output_gate(self, p, o):
+    def output_gate(self, x, o):
         return o
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
-        p = dict(zip(self.inputs, fused_linear(x, [getattr(self, n) for n in self.inputs])))
-        q = self.q_conv(p['q_proj'], cache).view(B, T, self.H, self.dk)
-        k = self.k_conv(p['k_proj'], cache).view(B, T, self.H, self.dk)
-        v = self.v_conv(p['v_proj'], cache).view(B, T, self.H, self.dv)
-        beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
-        o = scan(cache, q, k, v, g=self.decay(p), beta=beta)
-        o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
+        q = self.q_conv(self.q_proj(x), cache).view(B, T, self.H, self.dk)
+        k = self.k_conv(self.k_proj(x), cache).view(B, T, self.H, self.dk)
+        v = self.v_conv(self.v_proj(x), cache).view(B, T, self.H, self.dv)
+        beta = torch.sigmoid(self.b_proj(x).float())                 # [B, T, H]
+        o = scan(cache, q, k, v, g=self.decay(x), beta=beta)
+        o = self.output_gate(x, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
     def core_flops_per_token(self, T, chunk=64):
@@ -437,7 +424,6 @@ class GatedDeltaNet(DeltaNet):
         g = −exp(A_log)·softplus(W_a x + dt_bias);  S̃ = exp(g_t) S_{t−1};  S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ
         y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h
     d_v = 2·d_k (fla's expand_v = 2), H = C / (2 hd): C=768, hd=64 → H=6, 2,374,796 params (1.01× softmax)."""
-    inputs = DeltaNet.inputs + ('a_proj', 'g_proj')
 
     def __init__(self, config, layer_idx=0):
         C, hd = config.n_embd, config.head_dim
@@ -446,11 +432,11 @@ class GatedDeltaNet(DeltaNet):
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
 
-    def decay(self, p):
-        return -torch.exp(self.A_log.float()) * F.softplus(p['a_proj'].float() + self.dt_bias)  # [B, T, H]
+    def decay(self, x):
+        return -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float() + self.dt_bias)  # [B, T, H]
 
-    def output_gate(self, p, o):
-        return o * F.silu(p['g_proj'].view(o.shape))
+    def output_gate(self, x, o):
+        return o * F.silu(self.g_proj(x).view(o.shape))
 
 
 class KDA(DeltaNet):
@@ -459,7 +445,6 @@ class KDA(DeltaNet):
         S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ;   y = W_o [RMSNorm(o_h) ⊙ σ(W_g↑ W_g↓ x + b_g)_h]_h
     Low-rank (rank hd) gate and output-gate projections. H = C / hd, d_k = d_v = hd:
     C=768, hd=64 → H=12, 2,575,948 params (1.09× softmax); hd=128 → H=6, 2,768,006 (1.17×)."""
-    inputs = DeltaNet.inputs + ('f_down', 'g_down')
 
     def __init__(self, config, layer_idx=0):
         super().__init__(config, layer_idx)
@@ -469,12 +454,12 @@ class KDA(DeltaNet):
         self.A_log, _ = init_decay_rates(H)
         _, self.dt_bias = init_decay_rates(H * hd)   # one dt bias per (head, key channel)
 
-    def decay(self, p):
-        f = self.f_up(p['f_down']).float().unflatten(-1, (self.H, self.dk))
+    def decay(self, x):
+        f = self.f_up(self.f_down(x)).float().unflatten(-1, (self.H, self.dk))
         return -torch.exp(self.A_log.float())[:, None] * F.softplus(f + self.dt_bias.view(self.H, self.dk))  # [B,T,H,dk]
 
-    def output_gate(self, p, o):
-        return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))
+    def output_gate(self, x, o):
+        return o * torch.sigmoid(self.g_up(self.g_down(x)).view(o.shape))
 
 
 # ------------------------------------------------------------------------------------------------
