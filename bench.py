@@ -566,15 +566,6 @@ def short_kernel_name(name, n=80):
     return s if len(s) <= n else s[:n - 3] + "..."
 
 
-def gpu_peak_flops(name):
-    """Dense bf16 peak FLOP/s of a GPU by its name (train.py's table), or None when unknown (no MFU then)."""
-    for key, flops in (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12),
-                       ("4090", 165e12), ("A10", 125e12), ("L4", 121e12), ("V100", 125e12), ("3090", 71e12)):
-        if key in name:
-            return flops
-    return None
-
-
 def train_model_config(mixer, T, tiny=False):
     """GPTConfig of the 124M config file for this mixer pattern (TRAIN_CONFIGS; a pattern not there uses the hybrid's
     file with its mixer), block_size T, vocab 50304 (train.py's default: GPT-2's 50257 padded to a multiple of 64).
@@ -654,6 +645,7 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False):
         out["device_name"] = "cpu"
     out["ms"] = statistics.median(times)
     out["tokens_per_s"] = B * T / out["ms"] * 1000
+    from model import gpu_peak_flops
     peak = gpu_peak_flops(out["device_name"]) if cuda else None
     out["mfu"] = raw.flops_per_token(T) * out["tokens_per_s"] / peak if peak else None
     if cuda:

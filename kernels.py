@@ -1755,6 +1755,18 @@ def _conv_ld(base, t, stride, lo, hi, d, dm):
     return tl.load(base + t * stride + d, mask=dm & (tt >= lo) & (tt < hi), other=0.)
 
 @triton.jit
+def _conv_window(xb, t0, sxt, T, d, dm):
+    """x_{t0-3}, x_{t0-2}, x_{t0-1} in fp32 (zeros before the start): the window a program starts with."""
+    return (_conv_ld(xb, t0 - 3, sxt, 0, T, d, dm).to(tl.float32), _conv_ld(xb, t0 - 2, sxt, 0, T, d, dm).to(tl.float32),
+            _conv_ld(xb, t0 - 1, sxt, 0, T, d, dm).to(tl.float32))
+
+@triton.jit
+def _conv_ahead(base, t0, stride, hi, d, dm):
+    """Rows t0 .. t0+3 (zeros from hi on), loaded ahead of their use."""
+    return (_conv_ld(base, t0, stride, 0, hi, d, dm), _conv_ld(base, t0 + 1, stride, 0, hi, d, dm),
+            _conv_ld(base, t0 + 2, stride, 0, hi, d, dm), _conv_ld(base, t0 + 3, stride, 0, hi, d, dm))
+
+@triton.jit
 def _conv_weights(w_ptr, b_ptr, d, dm, BIAS: tl.constexpr):
     w0 = tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.)
     w1 = tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.)
@@ -1775,13 +1787,8 @@ def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, L: t
     w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
     t0 = seg * L
     hi = tl.minimum(T, t0 + L)
-    xa = _conv_ld(xb, t0 - 3, sxt, 0, T, d, dm).to(tl.float32)
-    xm = _conv_ld(xb, t0 - 2, sxt, 0, T, d, dm).to(tl.float32)
-    xc = _conv_ld(xb, t0 - 1, sxt, 0, T, d, dm).to(tl.float32)
-    n1 = _conv_ld(xb, t0, sxt, 0, hi, d, dm)
-    n2 = _conv_ld(xb, t0 + 1, sxt, 0, hi, d, dm)
-    n3 = _conv_ld(xb, t0 + 2, sxt, 0, hi, d, dm)
-    n4 = _conv_ld(xb, t0 + 3, sxt, 0, hi, d, dm)
+    xa, xm, xc = _conv_window(xb, t0, sxt, T, d, dm)
+    n1, n2, n3, n4 = _conv_ahead(xb, t0, sxt, hi, d, dm)
     for i in range(L):
         t = t0 + i
         x0 = n1.to(tl.float32)
@@ -1810,17 +1817,9 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     t0 = seg * L
     own = tl.minimum(T, t0 + L)        # this program's rows: t0 .. own-1
     hi = tl.minimum(T, t0 + L + 3)     # the rows it reads
-    xa = _conv_ld(xb, t0 - 3, sxt, 0, T, d, dm).to(tl.float32)
-    xm = _conv_ld(xb, t0 - 2, sxt, 0, T, d, dm).to(tl.float32)
-    xc = _conv_ld(xb, t0 - 1, sxt, 0, T, d, dm).to(tl.float32)
-    n1 = _conv_ld(xb, t0, sxt, 0, hi, d, dm)
-    n2 = _conv_ld(xb, t0 + 1, sxt, 0, hi, d, dm)
-    n3 = _conv_ld(xb, t0 + 2, sxt, 0, hi, d, dm)
-    n4 = _conv_ld(xb, t0 + 3, sxt, 0, hi, d, dm)
-    g1 = _conv_ld(dyb, t0, D, 0, hi, d, dm)
-    g2 = _conv_ld(dyb, t0 + 1, D, 0, hi, d, dm)
-    g3 = _conv_ld(dyb, t0 + 2, D, 0, hi, d, dm)
-    g4 = _conv_ld(dyb, t0 + 3, D, 0, hi, d, dm)
+    xa, xm, xc = _conv_window(xb, t0, sxt, T, d, dm)
+    n1, n2, n3, n4 = _conv_ahead(xb, t0, sxt, hi, d, dm)
+    g1, g2, g3, g4 = _conv_ahead(dyb, t0, D, hi, d, dm)
     q1 = tl.zeros_like(w0)
     q2 = tl.zeros_like(w0)
     q3 = tl.zeros_like(w0)

@@ -614,6 +614,16 @@ class GPT(nn.Module):
         return 6 * self.get_num_params() + 3 * core
 
 
+
+def gpu_peak_flops(name):
+    """Dense bf16 peak FLOP/s of a GPU by its name (torch.cuda.get_device_name), or None when unknown (MFU is then
+    not printed). Used by train.py and bench.py --train."""
+    for key, flops in (('H200', 989e12), ('H100 PCIe', 756e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12),
+                       ('4090', 165e12), ('A10', 125e12), ('L4', 121e12), ('V100', 125e12), ('3090', 71e12)):
+        if key in name:
+            return flops
+    return None
+
 # ------------------------------------------------------------------------------------------------
 # Checkpoints: written atomically so an interrupted save never destroys the previous one, and never with
 # non-finite weights (a diverged run must not replace the last good checkpoint).

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import GPTConfig, GPT, save_checkpoint, load_checkpoint
+from model import GPTConfig, GPT, save_checkpoint, load_checkpoint, gpu_peak_flops
 from dataloader import ShardLoader
 from tasks import MQAR, StateTracking, TaskLoader, count_correct
 
@@ -324,18 +324,6 @@ def diverged(what):
                      f"(now {learning_rate:g}) or set grad_clip > 0 (now {grad_clip:g})")
 
 
-def gpu_peak_flops():
-    """Dense bf16 peak of the local GPU for MFU, or None when unknown (MFU is then not printed)."""
-    if device_type != 'cuda':
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in (('H200', 989e12), ('H100 PCIe', 756e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12), ('4090', 165e12),
-                       ('A10', 125e12), ('L4', 121e12), ('V100', 125e12), ('3090', 71e12)):
-        if key in name:
-            return flops
-    return None
-
-
 if wandb_log and master_process:
     try:
         import wandb  # lazily: only users who log need it installed
@@ -343,7 +331,7 @@ if wandb_log and master_process:
         raise UserError("wandb_log=True but wandb is not installed: pip install wandb, or --wandb_log=False") from None
     wandb.init(project=wandb_project, name=wandb_run_name, config=config, mode=wandb_mode)
 
-peak_flops = gpu_peak_flops()
+peak_flops = gpu_peak_flops(torch.cuda.get_device_name(device)) if device_type == 'cuda' else None
 flops_per_iter = raw_model.flops_per_token(block_size) * tokens_per_iter
 # restore the RNG last: model construction above consumed random numbers on both paths
 if checkpoint is not None and 'rng' in checkpoint:
