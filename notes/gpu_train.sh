@@ -10,4 +10,4 @@ if [ -z "$SKIP_TESTS" ]; then
   grep -E "passed|failed|error|rc=" $OUT/tests.txt | tail -3; grep -E "^FAILED" $OUT/tests.txt | head -20
 fi
 [ -z "$SKIP_TILES" ] && timeout 150 python3 notes/conv_tiles.py 2>&1 | tee $OUT/conv_tiles.txt
-[ $# -gt 0 ] && python3 bench.py --train "$@" --json $OUT/train.json 2>&1 | tee $OUT/train.log
+if [ $# -gt 0 ]; then python3 bench.py --train "$@" --json $OUT/train.json 2>&1 | tee $OUT/train.log; fi
