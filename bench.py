@@ -17,8 +17,8 @@ category per mixer and context (issue 15).
     python bench.py --profile --variants deltanet,kda   # per-kernel CUDA time of ours (fwd, fwd+bwd) at the first
                                                          # shape, then registers / spills of every compiled kernel
     python bench.py --chunks 32,64,128 --variants retnet,mamba2   # the scalar-decay kernels at several chunk sizes
-    python bench.py --model_decode --mixers softmax 'kda*3,softmax'   # per-token decode latency of whole 12-layer models
-                                                         # (GPT-2 small shape) after prefills of 256..16384 tokens
+    python bench.py --model_decode --mixers softmax 'kda*3,softmax'   # decode ms per token of the 124M models through
+                                                         # the CUDA graph, batch 1 and 64, contexts 256..16384 (64k)
     python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
                                                # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
                                                # 16 heads x 128, 16 groups; decode at batch 1 and 64
@@ -389,41 +389,79 @@ def bench_scalar_decode(batches, variants):
                     row([label, B, first_line(e, 60)], (40, 6, 60))
 
 
-def model_decode(mixers, contexts, device, steps=32):
-    """Per-token decode latency of a whole model, 12 layers x 768 (GPT-2 small's shape, head_dim 64, d_state 128,
-    batch 1), after a prefill of each context length: flat in the context for the linear mixers (a fixed-size state
-    per layer) and growing for softmax (its K/V cache). Mean wall time of `steps` successive one-token forwards
-    through the caches (what sample.py does per token, sampling excluded); bf16 autocast on CUDA, fp32 on CPU. The
-    kernels' path (torch or Triton) is whatever kernels.py picks and prints; KERNELS_PATH=triton forces Triton."""
-    from model import GPT, GPTConfig
+def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long_context=65536):
+    """Generation speed of whole models (issue 16): the 124M configs of --train (config/<mixer>_owt.py,
+    kda_hybrid.py), through model.Decoder as sample.py runs it on CUDA: static caches, the one-token step (forward,
+    sampling at temperature 1 with top_k 200, the token written out) torch.compile'd and captured as a CUDA graph;
+    after a prefill of each context (random tokens, in pieces of 64k tokens), the mean time of `steps` replays
+    between CUDA events. Softmax is measured the same way: its static K/V cache holds the context plus the steps,
+    attention runs over all of it with the unused slots masked. Mixers without a softmax layer also run at
+    long_context. cache MiB: the static caches at the largest context. Then the eager path (one Python forward per
+    token, GPT.generate's) at batch 1 and the first context, for reference. bf16 autocast on CUDA; on CPU fp32,
+    eager steps, no graph."""
+    from model import GPT, Decoder
     cuda = device.startswith("cuda")
-    ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else nullcontext()
-    print(f"\nper-token decode latency, 12 x 768 model, batch 1, {device} (mean ms over {steps} steps after the prefill)")
-    widths = (16, 10) + (10,) * len(contexts)
-    row(["mixer", "params"] + [f"T={T}" for T in contexts], widths)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    ctx = torch.amp.autocast(device_type="cuda", dtype=dtype) if cuda else nullcontext()
+    how = ("CUDA graph of the " + ("compiled " if compile else "") + "step") if cuda else "eager steps (CPU)"
+    print(f"\ndecode ms per token ({how}; mean of {steps} after the prefill), tokens/s = batch / that, {device}")
     for mixer in mixers:
+        torch._dynamo.reset()  # a fresh compile cache per model (Dynamo keeps a few variants of a function, then runs it eagerly)
         torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, head_dim=64, d_state=128, vocab_size=50304,
-                              block_size=max(contexts) + steps, mixer=mixer)).to(device).eval()
-        cells = []
-        for T in contexts:
-            idx = torch.randint(0, 50257, (1, T), device=device)
-            with torch.no_grad(), ctx:
-                caches = model.new_caches()
-                logits, _ = model(idx, caches=caches)  # prefill in one forward
-                tok = logits[:, -1].argmax(-1, keepdim=True)
-                model(tok, caches=caches)  # a first step outside the timing (compiles the step kernels)
+        ctxs = contexts + ([long_context] if "softmax" not in mixer and long_context not in contexts else [])
+        model = GPT(train_model_config(mixer, max(ctxs))).to(device).eval()
+        print(f"{mixer}: {model.get_num_params() / 1e6:.0f}M params, {', '.join(sorted(set(model.mixers)))}")
+        widths = (7, 10) + (9,) * len(ctxs) + (14,)
+        row(["batch", "cache MiB"] + [f"T={T}" for T in ctxs] + ["tokens/s @4k"], widths)
+        for B in batches:
+            cells, tps = [], ""
+            for T in ctxs:
+                max_len = (max(ctxs) if "softmax" not in mixer else T) + steps + 8
+                try:
+                    dec = Decoder(model, B, max_len, temperature=1.0, top_k=200, n_vocab=50257, dtype=dtype,
+                                  compile=compile)
+                    idx = torch.randint(0, 50257, (B, T), device=device)
+                    dec.prefill(idx, piece=max(1, 65536 // B))
+                    dec.decode(4)  # the first replays outside the timing
+                    start = time.perf_counter()
+                    if cuda:
+                        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+                        ev[0].record()
+                        dec.decode(steps)
+                        ev[1].record()
+                        torch.cuda.synchronize()
+                        ms = ev[0].elapsed_time(ev[1]) / steps
+                    else:
+                        dec.decode(steps)
+                        ms = (time.perf_counter() - start) * 1000 / steps
+                    cells.append(f"{ms:.3f}")
+                    if T == 4096:
+                        tps = f"{B / ms * 1000:,.0f}"
+                    mib = sum(model.cache_bytes(dec.caches)) / 2**20
+                except torch.cuda.OutOfMemoryError as e:
+                    cells.append("OOM")
+                    mib = float("nan")
+                del dec
                 if cuda:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    logits, _ = model(tok, caches=caches)
-                if cuda:
-                    torch.cuda.synchronize()
-            cells.append(f"{(time.perf_counter() - t0) / steps * 1000:.2f}")
-            del caches
-        row([mixer, f"{model.get_num_params() / 1e6:.0f}M"] + cells, widths)
-        del model
+                    torch.cuda.empty_cache()
+            row([str(B), f"{mib:.1f}"] + cells + [tps], widths)
+        # the eager path for reference: one Python forward per token (what sample.py did before the graph)
+        T = ctxs[0]
+        with torch.no_grad(), ctx:
+            caches = model.new_caches()
+            logits, _ = model(torch.randint(0, 50257, (1, T), device=device), caches=caches)
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            model(tok, caches=caches)
+            n = 8
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(n):
+                logits, _ = model(tok, caches=caches)
+            if cuda:
+                torch.cuda.synchronize()
+        print(f"  eager (one Python forward per token), batch 1, T={T}: {(time.perf_counter() - start) * 1000 / n:.2f} ms per token")
+        del model, caches
         if cuda:
             torch.cuda.empty_cache()
 
@@ -768,6 +806,11 @@ def main():
                          "'kda*3,softmax'); default softmax retnet mamba2 kda 'kda*3,softmax' / all of TRAIN_CONFIGS")
     ap.add_argument("--contexts", default="", help="--model_decode: prefill lengths (default 256,1024,4096,16384); "
                                                    f"--train: context lengths (default {TRAIN_CONTEXTS})")
+    ap.add_argument("--batches", default="1,64", help="--model_decode: batch sizes")
+    ap.add_argument("--decode_steps", type=int, default=64, help="--model_decode: timed tokens per cell")
+    ap.add_argument("--long_context", type=int, default=65536,
+                    help="--model_decode: one more context for the mixers without softmax layers (0: none)")
+    ap.add_argument("--no_compile", action="store_true", help="--model_decode: capture the step without torch.compile")
     ap.add_argument("--device", default="", help="--model_decode / --train: '' = cuda if available, else cpu")
     ap.add_argument("--tokens", type=int, default=32768, help="--train: tokens per step; batch = tokens // T")
     ap.add_argument("--steps", type=int, default=10, help="--train: timed steps per cell (the median is reported)")
@@ -784,8 +827,10 @@ def main():
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.model_decode:  # needs no GPU
-        mixers = args.mixers or ["softmax", "retnet", "mamba2", "kda", "kda*3,softmax"]
-        return model_decode(mixers, [int(t) for t in (args.contexts or "256,1024,4096,16384").split(",")], device)
+        mixers = args.mixers or ["softmax", "kda*3,softmax", "kda", "gdn", "mamba2"]
+        return model_decode(mixers, [int(t) for t in (args.contexts or "256,1024,4096,16384").split(",")],
+                            [int(b) for b in args.batches.split(",")], device, args.decode_steps,
+                            not args.no_compile, args.long_context)
     if args.train_cell:  # one cell of --train, in its own process: one JSON line for the parent
         mixer, T = args.train_cell[0], int(args.train_cell[1])
         try:

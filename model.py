@@ -15,11 +15,13 @@ Every mixer has the same interface:
     core_flops_per_token(T) -> forward FLOPs of the sequence-mixing core (projections are counted
     from the parameter count), used for MFU.
 """
+import contextlib
 import itertools
 import math
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 
 import torch
@@ -105,9 +107,13 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
 
 
+def rope_inv_freq(hs, base, device=None):
+    return 1.0 / (base ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))  # [hs/2]
+
+
 def rope_angles(pos0, n, hs, base, device=None):
     """(cos, sin) [n, hs/2] fp32 of the rotary angles pos·base^(−2i/hs) at positions pos0 .. pos0+n−1."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))  # [hs/2]
+    inv_freq = rope_inv_freq(hs, base, device)
     angles = torch.arange(pos0, pos0 + n, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
     return angles.cos(), angles.sin()
 
@@ -124,10 +130,19 @@ class Rotary(nn.Module):
         cos, sin = rope_angles(0, block_size, hs, base)
         self.register_buffer('cos', cos, persistent=False)
         self.register_buffer('sin', sin, persistent=False)
+        self.register_buffer('inv_freq', rope_inv_freq(hs, base), persistent=False)
 
     def forward(self, x, pos0=0):
+        """pos0: an int, or a 0-dim int64 tensor (decoding through static caches, one token: no Python value that
+        changes per token; inside the table the same values as an int gives, past it the same formula)."""
         T = x.size(1)
-        if pos0 + T <= self.cos.size(0):
+        if torch.is_tensor(pos0):
+            n = self.cos.size(0)
+            i = pos0.clamp(max=n - 1).view(1)
+            angles = pos0.float() * self.inv_freq                               # [hs/2], as rope_angles
+            cos = torch.where(pos0 < n, self.cos.index_select(0, i), angles.cos())
+            sin = torch.where(pos0 < n, self.sin.index_select(0, i), angles.sin())
+        elif pos0 + T <= self.cos.size(0):
             cos, sin = self.cos[pos0:pos0 + T], self.sin[pos0:pos0 + T]
         else:  # past the table (decoding beyond block_size): compute these positions
             cos, sin = rope_angles(pos0, T, self.hs, self.base, x.device)
@@ -259,6 +274,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.hs)
         k = k.view(B, T, self.n_kv_head, self.hs)
         v = v.view(B, T, self.n_kv_head, self.hs)
+        if cache is not None and torch.is_tensor(cache.get('pos')):
+            return self.resid_dropout(self.c_proj(self.static_step(q, k, v, cache).reshape(B, T, C)))
         past = cache['k'].size(2) if cache else 0   # tokens already in the cache = position of x[:, 0]
         q, k = self.rope(q, past), self.rope(k, past)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, nh, T, hs]
@@ -276,6 +293,19 @@ class CausalSelfAttention(nn.Module):
                                                enable_gqa=self.n_kv_head != self.n_head)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # [B, T, nh*hs]
         return self.resid_dropout(self.c_proj(y))
+
+    def static_step(self, q, k, v, cache):
+        """One token through a static cache (GPT.static_caches): K, V [B, n_kv, L, hs] preallocated, the new key and
+        value written at position pos, attention over all L slots with the ones after pos masked. Fixed shapes and
+        addresses, no host sync: the step can be captured as a CUDA graph. -> y [B, 1, nh, hs]."""
+        pos, K, V = cache['pos'], cache['k'], cache['v']
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        K.index_copy_(2, pos.view(1), k.transpose(1, 2).to(K.dtype))
+        V.index_copy_(2, pos.view(1), v.transpose(1, 2).to(V.dtype))
+        mask = (torch.arange(K.size(2), device=K.device) <= pos).view(1, 1, 1, -1)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), K, V, attn_mask=mask,
+                                           enable_gqa=self.n_kv_head != self.n_head)
+        return y.transpose(1, 2)
 
     def core_flops_per_token(self, T):
         # q·k and p·v: 2 FLOPs per multiply-add, 2 matmuls, T/2 keys on average under the causal mask
@@ -319,11 +349,11 @@ class RetNet(nn.Module):
     def forward(self, x, cache=None):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
-        past = cache.get('pos', 0) if cache else 0
+        past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
         q = self.rope(self.q_proj(x).view(shape), past)
         k = self.rope(self.k_proj(x).view(shape), past)
         o = scan(cache, q, k, self.v_proj(x).view(shape), g=self.log_gamma)
-        if cache is not None:
+        if cache is not None and not torch.is_tensor(past):
             cache['pos'] = past + T  # RoPE position of the next token
         o = self.o_norm(o) * F.silu(self.g_proj(x).view(shape))
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
@@ -545,6 +575,8 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, None if caches is None else caches[i])
         x = self.transformer.ln_f(x)
+        if caches is not None and torch.is_tensor(caches[0].get('pos')):
+            caches[0]['pos'] += idx.size(1)  # static caches: one position tensor shared by every layer
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -565,20 +597,57 @@ class GPT(nn.Module):
         """(fixed, growing): bytes held by fixed-size states (linear mixers) and by K/V caches (softmax)."""
         fixed = growing = 0
         for block, cache in zip(self.transformer.h, caches):
-            n = sum(t.numel() * t.element_size() for t in cache.values() if torch.is_tensor(t))
+            n = sum(t.numel() * t.element_size() for t in cache.values() if torch.is_tensor(t) and t.dim())  # not 'pos'
             if getattr(block.attn, 'cache_grows', False):
                 growing += n
             else:
                 fixed += n
         return fixed, growing
 
+    def static_caches(self, batch, max_len, device):
+        """Decode caches of fixed size and address, zero-filled (what Decoder captures once as a CUDA graph): per layer
+        the linear mixer's state and conv windows, or softmax's K/V for max_len positions, and one 0-dim int64 tensor
+        'pos' (tokens so far) shared by every layer. Shapes and dtypes come from a one-token prefill (run it under
+        the autocast of the decode); load_caches copies a real prefill's caches into them."""
+        caches = self.new_caches()
+        with torch.no_grad():
+            self(torch.zeros(batch, 1, dtype=torch.long, device=device), caches=caches)
+        pos = torch.zeros((), dtype=torch.long, device=device)
+        for block, cache in zip(self.transformer.h, caches):
+            if block.mixer_name == 'softmax':
+                B, n_kv, _, hs = cache['k'].shape
+                cache['k'] = cache['k'].new_zeros(B, n_kv, max_len, hs)
+                cache['v'] = cache['v'].new_zeros(B, n_kv, max_len, hs)
+            for t in cache.values():
+                if torch.is_tensor(t):
+                    t.zero_()
+            cache['pos'] = pos
+        return caches
+
+    @staticmethod
+    def load_caches(static, caches, T):
+        """Copy the caches of a prefill of T tokens (new_caches + a forward) into static ones, in place."""
+        for s, c in zip(static, caches):
+            for key, t in c.items():
+                if key in ('k', 'v'):
+                    if T > s[key].size(2):
+                        raise ValueError(f"a prefill of {T} tokens does not fit static caches of {s[key].size(2)} positions")
+                    s[key][:, :, :T].copy_(t)
+                    s[key][:, :, T:].zero_()
+                elif torch.is_tensor(t):
+                    s[key].copy_(t)
+        static[0]['pos'].fill_(T)
+
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, caches=None, n_vocab=None):
-        """Prefill idx [B, T] in one forward, then decode token by token through the caches.
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, caches=None, n_vocab=None, timings=None):
+        """Prefill idx [B, T] in one forward, then decode token by token through the caches (eager: one Python
+        forward per token; Decoder replays a CUDA graph instead).
         n_vocab: the tokenizer's vocabulary (50257 for GPT-2); ids in the padding above it are never drawn.
-        Returns (idx extended by max_new_tokens, caches)."""
+        timings: a dict that receives 'prefill' and 'decode' seconds. Returns (idx extended by max_new_tokens, caches)."""
+        clock = Clock(idx.device)
         caches = self.new_caches() if caches is None else caches
         logits, _ = self(idx, caches=caches)
+        prefill = clock()
         for _ in range(max_new_tokens):
             logits = logits[:, -1, :n_vocab].float()
             if temperature == 0:
@@ -591,6 +660,8 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
             logits, _ = self(idx_next, caches=caches)
+        if timings is not None:
+            timings.update(prefill=prefill, decode=clock())
         return idx, caches
 
     # --- training helpers -----------------------------------------------------------------------
@@ -612,6 +683,154 @@ class GPT(nn.Module):
         """Training FLOPs per token: 6 per parameter (fwd 2 + bwd 4) + 3× the mixers' forward core FLOPs."""
         core = sum(block.attn.core_flops_per_token(T) for block in self.transformer.h)
         return 6 * self.get_num_params() + 3 * core
+
+
+
+# ------------------------------------------------------------------------------------------------
+# Fast generation: the one-token step over static caches, captured once as a CUDA graph and replayed per token.
+
+def sample_next(logits, temperature=1.0, top_k=None, n_vocab=None):
+    """logits [B, V] -> next token ids [B, 1] on logits' device, with no host sync (so that it can run inside a CUDA
+    graph; torch.multinomial checks its input on the host): greedy at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k of the first n_vocab ids, as the exponential race
+    argmax(logits / temperature − log E), E ~ Exp(1) i.i.d."""
+    logits = logits[:, :n_vocab].float()
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        v, _ = torch.topk(logits, top_k)
+        logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
+    return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1, keepdim=True)
+
+
+class Decoder:
+    """Generation at a small, constant cost per token. Static caches for `batch` sequences of up to `max_len` tokens
+    (prompt included); the one-token step (forward through them, sampling on the GPU, the token written into the
+    output buffer) built once — its forward torch.compile'd when compile=True, which fuses the many small kernels
+    of a one-token forward — and on CUDA captured as a CUDA graph that is replayed per token: no Python and no host
+    sync per token. On CPU (or graph=False) the same step runs eagerly.
+
+        dec = Decoder(model, batch=2, max_len=1024, temperature=0.8, top_k=200, n_vocab=50257, dtype=torch.bfloat16)
+        out = dec.generate(idx, max_new_tokens)      # idx [2, T] -> [2, T + max_new_tokens]; T + max_new_tokens <= max_len
+
+    Another batch size or a longer max_len needs a new Decoder (sample.py builds one per run)."""
+
+    def __init__(self, model, batch, max_len, temperature=1.0, top_k=None, n_vocab=None, dtype=None,
+                 graph=True, compile=True):
+        self.model, self.batch, self.max_len = model, batch, max_len
+        self.temperature, self.top_k, self.n_vocab = temperature, top_k, n_vocab
+        device = next(model.parameters()).device
+        cuda = device.type == 'cuda'
+        self.autocast = lambda: (torch.autocast(device.type, dtype=dtype) if dtype not in (None, torch.float32)
+                                 else contextlib.nullcontext())
+        with self.autocast():
+            self.caches = model.static_caches(batch, max_len, device)
+        self.pos = self.caches[0]['pos']                          # tokens in the caches (shared by every layer)
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)        # the token being fed
+        self.out = torch.zeros(batch, max_len + 1, dtype=torch.long, device=device)  # every token, by position
+        if compile and cuda:
+            for cache in self.caches:  # one compiled step for every max_len (softmax's K/V length is symbolic)
+                for key in ('k', 'v'):
+                    if key in cache:
+                        torch._dynamo.maybe_mark_dynamic(cache[key], 2)
+            self.forward = torch.compile(self._forward, fullgraph=True)
+        else:
+            self.forward = self._forward
+        self.graph = None
+        if cuda and graph:
+            side = torch.cuda.Stream()  # warm-up off the default stream, as CUDA graph capture requires
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):  # compiles, autotunes, and runs every Triton kernel once before the capture
+                    self._step()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._step()
+
+    @torch.no_grad()
+    def _forward(self):
+        with self.autocast():
+            return self.model(self.tok, caches=self.caches)[0][:, -1]   # advances pos
+
+    @torch.no_grad()
+    def _step(self):
+        nxt = sample_next(self.forward(), self.temperature, self.top_k, self.n_vocab)
+        self.tok.copy_(nxt)
+        self.out.index_copy_(1, self.pos.view(1), nxt)
+
+    @torch.no_grad()
+    def prefill(self, idx, piece=None):
+        """Run the prompt idx [batch, T] through the model (the chunked kernels; in pieces of `piece` tokens when
+        given, for long prompts at large batch), copy its caches into the static ones and draw the first new token
+        from its last logits. -> T"""
+        B, T = idx.shape
+        if B != self.batch or T >= self.max_len:
+            raise ValueError(f"this Decoder holds {self.batch} sequences of up to {self.max_len} tokens; got a prompt "
+                             f"of {B} x {T}: build a Decoder with batch={B}, max_len>{T}")
+        caches = self.model.new_caches()
+        with self.autocast():
+            for s in range(0, T, piece or T):
+                logits, _ = self.model(idx[:, s:s + (piece or T)], caches=caches)
+        self.model.load_caches(self.caches, caches, T)
+        del caches
+        nxt = sample_next(logits[:, -1], self.temperature, self.top_k, self.n_vocab)
+        self.out[:, :T].copy_(idx)
+        self.out[:, T:T + 1].copy_(nxt)
+        self.tok.copy_(nxt)
+        self.T, self.steps = T, 0
+        return T
+
+    @torch.no_grad()
+    def decode(self, n):
+        """n more tokens (n replays of the graph, or eager steps). The caller checks nothing per token: the
+        positions were checked here, before any replay."""
+        if self.T + 1 + self.steps + n > self.max_len:
+            raise ValueError(f"this Decoder holds {self.batch} sequences of up to {self.max_len} tokens; "
+                             f"{self.T + 1 + self.steps} are there, {n} more do not fit: build a Decoder with a larger max_len")
+        for _ in range(n):
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._step()
+        self.steps += n
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, timings=None):
+        """idx [batch, T] -> [batch, T + max_new_tokens]: prefill, then max_new_tokens − 1 steps.
+        timings: a dict that receives 'prefill' and 'decode' seconds."""
+        B, T = idx.shape
+        if B != self.batch or T + max_new_tokens > self.max_len:
+            raise ValueError(f"this Decoder holds {self.batch} sequences of up to {self.max_len} tokens; got {B} of "
+                             f"{T} + {max_new_tokens} new: build a Decoder with batch={B}, max_len>={T + max_new_tokens}")
+        if max_new_tokens == 0:
+            return idx
+        clock = Clock(idx.device)
+        self.prefill(idx)
+        prefill = clock()
+        self.decode(max_new_tokens - 1)
+        out = self.out[:, :T + max_new_tokens].clone()
+        if timings is not None:
+            timings.update(prefill=prefill, decode=clock())
+        return out
+
+
+class Clock:
+    """Seconds since the last call (the first: since construction), after the device's queued work has finished."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == 'cuda'
+        self.t = self.now()
+
+    def now(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def __call__(self):
+        t, self.t = self.t, self.now()
+        return self.t - t
 
 
 

@@ -1,6 +1,8 @@
 """
 Sample from a trained model: prefill the prompt in one forward, then decode token by token
-through the per-layer caches (fixed-size state for the linear mixers, K/V for softmax).
+through the per-layer caches (fixed-size state for the linear mixers, K/V for softmax). The samples
+decode together as one batch; on CUDA through static caches with the one-token step replayed as a
+CUDA graph (model.Decoder; --cuda_graph=False for one eager forward per token).
 
 $ python sample.py --out_dir=out-pystdlib-kda_hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
 $ python sample.py --out_dir=out-pystdlib-kda_hybrid --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
@@ -10,8 +12,8 @@ $ python sample.py --help      # every setting, its default and what it does
 A model trained on a task (dataset 'mqar' or 'statetrack') has no text tokenizer: its prompt is token ids separated
 by spaces (the layouts are in tasks.py) and the samples print as ids.
 
-At the end it prints the decode speed (tokens/s) and the bytes held by the caches, split into the
-fixed part (linear mixers) and the part that grows with the context (softmax K/V).
+At the end it prints the prefill time, the decode latency per token and tokens/s, and the bytes held by
+the caches, split into the fixed part (linear mixers) and the part that grows with the context (softmax K/V).
 """
 import os
 import sys
@@ -19,7 +21,7 @@ import time
 from contextlib import nullcontext
 
 import torch
-from model import GPTConfig, GPT, load_checkpoint
+from model import GPTConfig, GPT, Decoder, load_checkpoint
 from dataloader import gpt2_encoding
 
 # -----------------------------------------------------------------------------
@@ -31,6 +33,10 @@ max_new_tokens = 200      # tokens generated per sample
 temperature = 0.8         # 1.0 = unchanged, < 1.0 = less random, 0 = greedy
 top_k = 200               # keep only the top_k most likely tokens (None = all)
 seed = 1337
+cuda_graph = True         # CUDA: decode through static caches, the one-token step replayed as a CUDA graph (model.Decoder);
+                          # False: one eager forward per token (always so on CPU and MPS)
+compile = True            # with cuda_graph: torch.compile the one-token step first (fewer, fused kernels; its
+                          # compile takes a while once, then every token is cheaper)
 device = ''               # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere; or 'float32', 'bfloat16', 'float16'
 # -----------------------------------------------------------------------------
@@ -80,23 +86,27 @@ else:
     n_vocab, decode = enc.n_vocab, enc.decode
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
-total_tokens, total_time = 0, 0.0
-for k in range(num_samples):
+x = x.expand(num_samples, -1)  # the samples decode together, as one batch
+context = x.size(1) + max_new_tokens
+times = {}
+if device_type == 'cuda' and cuda_graph:
+    t0 = time.perf_counter()
+    decoder = Decoder(model, num_samples, context, temperature, top_k, n_vocab, ptdtype, compile=compile)
+    print(f"decode step {'compiled and ' if compile else ''}captured as a CUDA graph in {time.perf_counter() - t0:.1f} s")
+    y = decoder.generate(x, max_new_tokens, timings=times)
+    caches, steps, how = decoder.caches, max_new_tokens - 1, "CUDA graph"
+else:
     with torch.no_grad(), ctx:
-        if device_type == 'cuda':
-            torch.cuda.synchronize()
-        t0 = time.time()
-        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=n_vocab)
-        if device_type == 'cuda':
-            torch.cuda.synchronize()
-        total_time += time.time() - t0
-        total_tokens += max_new_tokens
-    print(decode(y[0].tolist()))
+        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=n_vocab, timings=times)
+    steps, how = max_new_tokens, "eager"
+for k in range(num_samples):
+    print(decode(y[k].tolist()))
     print('---------------')
 
 fixed, growing = model.cache_bytes(caches)
-context = x.size(1) + max_new_tokens
-print(f"decode: {total_tokens / total_time:.1f} tokens/s (prefill of {x.size(1)} tokens + {max_new_tokens} decode steps per sample, "
-      f"{num_samples} samples, {device})")
+per_token = times['decode'] / max(steps, 1)
+print(f"prefill: {x.size(1)} tokens x {num_samples} samples in {times['prefill'] * 1000:.1f} ms; decode ({how}, {device}): "
+      f"{per_token * 1000:.2f} ms per token, {num_samples * steps / max(times['decode'], 1e-9):.1f} tokens/s over "
+      f"{num_samples} samples")
 print(f"cache at {context} tokens of context: {fixed + growing:,} bytes = {fixed:,} fixed (linear-mixer state) "
       f"+ {growing:,} growing (softmax K/V)")

@@ -1,5 +1,6 @@
 """
-Model tests (CPU): shapes, loss at init, decode == full forward, causality, the mixer pattern.
+Model tests (CPU; the CUDA-graph decode on a GPU): shapes, loss at init, decode == full forward, the static-cache
+decoder == generate, causality, the mixer pattern.
 
 $ python -m pytest test_model.py -q
 """
@@ -8,7 +9,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, MIXERS, parse_mixer_pattern, save_checkpoint, load_checkpoint
+from model import GPT, GPTConfig, MIXERS, Decoder, parse_mixer_pattern, sample_next, save_checkpoint, load_checkpoint
 
 # every mixer alone, and the 3:1 hybrid of the Kimi Linear recipe
 PATTERNS = list(MIXERS) + ['kda*3,softmax']
@@ -107,6 +108,61 @@ def test_generate_length_and_seed():
     torch.manual_seed(3)
     b, _ = model.generate(idx, 11, temperature=1.0, top_k=10)
     assert a.shape == (2, 16) and torch.equal(a, b) and torch.equal(a[:, :5], idx)
+
+
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_static_decoder_equals_generate(mixer):
+    """Decoder (static caches, the one-token step eagerly on CPU) == GPT.generate, greedy, token for token; the
+    prompt plus the new tokens pass block_size (RoPE positions past the table); a second call reuses the caches."""
+    model = make(mixer, block_size=16, **({'n_kv_head': 2} if mixer == 'softmax' else {}))
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    ref, _ = model.generate(idx, 15, temperature=0)
+    dec = Decoder(model, batch=2, max_len=30, temperature=0)
+    assert torch.equal(dec.generate(idx, 15), ref)
+    assert torch.equal(dec.generate(idx[:, :4], 15), model.generate(idx[:, :4], 15, temperature=0)[0])
+
+
+def test_decoder_refuses_what_does_not_fit():
+    model = make('kda*3,softmax')
+    dec = Decoder(model, batch=2, max_len=20, temperature=0)
+    idx = torch.randint(0, 97, (2, 8))
+    with pytest.raises(ValueError, match=r'up to 20 tokens; got 2 of 8 \+ 13 new: build a Decoder with batch=2, max_len>=21'):
+        dec.generate(idx, 13)
+    with pytest.raises(ValueError, match='build a Decoder with batch=3'):
+        dec.generate(torch.randint(0, 97, (3, 8)), 4)
+    assert dec.generate(idx, 12).shape == (2, 20)  # exactly full
+    assert Decoder(model, batch=3, max_len=40, temperature=0).generate(torch.randint(0, 97, (3, 8)), 30).shape == (3, 38)
+
+
+def test_sample_next_draws_from_the_distribution():
+    """The exponential race used inside the CUDA graph draws from softmax(logits / T), top_k and n_vocab respected."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 5.0, 9.0]]).expand(40000, -1)
+    draws = sample_next(logits, temperature=2.0, top_k=3, n_vocab=5).squeeze(1)  # ids 4 (5.0), 0 (2.0), 1 (1.0)
+    p = torch.softmax(torch.tensor([2.0, 1.0, 5.0]) / 2.0, 0)
+    freq = torch.stack([(draws == i).float().mean() for i in (0, 1, 4)])
+    assert set(draws.unique().tolist()) == {0, 1, 4}
+    assert (freq - p).abs().max() < 0.01, (freq, p)  # 5 standard errors at 40,000 draws
+    assert torch.equal(sample_next(logits[:2], temperature=0, n_vocab=5), torch.tensor([[4], [4]]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs need a GPU')
+@pytest.mark.parametrize('compile', [False, True])
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_cuda_graph_decode_equals_eager(mixer, compile):
+    """On the GPU: the step replayed as a CUDA graph (compiled or not) == eager GPT.generate, greedy, fp32, token for
+    token; and sampling inside the graph is seeded and varies from token to token."""
+    torch._dynamo.reset()  # each test compiles its own model's step
+    model = make(mixer, head_dim=32).cuda()
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1)).cuda()
+    ref, _ = model.generate(idx, 24, temperature=0)
+    assert torch.equal(Decoder(model, 2, 40, temperature=0, compile=compile).generate(idx, 24), ref)
+    dec = Decoder(model, 2, 40, temperature=1.0, top_k=50, compile=compile)
+    torch.manual_seed(5)
+    a = dec.generate(idx, 24)
+    torch.manual_seed(5)
+    b = dec.generate(idx, 24)
+    assert torch.equal(a, b) and len(a[0, 9:].unique()) > 5
 
 
 def test_gqa():

@@ -144,7 +144,7 @@ def test_sample_from_trained_checkpoint(trained):
     p = run([f'--out_dir={out}', '--start=def ', '--num_samples=2', '--max_new_tokens=12', '--device=cpu'],
             cmd=[sys.executable, 'sample.py'])
     assert p.stdout.count('---------------') == 2
-    assert re.search(r'decode: [\d.]+ tokens/s', p.stdout)
+    assert re.search(r'prefill: \d+ tokens x 2 samples in [\d.]+ ms; decode \(eager, cpu\): [\d.]+ ms per token, [\d.]+ tokens/s', p.stdout)
     m = re.search(r'cache at (\d+) tokens of context: ([\d,]+) bytes', p.stdout)
     assert m and int(m.group(2).replace(',', '')) > 0
     assert p.stdout.count('def ') >= 2  # the prompt is echoed at the start of each sample
