@@ -584,7 +584,7 @@ class GPT(nn.Module):
             # start from a zero-filled [B, T, V] gradient for it (3.3 GB at 32k tokens, ~1 ms per step on an H100)
             return logits.detach(), loss
         if caches is not None:
-            return self.lm_head(x[:, [-1], :]), None  # generation needs only the next-token logits
+            return self.lm_head(x[:, -1:, :]), None  # generation needs only the next-token logits
         return self.lm_head(x), None
 
     # --- decoding -------------------------------------------------------------------------------
@@ -700,7 +700,7 @@ def sample_next(logits, temperature=1.0, top_k=None, n_vocab=None):
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
         v, _ = torch.topk(logits, top_k)
-        logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
+        logits = logits.masked_fill(logits < v[:, -1:], -float("inf"))
     return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1, keepdim=True)
 
 
