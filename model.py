@@ -16,6 +16,7 @@ Every mixer has the same interface:
     from the parameter count), used for MFU.
 """
 import contextlib
+import copy
 import itertools
 import math
 import os
@@ -151,6 +152,17 @@ class Rotary(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
+def linears(module, x, names):
+    """[module.<name>(x) for name in names]: Linear layers that all read x, as separate matmuls; or as one matmul on
+    their weights stacked by a Decoder into `module.stacked` (one token per step: each small matmul would be a
+    kernel launch of its own)."""
+    stacked = getattr(module, 'stacked', None)
+    if stacked is None:
+        return [getattr(module, n)(x) for n in names]
+    weight, bias, sizes = stacked
+    return F.linear(x, weight, bias).split(sizes, dim=-1)
+
+
 class MLP(nn.Module):
     """SwiGLU: c_proj(silu(c_fc(x)) ⊙ c_gate(x)).
 
@@ -169,8 +181,11 @@ class MLP(nn.Module):
         self.c_proj.residual_out = True  # scaled init, see GPT._init_weights
         self.dropout = nn.Dropout(config.dropout)
 
+    projections = ('c_fc', 'c_gate')  # the Linear layers that read x (see linears)
+
     def forward(self, x):
-        return self.dropout(self.c_proj(F.silu(self.c_fc(x)) * self.c_gate(x)))
+        a, b = linears(self, x, self.projections)
+        return self.dropout(self.c_proj(F.silu(a) * b))
 
 
 class ShortConv(nn.Module):
@@ -330,6 +345,7 @@ class RetNet(nn.Module):
         y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h           q, k with RoPE; d_k = d_v = head_dim
     Params ≈ 5·C·H·hd (q, k, v, g, o); H = round(0.8·C/hd): C=768, hd=64 → H=10, 2,457,664 (1.04× softmax)."""
     cache_grows = False
+    projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj')  # the Linear layers that read x (see linears)
 
     def __init__(self, config, layer_idx=0):
         super().__init__()
@@ -350,12 +366,12 @@ class RetNet(nn.Module):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
         past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
-        q = self.rope(self.q_proj(x).view(shape), past)
-        k = self.rope(self.k_proj(x).view(shape), past)
-        o = scan(cache, q, k, self.v_proj(x).view(shape), g=self.log_gamma)
+        q, k, v, gate = linears(self, x, self.projections)
+        q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)
+        o = scan(cache, q, k, v.view(shape), g=self.log_gamma)
         if cache is not None and not torch.is_tensor(past):
             cache['pos'] = past + T  # RoPE position of the next token
-        o = self.o_norm(o) * F.silu(self.g_proj(x).view(shape))
+        o = self.o_norm(o) * F.silu(gate.view(shape))
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
     def core_flops_per_token(self, T, chunk=64):
@@ -410,6 +426,7 @@ class DeltaNet(nn.Module):
         S_t = S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t / √d_k,   y = W_o [RMSNorm(o_h)]_h
     H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
     cache_grows = False
+    projections = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # the Linear layers that read x (see linears)
 
     def __init__(self, config, layer_idx=0, n_head=None, v_dim=None):
         super().__init__()
@@ -428,20 +445,21 @@ class DeltaNet(nn.Module):
         self.c_proj.residual_out = True
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def decay(self, x):
+    def decay(self, p):
         return None  # no forgetting: g = 0
 
-    def output_gate(self, x, o):
+    def output_gate(self, p, o):
         return o
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
-        q = self.q_conv(self.q_proj(x), cache).view(B, T, self.H, self.dk)
-        k = self.k_conv(self.k_proj(x), cache).view(B, T, self.H, self.dk)
-        v = self.v_conv(self.v_proj(x), cache).view(B, T, self.H, self.dv)
-        beta = torch.sigmoid(self.b_proj(x).float())                 # [B, T, H]
-        o = scan(cache, q, k, v, g=self.decay(x), beta=beta)
-        o = self.output_gate(x, self.o_norm(o))                      # [B, T, H, dv]
+        p = dict(zip(self.projections, linears(self, x, self.projections)))  # name -> that Linear of x
+        q = self.q_conv(p['q_proj'], cache).view(B, T, self.H, self.dk)
+        k = self.k_conv(p['k_proj'], cache).view(B, T, self.H, self.dk)
+        v = self.v_conv(p['v_proj'], cache).view(B, T, self.H, self.dv)
+        beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
+        o = scan(cache, q, k, v, g=self.decay(p), beta=beta)
+        o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
     def core_flops_per_token(self, T, chunk=64):
@@ -455,6 +473,8 @@ class GatedDeltaNet(DeltaNet):
         y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h
     d_v = 2·d_k (fla's expand_v = 2), H = C / (2 hd): C=768, hd=64 → H=6, 2,374,796 params (1.01× softmax)."""
 
+    projections = DeltaNet.projections + ('a_proj', 'g_proj')
+
     def __init__(self, config, layer_idx=0):
         C, hd = config.n_embd, config.head_dim
         super().__init__(config, layer_idx, n_head=max(1, C // (2 * hd)), v_dim=2 * hd)
@@ -462,11 +482,11 @@ class GatedDeltaNet(DeltaNet):
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
 
-    def decay(self, x):
-        return -torch.exp(self.A_log.float()) * F.softplus(self.a_proj(x).float() + self.dt_bias)  # [B, T, H]
+    def decay(self, p):
+        return -torch.exp(self.A_log.float()) * F.softplus(p['a_proj'].float() + self.dt_bias)  # [B, T, H]
 
-    def output_gate(self, x, o):
-        return o * F.silu(self.g_proj(x).view(o.shape))
+    def output_gate(self, p, o):
+        return o * F.silu(p['g_proj'].view(o.shape))
 
 
 class KDA(DeltaNet):
@@ -476,6 +496,8 @@ class KDA(DeltaNet):
     Low-rank (rank hd) gate and output-gate projections. H = C / hd, d_k = d_v = hd:
     C=768, hd=64 → H=12, 2,575,948 params (1.09× softmax); hd=128 → H=6, 2,768,006 (1.17×)."""
 
+    projections = DeltaNet.projections + ('f_down', 'g_down')
+
     def __init__(self, config, layer_idx=0):
         super().__init__(config, layer_idx)
         C, hd, H = config.n_embd, self.dk, self.H
@@ -484,12 +506,12 @@ class KDA(DeltaNet):
         self.A_log, _ = init_decay_rates(H)
         _, self.dt_bias = init_decay_rates(H * hd)   # one dt bias per (head, key channel)
 
-    def decay(self, x):
-        f = self.f_up(self.f_down(x)).float().unflatten(-1, (self.H, self.dk))
+    def decay(self, p):
+        f = self.f_up(p['f_down']).float().unflatten(-1, (self.H, self.dk))
         return -torch.exp(self.A_log.float())[:, None] * F.softplus(f + self.dt_bias.view(self.H, self.dk))  # [B,T,H,dk]
 
-    def output_gate(self, x, o):
-        return o * torch.sigmoid(self.g_up(self.g_down(x)).view(o.shape))
+    def output_gate(self, p, o):
+        return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -704,6 +726,37 @@ def sample_next(logits, temperature=1.0, top_k=None, n_vocab=None):
     return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1, keepdim=True)
 
 
+def decode_copy(model, dtype=None):
+    """A copy of model for decoding (the Decoder's; made once, so later changes to model's weights are not seen):
+    the weights of its Linear layers stored in dtype (autocast's: the very values autocast would cast them to at every
+    call, one cast kernel per weight per token), the embedding kept as it is (the residual stream stays in its
+    dtype, as under autocast; tied to the output layer in model, untied here), and the Linear layers that read the
+    same input stacked into one matrix per module (linears: their weights become views of it)."""
+    m = copy.deepcopy(model)
+    low = dtype not in (None, torch.float32)
+    if low:
+        m.lm_head.weight = nn.Parameter(m.lm_head.weight.detach().clone())  # untie: wte stays in its dtype
+    for module in m.modules():
+        if low and isinstance(module, nn.Linear):
+            module.weight.data = module.weight.data.to(dtype)
+            if module.bias is not None:
+                module.bias.data = module.bias.data.to(dtype)
+    for module in m.modules():
+        names = getattr(module, 'projections', None)
+        if names:
+            layers = [getattr(module, n) for n in names]
+            weight = torch.cat([l.weight.detach() for l in layers])
+            bias = None
+            if any(l.bias is not None for l in layers):
+                bias = torch.cat([l.bias.detach() if l.bias is not None else l.weight.new_zeros(l.out_features)
+                                  for l in layers])
+            sizes = [l.out_features for l in layers]
+            for l, w in zip(layers, weight.split(sizes)):
+                l.weight = nn.Parameter(w, requires_grad=False)
+            module.stacked = (weight, bias, sizes)
+    return m.requires_grad_(False).eval()
+
+
 class Decoder:
     """Generation at a small, constant cost per token. Static caches for `batch` sequences of up to `max_len` tokens
     (prompt included); the one-token step (forward through them, sampling on the GPU, the token written into the
@@ -718,7 +771,7 @@ class Decoder:
 
     def __init__(self, model, batch, max_len, temperature=1.0, top_k=None, n_vocab=None, dtype=None,
                  graph=True, compile=True):
-        self.model, self.batch, self.max_len = model, batch, max_len
+        self.model, self.batch, self.max_len = decode_copy(model, dtype), batch, max_len
         self.temperature, self.top_k, self.n_vocab = temperature, top_k, n_vocab
         device = next(model.parameters()).device
         cuda = device.type == 'cuda'
