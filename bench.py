@@ -414,7 +414,7 @@ def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long
         widths = (7, 10) + (9,) * len(ctxs) + (14,)
         row(["batch", "cache MiB"] + [f"T={T}" for T in ctxs] + ["tokens/s @4k"], widths)
         for B in batches:
-            cells, tps = [], ""
+            cells, tps, mib = [], "", float("nan")
             for T in ctxs:
                 max_len = (max(ctxs) if "softmax" not in mixer else T) + steps + 8
                 try:
@@ -438,10 +438,9 @@ def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long
                     if T == 4096:
                         tps = f"{B / ms * 1000:,.0f}"
                     mib = sum(model.cache_bytes(dec.caches)) / 2**20
-                except torch.cuda.OutOfMemoryError as e:
+                except torch.cuda.OutOfMemoryError:
                     cells.append("OOM")
-                    mib = float("nan")
-                del dec
+                dec = None
                 if cuda:
                     torch.cuda.empty_cache()
             row([str(B), f"{mib:.1f}"] + cells + [tps], widths)

@@ -765,33 +765,37 @@ class Decoder:
     sync per token. On CPU (or graph=False) the same step runs eagerly.
 
         dec = Decoder(model, batch=2, max_len=1024, temperature=0.8, top_k=200, n_vocab=50257, dtype=torch.bfloat16)
-        out = dec.generate(idx, max_new_tokens)      # idx [2, T] -> [2, T + max_new_tokens]; T + max_new_tokens <= max_len
+        out = dec.generate(idx, max_new_tokens)      # idx [2, T] -> [2, T + max_new_tokens]
 
-    Another batch size or a longer max_len needs a new Decoder (sample.py builds one per run)."""
+    A generate call with another batch size, or longer than max_len, reallocates the caches and captures the step
+    again for its shape (the compiled step is reused: softmax's K/V length is symbolic to the compiler); nothing is
+    ever read or written past the caches. The weights are those of `model` when the Decoder was built."""
 
     def __init__(self, model, batch, max_len, temperature=1.0, top_k=None, n_vocab=None, dtype=None,
                  graph=True, compile=True):
-        self.model, self.batch, self.max_len = decode_copy(model, dtype), batch, max_len
+        self.model = decode_copy(model, dtype)
         self.temperature, self.top_k, self.n_vocab = temperature, top_k, n_vocab
-        device = next(model.parameters()).device
-        cuda = device.type == 'cuda'
-        self.autocast = lambda: (torch.autocast(device.type, dtype=dtype) if dtype not in (None, torch.float32)
+        self.device = next(model.parameters()).device
+        self.autocast = lambda: (torch.autocast(self.device.type, dtype=dtype) if dtype not in (None, torch.float32)
                                  else contextlib.nullcontext())
+        cuda = self.device.type == 'cuda'
+        self.forward = torch.compile(self._forward, fullgraph=True) if compile and cuda else self._forward
+        self.use_graph = cuda and graph
+        self._build(batch, max_len)
+
+    def _build(self, batch, max_len):
+        """Static caches for batch x max_len tokens, and (CUDA) the step captured for them."""
+        self.batch, self.max_len, self.graph = batch, max_len, None
         with self.autocast():
-            self.caches = model.static_caches(batch, max_len, device)
+            self.caches = self.model.static_caches(batch, max_len, self.device)
         self.pos = self.caches[0]['pos']                          # tokens in the caches (shared by every layer)
-        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)        # the token being fed
-        self.out = torch.zeros(batch, max_len + 1, dtype=torch.long, device=device)  # every token, by position
-        if compile and cuda:
-            for cache in self.caches:  # one compiled step for every max_len (softmax's K/V length is symbolic)
-                for key in ('k', 'v'):
-                    if key in cache:
-                        torch._dynamo.maybe_mark_dynamic(cache[key], 2)
-            self.forward = torch.compile(self._forward, fullgraph=True)
-        else:
-            self.forward = self._forward
-        self.graph = None
-        if cuda and graph:
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=self.device)        # the token being fed
+        self.out = torch.zeros(batch, max_len + 1, dtype=torch.long, device=self.device)  # every token, by position
+        for cache in self.caches:  # one compiled step for every max_len: softmax's K/V length is symbolic
+            for key in ('k', 'v'):
+                if key in cache:
+                    torch._dynamo.maybe_mark_dynamic(cache[key], 2)
+        if self.use_graph:
             side = torch.cuda.Stream()  # warm-up off the default stream, as CUDA graph capture requires
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -852,13 +856,14 @@ class Decoder:
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, timings=None):
         """idx [batch, T] -> [batch, T + max_new_tokens]: prefill, then max_new_tokens − 1 steps.
-        timings: a dict that receives 'prefill' and 'decode' seconds."""
+        Reallocates (and captures again) when the batch differs or the tokens do not fit. timings: a dict that receives
+        'prefill' and 'decode' seconds."""
         B, T = idx.shape
-        if B != self.batch or T + max_new_tokens > self.max_len:
-            raise ValueError(f"this Decoder holds {self.batch} sequences of up to {self.max_len} tokens; got {B} of "
-                             f"{T} + {max_new_tokens} new: build a Decoder with batch={B}, max_len>={T + max_new_tokens}")
         if max_new_tokens == 0:
             return idx
+        if B != self.batch or T + max_new_tokens > self.max_len:
+            self.graph = self.caches = None  # freed before the new ones are allocated
+            self._build(B, max(T + max_new_tokens, self.max_len if B == self.batch else 0))
         clock = Clock(idx.device)
         self.prefill(idx)
         prefill = clock()

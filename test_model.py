@@ -122,16 +122,22 @@ def test_static_decoder_equals_generate(mixer):
     assert torch.equal(dec.generate(idx[:, :4], 15), model.generate(idx[:, :4], 15, temperature=0)[0])
 
 
-def test_decoder_refuses_what_does_not_fit():
+def test_decoder_reallocates_or_refuses_what_does_not_fit():
+    """generate with a larger batch or more tokens than the caches hold reallocates them (same tokens as
+    GPT.generate); prefill and decode, which continue a sequence, refuse by name instead of writing past them."""
     model = make('kda*3,softmax')
     dec = Decoder(model, batch=2, max_len=20, temperature=0)
-    idx = torch.randint(0, 97, (2, 8))
-    with pytest.raises(ValueError, match=r'up to 20 tokens; got 2 of 8 \+ 13 new: build a Decoder with batch=2, max_len>=21'):
-        dec.generate(idx, 13)
-    with pytest.raises(ValueError, match='build a Decoder with batch=3'):
-        dec.generate(torch.randint(0, 97, (3, 8)), 4)
-    assert dec.generate(idx, 12).shape == (2, 20)  # exactly full
-    assert Decoder(model, batch=3, max_len=40, temperature=0).generate(torch.randint(0, 97, (3, 8)), 30).shape == (3, 38)
+    idx = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(dec.generate(idx, 12), model.generate(idx, 12, temperature=0)[0])  # exactly full
+    assert torch.equal(dec.generate(idx, 25), model.generate(idx, 25, temperature=0)[0]) and dec.max_len == 33
+    idx3 = torch.randint(0, 97, (3, 8), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(dec.generate(idx3, 4), model.generate(idx3, 4, temperature=0)[0]) and dec.batch == 3
+    with pytest.raises(ValueError, match=r'holds 3 sequences of up to 12 tokens; 10 are there, 3 more do not fit'):
+        dec.prefill(idx3[:, :5])
+        dec.decode(4)
+        dec.decode(3)
+    with pytest.raises(ValueError, match=r'got a prompt of 2 x 8: build a Decoder with batch=2'):
+        dec.prefill(idx)
 
 
 def test_sample_next_draws_from_the_distribution():

@@ -10,5 +10,15 @@ if [ -z "$SKIP_TESTS" ]; then
   grep -E "passed|failed|error|rc=" $OUT/tests.txt | tail -3
   grep -E "^FAILED|Error" $OUT/tests.txt | head -20
 fi
+if [ -n "$SAMPLE" ]; then  # sample.py on the GPU, graph and eager, from a random 12-layer hybrid saved as a task model
+  mkdir -p /tmp/ck && python3 -c "
+import torch; from model import GPT, GPTConfig
+a = dict(n_layer=12, n_head=12, n_embd=768, head_dim=128, vocab_size=64, block_size=1024, mixer='kda*3,softmax')
+torch.save(dict(model=GPT(GPTConfig(**a)).state_dict(), model_args=a, config=dict(dataset='mqar')), '/tmp/ck/ckpt.pt')
+"
+  for g in True False; do
+    python3 sample.py --out_dir=/tmp/ck --start="3 20 5 25 0 3" --num_samples=4 --max_new_tokens=256 --cuda_graph=$g 2>&1 \
+      | grep -v "^kernels:" | grep -E "captured|prefill|cache at|Error" ; done
+fi
 [ $# -gt 0 ] && python3 bench.py --model_decode "$@" 2>&1 | grep -v "^kernels:" | tee $OUT/decode.txt
 exit 0
