@@ -408,7 +408,7 @@ def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long
     for mixer in mixers:
         torch._dynamo.reset()  # a fresh compile cache per model (Dynamo keeps a few variants of a function, then runs it eagerly)
         torch.manual_seed(0)
-        ctxs = contexts + ([long_context] if "softmax" not in mixer and long_context not in contexts else [])
+        ctxs = contexts + ([long_context] if long_context and "softmax" not in mixer and long_context not in contexts else [])
         model = GPT(train_model_config(mixer, max(ctxs))).to(device).eval()
         print(f"{mixer}: {model.get_num_params() / 1e6:.0f}M params, {', '.join(sorted(set(model.mixers)))}")
         widths = (7, 10) + (9,) * len(ctxs) + (14,)

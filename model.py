@@ -823,6 +823,8 @@ class Decoder:
         given, for long prompts at large batch), copy its caches into the static ones and draw the first new token
         from its last logits. -> T"""
         B, T = idx.shape
+        if T < 1:
+            raise ValueError("the prompt is empty: give at least one token (e.g. <|endoftext|>, a document start)")
         if B != self.batch or T >= self.max_len:
             raise ValueError(f"this Decoder holds {self.batch} sequences of up to {self.max_len} tokens; got a prompt "
                              f"of {B} x {T}: build a Decoder with batch={B}, max_len>{T}")

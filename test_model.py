@@ -138,6 +138,8 @@ def test_decoder_reallocates_or_refuses_what_does_not_fit():
         dec.decode(3)
     with pytest.raises(ValueError, match=r'got a prompt of 2 x 8: build a Decoder with batch=2'):
         dec.prefill(idx)
+    with pytest.raises(ValueError, match='the prompt is empty'):
+        dec.prefill(idx3[:, :0])
 
 
 def test_sample_next_draws_from_the_distribution():
