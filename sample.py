@@ -35,8 +35,8 @@ top_k = 200               # keep only the top_k most likely tokens (None = all)
 seed = 1337
 cuda_graph = True         # CUDA: decode through static caches, the one-token step replayed as a CUDA graph (model.Decoder);
                           # False: one eager forward per token (always so on CPU and MPS)
-compile = True            # with cuda_graph: torch.compile the one-token step first (fewer, fused kernels; its
-                          # compile takes a while once, then every token is cheaper)
+compile = False           # with cuda_graph: torch.compile the one-token step first: fewer, fused kernels, about half
+                          # the ms per token on an H100, for a compile of about a minute (worth it for long samples)
 device = ''               # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere; or 'float32', 'bfloat16', 'float16'
 # -----------------------------------------------------------------------------
