@@ -321,6 +321,22 @@ TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 
 # r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
 # free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1.
 
+_DOT_WIDEN = tl.constexpr(_INTERPRETING)
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    # a @ b with fp32 accumulation. PREC 'ieee' (fp32 inputs) or 'tf32': fp32 operands, as the kernels run by
+    # default; 'bf16': both operands rounded to bf16 first (full tensor-core rate), a variant that
+    # notes/delta_variants.py measures for speed and error.
+    if PREC == 'bf16':
+        a = a.to(tl.bfloat16)
+        b = b.to(tl.bfloat16)
+        if _DOT_WIDEN:  # the interpreter multiplies 16-bit tiles wrongly: the same bf16 values, widened
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision='ieee')
+        return tl.dot(a, b)
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
 @triton.jit
 def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
            DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
@@ -343,11 +359,11 @@ def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
             up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # exp(G_r - nu) <= 1
             kl = k * tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))  # k_i exp(nu - G_i)
             same = (r // (2 * s)) == (i // (2 * s))                     # only pairs of this level
-            P += tl.where(same, tl.dot(q * up, tl.trans(kl), input_precision=PREC), 0.)
-            K += tl.where(same, tl.dot(k * up, tl.trans(kl), input_precision=PREC), 0.)
+            P += tl.where(same, _dot(q * up, tl.trans(kl), PREC), 0.)
+            K += tl.where(same, _dot(k * up, tl.trans(kl), PREC), 0.)
     else:
-        P = tl.dot(q, tl.trans(k), input_precision=PREC)
-        K = tl.dot(k, tl.trans(k), input_precision=PREC)
+        P = _dot(q, tl.trans(k), PREC)
+        K = _dot(k, tl.trans(k), PREC)
         if GATE == 1:
             decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
             P = P * decay
@@ -383,17 +399,17 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
             dn = tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))   # rows i (left half)
             same = (r // (2 * s)) == (i // (2 * s))
             kdn = k * dn
-            m = up * tl.dot(tl.where(same, dP, 0.), kdn, input_precision=PREC)
+            m = up * _dot(tl.where(same, dP, 0.), kdn, PREC)
             dq += m
             dG += q * m
-            m = dn * tl.dot(tl.trans(tl.where(same, dP, 0.)), q * up, input_precision=PREC)
+            m = dn * _dot(tl.trans(tl.where(same, dP, 0.)), q * up, PREC)
             dk += m
             dG -= k * m
-            m = up * tl.dot(tl.where(same, dL, 0.), kdn, input_precision=PREC)
+            m = up * _dot(tl.where(same, dL, 0.), kdn, PREC)
             dk += beta[:, None] * m
             dG += beta[:, None] * k * m
             dbeta += tl.sum(m * k, 1)
-            m = dn * tl.dot(tl.trans(tl.where(same, dLb, 0.)), k * up, input_precision=PREC)
+            m = dn * _dot(tl.trans(tl.where(same, dLb, 0.)), k * up, PREC)
             dk += m
             dG -= k * m
     else:
@@ -402,17 +418,17 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
             dP = dP * decay
             dL = dL * decay
             dLb = dLb * decay
-        m = tl.dot(dP, k, input_precision=PREC)
+        m = _dot(dP, k, PREC)
         dq += m
         dG += q * m
-        m = tl.dot(tl.trans(dP), q, input_precision=PREC)
+        m = _dot(tl.trans(dP), q, PREC)
         dk += m
         dG -= k * m
-        m = tl.dot(dL, k, input_precision=PREC)
+        m = _dot(dL, k, PREC)
         dk += beta[:, None] * m
         dG += beta[:, None] * k * m
         dbeta += tl.sum(m * k, 1)
-        m = tl.dot(tl.trans(dLb), k, input_precision=PREC)
+        m = _dot(tl.trans(dLb), k, PREC)
         dk += m
         dG -= k * m
     return dq, dk, dG, dbeta
@@ -584,8 +600,8 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))    # exp(G_r) <= 1, 0 on padded rows
-    w = tl.dot(X, kk * eg * beta[:, None], input_precision=PREC)
-    u = tl.dot(X, vv * beta[:, None], input_precision=PREC)
+    w = _dot(X, kk * eg * beta[:, None], PREC)
+    u = _dot(X, vv * beta[:, None], PREC)
     tl.store(w_ptr + tok[:, None] * DK + ck[None, :], w.to(w_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(u_ptr + tok[:, None] * DV + cv[None, :], u.to(u_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -617,14 +633,14 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
         # when the state already predicts v: mixers.md §7 item 8)
-        d = uu - tl.dot(ww, S, input_precision=PREC)
+        d = uu - _dot(ww, S, PREC)
         tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # K * exp(G_n - G)
         if GATE > 0:
             S = S * tl.exp(Gn_col)
-        S += tl.dot(tl.trans(kd), d, input_precision=PREC)
+        S += _dot(tl.trans(kd), d, PREC)
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
@@ -651,7 +667,7 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
     d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
-    o = scale * (tl.dot(qg, S, input_precision=PREC) + tl.dot(P, d, input_precision=PREC))
+    o = scale * (_dot(qg, S, PREC) + _dot(P, d, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
@@ -699,7 +715,7 @@ def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, scale, T,
     cv = iv * BV + tl.arange(0, BV)
     P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
     dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    dd = scale * tl.dot(tl.trans(P), dO, input_precision=PREC)
+    dd = scale * _dot(tl.trans(P), dO, PREC)
     tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
@@ -733,12 +749,12 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_p
         dd = tl.load(dvn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
         Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
-        dd += tl.dot(kd, dS, input_precision=PREC)
+        dd += _dot(kd, dS, PREC)
         tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
         qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
         if GATE > 0:
             dS = dS * tl.exp(Gn_col)
-        dS += scale * tl.dot(tl.trans(qg), dO, input_precision=PREC) - tl.dot(tl.trans(ww), dd, input_precision=PREC)
+        dS += scale * _dot(tl.trans(qg), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
@@ -770,9 +786,9 @@ def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbet
         d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
-        X = tl.dot(tl.trans(A), dd, input_precision=PREC)                # A^T dDelta [C, BV]
-        dP += tl.dot(dO, tl.trans(d), input_precision=PREC)
-        dL -= tl.dot(X, tl.trans(d), input_precision=PREC)
+        X = _dot(tl.trans(A), dd, PREC)                # A^T dDelta [C, BV]
+        dP += _dot(dO, tl.trans(d), PREC)
+        dL -= _dot(X, tl.trans(d), PREC)
         tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
         dbeta += tl.sum(X * vv, 1)
         tl.store(dvn_ptr + x_offs, X, mask=valid[:, None])              # over dDelta: its last reader was the dot
@@ -818,9 +834,9 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
         d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         X = tl.load(x_ptr + x_offs, mask=valid[:, None], other=0.)
-        dqg += tl.dot(dO, tl.trans(S), input_precision=PREC)
-        dkd += tl.dot(d, tl.trans(dS), input_precision=PREC)
-        Y -= tl.dot(X, tl.trans(S), input_precision=PREC)
+        dqg += _dot(dO, tl.trans(S), PREC)
+        dkd += _dot(d, tl.trans(dS), PREC)
+        Y -= _dot(X, tl.trans(S), PREC)
         sds += tl.sum(S * dS, 1)
     dqg = dqg * scale
 
