@@ -294,7 +294,8 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # Triton kernels for the delta rule: DeltaNet (GATE=0, no gate), Gated DeltaNet (GATE=1, g [B,T,H]) and KDA
 # (GATE=2, g [B,T,H,Dk]); chunk C = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
 # Numerical rules kept in every kernel below (mixers.md §4.5, §7):
-# - all arithmetic in fp32 registers; dots in tf32 (bf16/fp16 inputs) or IEEE fp32 (fp32 inputs);
+# - all arithmetic in fp32 registers; dots accumulate in fp32, their operands rounded to bf16 for bf16 inputs (the
+#   errors against fp64 stay within the tests' bounds and match fla's, notes/perf.md), tf32 for fp16, IEEE fp32 for fp32;
 # - the only decay exponents ever formed are G_r - G_i with r >= i, G_r and G_n - G_r inside one chunk
 #   (G = chunk-local cumsum of g), so every exp is of a number <= 0 and lies in [0, 1];
 # - masked entries are removed with a select (tl.where) before the exp, never by multiplying by 0, so padded rows
@@ -325,9 +326,8 @@ _DOT_WIDEN = tl.constexpr(_INTERPRETING)
 
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr):
-    # a @ b with fp32 accumulation. PREC 'ieee' (fp32 inputs) or 'tf32': fp32 operands, as the kernels run by
-    # default; 'bf16': both operands rounded to bf16 first (full tensor-core rate), a variant that
-    # notes/delta_variants.py measures for speed and error.
+    # a @ b with fp32 accumulation. PREC 'bf16' (bf16 inputs): both operands rounded to bf16 first (full tensor-core
+    # rate); 'tf32' (fp16 inputs) or 'ieee' (fp32 inputs): fp32 operands. notes/delta_variants.py compares them.
     if PREC == 'bf16':
         a = a.to(tl.bfloat16)
         b = b.to(tl.bfloat16)
@@ -1286,7 +1286,10 @@ def _gate_kind(g, k):
 def _meta(q, k, v):
     B, T, H, DK = k.shape
     DV = v.shape[-1]
-    prec = 'ieee' if q.dtype == torch.float32 else 'tf32'
+    # the dots' operands (_dot): bf16 inputs -> bf16 (full tensor-core rate; fwd+bwd 20-29% faster than tf32 at B8
+    # T4096 H16 D128 on an H100, errors still within the tests' bounds, notes/perf.md); fp16 -> tf32 (rounding fp16
+    # to bf16 would drop 3 mantissa bits); fp32 -> IEEE fp32
+    prec = {torch.float32: 'ieee', torch.bfloat16: 'bf16'}.get(q.dtype, 'tf32')
     return B, T, H, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
 
 def _warps(DK, DV):

@@ -473,8 +473,8 @@ def test_bad_shapes(fn, args, match):
 # the Triton delta-rule kernels against the fp64 reference recurrence (kernels.delta_rule_recurrent on fp64 copies
 # of the inputs). Error metric: relative RMS ||tri - ref|| / ||ref||. Tolerances (bf16 inputs; fp32 inputs, i.e.
 # IEEE dots, much tighter): o, final state < 5e-3; dq, dk, dv, d initial state < 8e-3; dg, dbeta < 2e-2. On CPU the
-# bf16 bounds are doubled: the interpreter truncates fp32 -> bf16 instead of rounding to nearest (a plain cast
-# measures 3.3e-3 instead of 1.7e-3), which the GPU does not.
+# bf16 bounds are 2.5x: the interpreter truncates fp32 -> bf16 instead of rounding to nearest (a plain cast
+# measures 3.3e-3 instead of 1.7e-3), which the GPU does not, in the stores and in the dots' bf16 operands alike.
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -535,7 +535,7 @@ def compare_to_reference(tri_fn, ref_fn, x, dtype, with_state=True, seed=0, labe
     errs = {"o": rms_err(o, ro)} | ({"ht": rms_err(ht, rS)} if with_state else {})
     errs |= {n: rms_err(a, b) for n, a, b in zip(names, grads, rgrads)}
     j = 0 if dtype == torch.bfloat16 else 1
-    slack = 2.0 if (j == 0 and not CUDA) else 1.0  # interpreter: bf16 stores truncate (see above)
+    slack = 2.5 if (j == 0 and not CUDA) else 1.0  # interpreter: bf16 casts truncate (see above)
     print(f"{label}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
     bad = {n: e for n, e in errs.items() if not e < slack * TRITON_TOL[n][j]}
     assert not bad, f"errors over tolerance: {bad}"
