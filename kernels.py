@@ -303,9 +303,9 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # - token offsets are int64 (B*T*H*D can pass 2^31).
 # T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
 # head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
-# TODO (speed, notes/perf.md 2026-11-23 (d), H100: KDA 1.91x fla forward, 1.48x forward+backward; DeltaNet 1.70x /
-# 2.10x): KDA's dyadic gated Gram (_grams_fwd, _grams_bwd) and the fp32 intermediates between eight kernels limit;
-# the backward recomputes W, h, Delta (and P, A except for KDA).
+# TODO (speed; where it stands: notes/perf.md): slower than fla's kernels. KDA's dyadic gated Gram (_grams_fwd,
+# _grams_bwd) and the fp32 intermediates between eight kernels limit; the backward recomputes W, h, Delta (and P, A
+# except for KDA).
 
 TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
 
@@ -1286,9 +1286,8 @@ def _gate_kind(g, k):
 def _meta(q, k, v):
     B, T, H, DK = k.shape
     DV = v.shape[-1]
-    # the dots' operands (_dot): bf16 inputs -> bf16 (full tensor-core rate; fwd+bwd 20-29% faster than tf32 at B8
-    # T4096 H16 D128 on an H100, errors still within the tests' bounds, notes/perf.md); fp16 -> tf32 (rounding fp16
-    # to bf16 would drop 3 mantissa bits); fp32 -> IEEE fp32
+    # the dots' operands (_dot): bf16 inputs -> bf16 (full tensor-core rate, errors within the tests' bounds: measured
+    # in notes/perf.md); fp16 -> tf32 (rounding fp16 to bf16 would drop 3 mantissa bits); fp32 -> IEEE fp32
     prec = {torch.float32: 'ieee', torch.bfloat16: 'bf16'}.get(q.dtype, 'tf32')
     return B, T, H, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
 

@@ -671,15 +671,7 @@ class GPT(nn.Module):
         logits, _ = self(idx, caches=caches)
         prefill = clock()
         for _ in range(max_new_tokens):
-            logits = logits[:, -1, :n_vocab].float()
-            if temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float('inf')
-                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx_next = sample_next(logits[:, -1], temperature, top_k, n_vocab)
             idx = torch.cat((idx, idx_next), dim=1)
             logits, _ = self(idx_next, caches=caches)
         if timings is not None:
