@@ -465,9 +465,9 @@ def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long
             torch.cuda.empty_cache()
 
 
-def profile(variants, shape=SHAPES[0], reps=5):
+def profile(variants, fla=None, shape=SHAPES[0], reps=5):
     """Where the time goes: each of our kernels' CUDA time per call of fwd and of fwd+bwd (torch.profiler, mean of
-    reps runs after warm-up), then the registers and spilled values of every compiled Triton kernel of kernels.py
+    reps runs after warm-up), fla's beside ours for the delta-rule variants when it is importable, then the registers and spilled values of every compiled Triton kernel of kernels.py
     (what ptxas reported; a spill means local-memory traffic). The tool behind notes/perf.md's per-kernel tables.
     Delta-rule variants at `shape`; retnet at RETNET_SHAPES[0], mamba2 (the core) at MAMBA2_SHAPES[0]."""
     from torch.profiler import ProfilerActivity
@@ -485,28 +485,13 @@ def profile(variants, shape=SHAPES[0], reps=5):
         else:
             B, T, H, D = dims = shape
             x = inputs(B, T, H, D, variant)
-            fwd = lambda x, variant=variant: run_chunk("ours", variant, x)
             leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else [])
-        xg = {n: (t.detach().requires_grad_() if n in leaves and t is not None else t) for n, t in x.items()}
-        do = torch.randn_like(fwd(x))
-        for name, fn, grad in (("fwd", lambda: fwd(x), False), ("fwd+bwd", lambda: fwd(xg).backward(do), True)):
-            with torch.set_grad_enabled(grad):
-                for _ in range(3):
-                    fn()
-                torch.cuda.synchronize()
-                total = do_bench(fn, return_mode="median")
-                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(reps):
-                        fn()
-                    torch.cuda.synchronize()
-            per_kernel = {}
-            for e in prof.events():
-                if e.device_type.name == "CUDA":
-                    per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / reps / 1000
-            print(f"\nours {variant} {name}, shape {','.join(map(str, dims))}: {total:.3f} ms (do_bench median); "
-                  "per kernel, ms:")
-            for k, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]:
-                print(f"  {ms:8.3f}  {k[:100]}")
+            fwd = lambda x, variant=variant: run_chunk("ours", variant, x)
+        profile_one("ours", variant, dims, fwd, x, leaves, reps, torch_profile, ProfilerActivity)
+        if variant in VARIANTS and fla is not None and not isinstance(fla[variant][0], str):
+            impl = fla[variant][0]  # the peer's kernels, stage by stage, at the same shape
+            profile_one("fla", variant, dims, lambda x: run_chunk(impl, variant, x), x, leaves, reps,
+                        torch_profile, ProfilerActivity)
     print("\nregisters / spilled values per compiled kernel (one line per specialisation)")
     for name in sorted(dir(kernels)):
         fn = getattr(kernels, name)
@@ -516,6 +501,36 @@ def profile(variants, shape=SHAPES[0], reps=5):
             for compiled in caches[0].values():
                 compiled._init_handles()
                 print(f"  {name:28s} regs {compiled.n_regs:4d}  spills {compiled.n_spills:5d}")
+
+
+def profile_one(who, variant, dims, fwd, x, leaves, reps, torch_profile, ProfilerActivity):
+    """profile()'s per-kernel table of one implementation."""
+    xg = {n: (t.detach().requires_grad_() if n in leaves and t is not None else t) for n, t in x.items()}
+    do = torch.randn_like(fwd(x))
+    params = [xg[n] for n in leaves if xg[n] is not None]
+
+    def fwd_bwd():
+        for p in params:  # no autograd accumulation into .grad: its adds are not the kernel's
+            p.grad = None
+        fwd(xg).backward(do)
+    for name, fn, grad in (("fwd", lambda: fwd(x), False), ("fwd+bwd", fwd_bwd, True)):
+        with torch.set_grad_enabled(grad):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            total = do_bench(fn, return_mode="median")
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    fn()
+                torch.cuda.synchronize()
+        per_kernel = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / reps / 1000
+        print(f"\n{who} {variant} {name}, shape {','.join(map(str, dims))}: {total:.3f} ms (do_bench median); "
+              f"per kernel, ms (sum {sum(per_kernel.values()):.3f}):")
+        for k, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]:
+            print(f"  {ms:8.3f}  {k[:100]}")
 
 
 def chunk_sweep(chunks, variants):
@@ -854,7 +869,7 @@ def main():
     print("command: python " + " ".join(sys.argv), flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.profile:
-        return profile(delta + scalar)
+        return profile(delta + scalar, fla)
     if args.chunks:
         return chunk_sweep([int(c) for c in args.chunks.split(",")], scalar)
     if delta:
