@@ -454,12 +454,12 @@ def _block_ptrs(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
 @triton.jit
 def _ld(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
     p, m = _block_ptrs(ptr, tok0, H, n, i, j)
-    return tl.load(p, mask=m, other=0.)
+    return tl.load(p, mask=m, other=0.).to(tl.float32)
 
 @triton.jit
 def _st(ptr, tok0, H, n, x, i: tl.constexpr, j: tl.constexpr):
     p, m = _block_ptrs(ptr, tok0, H, n, i, j)
-    tl.store(p, x, mask=m)
+    tl.store(p, x.to(ptr.dtype.element_ty), mask=m)
 
 @triton.jit
 def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr, DG: tl.constexpr,
@@ -531,12 +531,12 @@ def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.
         P += Pt
         K += Kt
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    tl.store(P_ptr + tok[:, None] * C + rows[None, :], P, mask=valid[:, None])
+    tl.store(P_ptr + tok[:, None] * C + rows[None, :], P.to(P_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _inverse_kernel(A_ptr, T, H, IPREC: tl.constexpr):
-    # A = (I + L)^-1 in place of L (from _grams_fwd), by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal
+def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
+    # A = (I + L)^-1 from L (fp32, from _grams_fwd) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal
     # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
     # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
     # many programs per SM hide the latency (inside _wy_fwd, one 255-register program per SM took 2.0 ms at
@@ -546,17 +546,17 @@ def _inverse_kernel(A_ptr, T, H, IPREC: tl.constexpr):
     b, h = bh // H, bh % H
     n = tl.minimum(T - c * 64, 64)
     tok0 = (b * T + c * 64) * H + h                 # int64 token-head index of the chunk's first row
-    L10 = _ld(A_ptr, tok0, H, n, 1, 0)
-    L20 = _ld(A_ptr, tok0, H, n, 2, 0)
-    L21 = _ld(A_ptr, tok0, H, n, 2, 1)
-    L30 = _ld(A_ptr, tok0, H, n, 3, 0)
-    L31 = _ld(A_ptr, tok0, H, n, 3, 1)
-    L32 = _ld(A_ptr, tok0, H, n, 3, 2)
-    X00 = _inv16(_ld(A_ptr, tok0, H, n, 0, 0), IPREC)
-    X11 = _inv16(_ld(A_ptr, tok0, H, n, 1, 1), IPREC)
-    X22 = _inv16(_ld(A_ptr, tok0, H, n, 2, 2), IPREC)
-    X33 = _inv16(_ld(A_ptr, tok0, H, n, 3, 3), IPREC)
-    tl.debug_barrier()  # every block of L is read before any of A is written over it
+    L10 = _ld(L_ptr, tok0, H, n, 1, 0)
+    L20 = _ld(L_ptr, tok0, H, n, 2, 0)
+    L21 = _ld(L_ptr, tok0, H, n, 2, 1)
+    L30 = _ld(L_ptr, tok0, H, n, 3, 0)
+    L31 = _ld(L_ptr, tok0, H, n, 3, 1)
+    L32 = _ld(L_ptr, tok0, H, n, 3, 2)
+    X00 = _inv16(_ld(L_ptr, tok0, H, n, 0, 0), IPREC)
+    X11 = _inv16(_ld(L_ptr, tok0, H, n, 1, 1), IPREC)
+    X22 = _inv16(_ld(L_ptr, tok0, H, n, 2, 2), IPREC)
+    X33 = _inv16(_ld(L_ptr, tok0, H, n, 3, 3), IPREC)
+    tl.debug_barrier()  # every block of L is read before any of A is written (A may be written over L)
     X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=IPREC), input_precision=IPREC)
     X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=IPREC), input_precision=IPREC)
     X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=IPREC), input_precision=IPREC)
@@ -566,7 +566,13 @@ def _inverse_kernel(A_ptr, T, H, IPREC: tl.constexpr):
                   input_precision=IPREC)
     X30 = -tl.dot(X33, tl.dot(L30, X00, input_precision=IPREC) + tl.dot(L31, X10, input_precision=IPREC)
                   + tl.dot(L32, X20, input_precision=IPREC), input_precision=IPREC)
-    # the blocks above the diagonal stay 0 as _grams_fwd wrote them
+    Z = tl.zeros([16, 16], dtype=tl.float32)   # the blocks above the diagonal
+    _st(A_ptr, tok0, H, n, Z, 0, 1)
+    _st(A_ptr, tok0, H, n, Z, 0, 2)
+    _st(A_ptr, tok0, H, n, Z, 0, 3)
+    _st(A_ptr, tok0, H, n, Z, 1, 2)
+    _st(A_ptr, tok0, H, n, Z, 1, 3)
+    _st(A_ptr, tok0, H, n, Z, 2, 3)
     _st(A_ptr, tok0, H, n, X00, 0, 0)
     _st(A_ptr, tok0, H, n, X10, 1, 0)
     _st(A_ptr, tok0, H, n, X11, 1, 1)
@@ -592,7 +598,7 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h                       # [C] int64 token-head index
     tok0 = (b * T + c * C) * H + h
-    X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     ck = tl.arange(0, DK)
     cv = tl.arange(0, DV)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
@@ -663,7 +669,7 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     cv = iv * BV + tl.arange(0, BV)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
+    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
     d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
@@ -671,11 +677,10 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
-# Triton backward (mixers.md §5.2; A, W, h, Delta are recomputed by the forward kernels)
+# Triton backward (mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels)
 #
-# _dv_local: dDelta_intra = P_qk^T dO                                       (parallel over chunks)
 # _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
-#   dDelta = dDelta_intra + Kd dS'                    Kd = K * exp(G_n - G)
+#   dDelta = scale P_qk^T dO + Kd dS'                 Kd = K * exp(G_n - G)
 #   dS     = Diag(exp G_n) dS' + scale (Q * exp G)^T dO - W^T dDelta   (after chunk 0: d initial_state)
 # Then per chunk, with S = h[c], dS' = dh[c]:
 #   dP = Tril(dO Delta^T);  dQg = scale dO S^T;  dKd = Delta dS'^T;  X = A^T dDelta
@@ -686,40 +691,20 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
 #   dG_n = exp(G_n) rowsum(S dS') + colsum(dKd Kd);   dg = reverse cumsum of dG within the chunk
 # with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_grams_bwd).
 # dL: L enters only through Delta = U - W S = A R with R = beta V - beta exp(G) K S, which does not depend on L, so
-# Delta = (I + L)^-1 R and dL = -A^T dDelta Delta^T = -X Delta^T. This is the longer route through W and U used
-# before the split, -A^T dA A^T with dA = dDelta R^T, since R^T A^T = (A R)^T = Delta^T; but it needs neither K, the
-# gates nor the state, only one [C, C] product per V-tile. Delta is the stored one (k's dtype), which the forward
-# used for O and the state; bf16 CPU errors of every gradient unchanged to 2 digits (notes/perf.md).
-# Two kernels:
-# _wy_bwd, per chunk: the C x C part and the value side, contractions over V-tiles: dP, dL, X -> dv and rowsum(X V).
-#   dP goes to a new buffer allocated once W is freed (the same bytes at Dk = 128 in bf16), dL in place of A and X in
-#   place of dDelta (no later kernel reads them), so the split adds no memory at Dk = 128.
-# _grads_bwd, per chunk and key tile of BK channels: the per-channel terms (dQg, dKd, Y, dG_n: contractions over
-#   V-tiles) and _grams_bwd from the stored dP, dL. The row sums over channels (dbeta, and dg for GDN) come back as
-#   one partial per key tile (and one from _wy_bwd) and are added up outside.
-# Why two kernels: one kernel holding A, dA, dP, dL [C, C] next to the [C, BK] gradient tiles used all 255 registers
-# and spilled (ptxas sm_90a at Dk = Dv = 128: 1.6 KB DeltaNet, 6.1 KB KDA; 20 of KDA's 29 ms fwd+bwd on an H100,
-# notes/perf.md), and repeated the C x C work (dA with all Dk channels) in every key tile.
-
-@triton.jit(do_not_specialize=["T", "H"])
-def _dv_local_kernel(P_ptr, do_ptr, dvn_ptr, scale, T,
-                     H, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
-    iv = tl.program_id(0)
-    c = tl.program_id(1).to(tl.int64)
-    bh = tl.program_id(2).to(tl.int64)
-    b, h = bh // H, bh % H
-    rows = tl.arange(0, C)
-    t = c * C + rows
-    valid = t < T
-    tok = (b * T + t) * H + h
-    cv = iv * BV + tl.arange(0, BV)
-    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)  # from _wy_fwd
-    dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    dd = scale * _dot(tl.trans(P), dO, PREC)
-    tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
+# Delta = (I + L)^-1 R and dL = -A^T dDelta Delta^T = -X Delta^T: one [C, C] product per V-tile, without K, the
+# gates or the state. Delta is the stored one (k's dtype), which the forward used for O and the state.
+# The local part of dDelta (P_qk^T dO) is formed inside _state_bwd, which loads dO for dS anyway: no fp32 round trip.
+# dh and dDelta are stored in the intermediates' dtype (bf16 for bf16 inputs): their readers use them as dot
+# operands, rounded to bf16 in any case (_dot), except rowsum(S dS') of the gated kinds.
+# The per-chunk gradients, by gate kind:
+# - DeltaNet and GDN (a scalar or no gate): _wy_grads_bwd, one program per chunk with whole Dk rows: the V-tiles are
+#   read once, and every contraction over them (X, dP, dL, dv, dQg, dKd, Y) happens in the same pass.
+# - KDA: the per-channel gated Gram backward needs [C, BK] exp tiles per dyadic level, which do not fit beside whole
+#   rows, so two kernels: _wy_bwd (per chunk: dP, dL, X, dv, rowsum(X V)) and _grads_bwd (per chunk and key tile of
+#   BK channels; the row sums over channels come back as one partial per key tile, added up outside).
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
-def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
                       PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
@@ -741,16 +726,16 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_p
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
-        tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS)
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        dd = tl.load(dvn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
-        dd += _dot(kd, dS, PREC)
-        tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd, mask=valid[:, None])
+        dd = scale * _dot(tl.trans(P), dO, PREC) + _dot(kd, dS, PREC)
+        tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd.to(dvn_ptr.dtype.element_ty), mask=valid[:, None])
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
         if GATE > 0:
             dS = dS * tl.exp(Gn_col)
@@ -758,12 +743,98 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, do_ptr, dvn_ptr, dh_ptr, dht_p
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
+@triton.jit
+def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid):
+    # The per-channel terms of the gradients that do not involve the Grams (see above): W = A (beta exp(G) K),
+    # Qg = Q exp(G), Kd = K exp(G_n - G). -> dq, dk, dbeta, dG (without the Gram parts) and dG_n [1, BK].
+    eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
+    egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
+    kb = kk * eg * beta[:, None]
+    dk = Y * eg * beta[:, None]
+    dbeta = tl.sum(Y * eg * kk, 1)
+    dG = Y * kb
+    kd = kk * egn
+    dq = dqg * eg
+    dG += dqg * qq * eg
+    dk += dkd * egn
+    dG -= dkd * kd
+    dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]  # G_n: state decay exp(G_n) S and Kd
+    return dq, dk, dbeta, dG, dGn
+
+@triton.jit(do_not_specialize=["T", "NT", "H"])
+def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
+                         dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
+                         H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # DeltaNet / GDN: one program per (chunk, b h), whole Dk rows -> dq, dk, dv, dbeta, GDN's dg [B, T, H].
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, C)
+    r2 = rows[:, None]
+    i2 = rows[None, :]
+    t = c * C + rows
+    valid = t < T
+    n = tl.minimum(T - c * C, C)
+    tok = (b * T + t) * H + h
+    tok0 = (b * T + c * C) * H + h
+    ck = tl.arange(0, DK)
+    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+
+    # every contraction over the value dimension, one V-tile at a time
+    dP = tl.zeros([C, C], dtype=tl.float32)
+    dL = tl.zeros([C, C], dtype=tl.float32)
+    dbeta = tl.zeros([C], dtype=tl.float32)                              # rowsum(X V)
+    dqg = tl.zeros([C, DK], dtype=tl.float32)
+    dkd = tl.zeros([C, DK], dtype=tl.float32)
+    Y = tl.zeros([C, DK], dtype=tl.float32)                              # A^T dW = -X S^T
+    sds = tl.zeros([DK], dtype=tl.float32)                               # rowsum(S * dS')
+    s_base = ((b * NT + c) * H + h) * DK * DV
+    for iv in range(DV // BV):
+        cv = iv * BV + tl.arange(0, BV)
+        x_offs = tok[:, None] * DV + cv[None, :]
+        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+        X = _dot(tl.trans(A), dd, PREC)                                 # A^T dDelta [C, BV]
+        dP += _dot(dO, tl.trans(d), PREC)
+        dL -= _dot(X, tl.trans(d), PREC)
+        tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
+        dbeta += tl.sum(X * vv, 1)
+        dqg += _dot(dO, tl.trans(S), PREC)
+        dkd += _dot(d, tl.trans(dS), PREC)
+        Y -= _dot(X, tl.trans(S), PREC)
+        if GATE > 0:
+            sds += tl.sum(S * dS, 1)
+    dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
+    dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+    dqg = dqg * scale
+
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, 1, 1)
+    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
+    dbeta += db
+    dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
+                                   GATE, C, DK, LOG2C, PREC)
+    tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dbeta_ptr + tok, dbeta, mask=valid)
+    if GATE == 1:
+        dG += tl.where(r2 == n - 1, dGn, 0.)
+        dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)             # G = cumsum(g) => reverse
+        tl.store(dg_ptr + tok, dg, mask=valid)
+
 @triton.jit(do_not_specialize=["T", "H"])
 def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbeta_ptr, dP_ptr, dL_ptr, scale, T,
                    H, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr):
-    # One program per chunk: the C x C gradients and the value side, all contractions over V-tiles. Each program
-    # reads and writes only its own chunk's rows, so dL_ptr may be A_ptr (dL over A) and dvn_ptr holds dDelta on
-    # entry and X = A^T dDelta on exit. dP_ptr: the scaled, masked dP [B, T, H, C]; dbeta_ptr: rowsum(X V) [B, T, H].
+    # KDA, one program per chunk: the C x C gradients and the value side, all contractions over V-tiles. Each program
+    # reads and writes only its own chunk's rows, so dvn_ptr holds dDelta on entry and X = A^T dDelta on exit.
+    # dP_ptr: the scaled, masked dP [B, T, H, C]; dbeta_ptr: rowsum(X V) [B, T, H].
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -775,7 +846,7 @@ def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbet
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dP = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)
@@ -785,28 +856,26 @@ def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbet
         vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
+        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         X = _dot(tl.trans(A), dd, PREC)                # A^T dDelta [C, BV]
         dP += _dot(dO, tl.trans(d), PREC)
         dL -= _dot(X, tl.trans(d), PREC)
         tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
         dbeta += tl.sum(X * vv, 1)
-        tl.store(dvn_ptr + x_offs, X, mask=valid[:, None])              # over dDelta: its last reader was the dot
+        tl.store(dvn_ptr + x_offs, X.to(dvn_ptr.dtype.element_ty), mask=valid[:, None])  # over dDelta, read above
     dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
     dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
-    tl.debug_barrier()  # every thread has read its part of A before dL is written over it
-    tl.store(dP_ptr + tok[:, None] * C + rows[None, :], dP, mask=valid[:, None])
-    tl.store(dL_ptr + tok[:, None] * C + rows[None, :], dL, mask=valid[:, None])
+    tl.store(dP_ptr + tok[:, None] * C + rows[None, :], dP.to(dP_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dL_ptr + tok[:, None] * C + rows[None, :], dL.to(dL_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dbeta_ptr + tok, dbeta, mask=valid)
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_ptr, do_ptr, x_ptr, dh_ptr,
                       dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr):
-    # One program per (key tile, chunk, b h): dq, dk, KDA's dg for BK key channels; partial dbeta (GDN: dg) sums.
-    # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (fp32, written by _wy_bwd over dDelta).
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
+    # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -830,10 +899,10 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
         S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
-        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
         d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        X = tl.load(x_ptr + x_offs, mask=valid[:, None], other=0.)
+        X = tl.load(x_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         dqg += _dot(dO, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
         Y -= _dot(X, tl.trans(S), PREC)
@@ -841,49 +910,25 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dqg = dqg * scale
 
     # loaded after the loop, so that they are not live during it
-    if GATE == 2:
-        g_tile = G_ptr + ik * BK                    # KDA: this tile's gate channels
-        Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
-    else:
-        g_tile = G_ptr
-        Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    g_tile = G_ptr + ik * BK                        # this tile's gate channels
+    Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, 2, C, BK, DG)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
-    egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
-    # (c) W = A kb
-    kb = kk * eg * beta[:, None]
-    dk = Y * eg * beta[:, None]
-    dbeta = tl.sum(Y * eg * kk, 1)
-    dG = Y * kb
-    # (e) Qg, Kd
-    kd = kk * egn
-    dq = dqg * eg
-    dG += dqg * qq * eg
-    dk += dkd * egn
-    dG -= dkd * kd
-    # (f) P_qk (scale folded into dP) and (g) L = beta_r (K K^T decayed), strictly lower
-    dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
-    dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    dq, dk, dbeta, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
+    # P_qk (scale folded into dP) and L = beta_r (K K^T decayed), strictly lower
+    dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
-                                   GATE, C, BK, LOG2C, PREC)
+                                   2, C, BK, LOG2C, PREC)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
-    # partial sums per key tile: dbeta [NK, B, T, H], GDN dg [NK, B, T, H]; KDA dg has its own columns
-    part = ik.to(tl.int64) * T * H * (tl.num_programs(2) // H)           # ik * B*T*H
+    part = ik.to(tl.int64) * T * H * (tl.num_programs(2) // H)           # partial sums per key tile: ik * B*T*H
     tl.store(dbeta_ptr + part + tok, dbeta, mask=valid)
-    if GATE > 0:
-        # (h) G_n enters the state decay exp(G_n) S and Kd; it is row n-1 of the cumsum
-        dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]   # [1, BK]
-        dG += tl.where(r2 == n - 1, dGn, 0.)
-        if GATE == 1:
-            dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)             # G = cumsum(g) => reverse
-            tl.store(dg_ptr + part + tok, dg, mask=valid)
-        else:
-            dg = tl.cumsum(dG, axis=0, reverse=True)
-            tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
+    dG += tl.where(r2 == n - 1, dGn, 0.)                                 # G_n is row n-1 of the cumsum
+    dg = tl.cumsum(dG, axis=0, reverse=True)
+    tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
 # Triton kernels for scalar-decay linear attention: plain linear attention, RetNet, Mamba2 (mixers.md §4.1, §5.5).
@@ -1270,11 +1315,11 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
 # -----------------------------------------------------------------------------
 # the Triton path as custom ops, and the public calls
 #
-# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> A, W, U (_wy_fwd) -> h[c], Delta, final state
-# (_state_fwd) -> O (_output_fwd). Saved: q, k, v, beta, G, the initial state, and for KDA P_qk and A (_store_grams);
-# the backward (kernels::delta_rule_bwd) recomputes the rest of P, A, W, h, Delta, then runs _dv_local, _state_bwd
-# (reverse over chunks), _wy_bwd and _grads_bwd. Both are torch.library custom ops with fake (shape) functions and the backward registered
-# as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
+# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_fwd) -> A (_inverse) -> W, U
+# (_wy_fwd) -> h[c], Delta, final state (_state_fwd) -> O (_output_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
+# state; the backward (kernels::delta_rule_bwd) recomputes W, h, Delta (_wy_fwd, _state_fwd), then runs _state_bwd
+# (reverse over chunks) and _wy_grads_bwd (DeltaNet, GDN) or _wy_bwd and _grads_bwd (KDA). Both are torch.library
+# custom ops with fake (shape) functions and the backward registered as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
 # break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
 
 def _gate_kind(g, k):
@@ -1294,65 +1339,70 @@ def _meta(q, k, v):
 def _warps(DK, DV):
     # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
     return 8 if max(DK, DV) >= 128 else 4
-def _bwd_key_tile(DK, GATE):
-    # -> (BK, warps) of _grads_bwd: 32 key channels per program; KDA with 8 warps, DeltaNet / GDN with 4. Measured
-    # fwd+bwd at B8 T4096 H16 D128 bf16 on an H100 (Triton 3.6, notes/perf.md): KDA 32/8 17.6 ms, 16/4 18.8, 16/8 21.3,
-    # 64/8 22.2; DeltaNet 32/4 7.4, 64/8 7.7, 32/8 8.6. (Picking by ptxas spill bytes alone had chosen 16/8 for KDA:
-    # fewer spills, but each extra tile re-reads the chunk's V-side tiles, dP and dL.)
-    return min(DK, 32), (8 if GATE == 2 else 4)
+
+def _storage(prec):
+    # dtype of the [B, T, H, C] intermediates (P_qk, A, dP, dL), dh and dDelta: every reader uses them as dot
+    # operands, which _dot rounds to bf16 for bf16 inputs anyway, so storing them in bf16 loses nothing there and
+    # halves their bytes; fp32 with tf32 or IEEE dots
+    return torch.bfloat16 if prec == 'bf16' else torch.float32
+
+# Tiles by measurement (B8 T4096 H16 D128 bf16, H100, Triton 3.6; notes/perf.md). STATE_TILE: (V-tile, warps) of the
+# two sequential kernels, whose programs (one per V-tile and head) each walk all chunks; WY_GRADS_TILE: (V-tile,
+# warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd (32 / 8 warps:
+# 17.6 ms fwd+bwd, 16 / 4 18.8, 16 / 8 21.3, 64 / 8 22.2 when it was chosen; ptxas spill bytes alone ranked 16 / 8
+# first: each extra key tile re-reads the chunk's V-side tiles, dP and dL).
+STATE_TILE = {'v': 64, 'warps': 8}
+WY_GRADS_TILE = {'v': 32, 'warps': 8}
+KDA_KEY_TILE = {'k': 32, 'warps': 8}
+
+def _state_tile(DK, DV):
+    return min(DV, STATE_TILE['v']), (STATE_TILE['warps'] if max(DK, DV) >= 128 else 4)
 
 # The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
 # and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
 
-def _store_grams(GATE):
-    # KDA keeps P_qk and A = (I + L)^-1 from the forward for the backward (its gated Gram is the expensive part of the
-    # recompute: _grams_fwd + _inverse were 2.2 of its 17.6 ms fwd+bwd at B8 T4096 H16 D128 on an H100, and the two
-    # fp32 [B, T, H, 64] buffers stay under fla's peak memory); DeltaNet and GDN recompute them (0.66 ms, and their
-    # peak memory is already at fla's). notes/perf.md 2026-11-23 (d).
-    return GATE == 2
-
 def _grams_inverse(q, k, beta, G, GATE, DG):
-    """P_qk and A = (I + L)^-1 per chunk, fp32 [B, T, H, C]."""
-    B, T, H, DK, DV, NT, BV, prec = _meta(k, k, k)
+    """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype."""
+    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, k)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
-    A = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
-    P = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
+    idt = _storage(prec)
+    L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
+    P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
+    A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
     # key tile and warps of _grams_fwd, measured at B8 T4096 H16 D128 on an H100 (notes/perf.md): DeltaNet 64-channel
     # tiles with 4 warps (0.26 ms; whole rows with 8 warps 0.33); KDA whole rows with 8 warps (1.76 ms; 64-channel
     # tiles with 4 warps 4.05: its six gate levels spill)
     BK, nw = (DK, _warps(DK, DK)) if GATE == 2 else (min(DK, 64), 4)
-    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, A, T, H, DK, BK, DG, C, int(math.log2(C)), GATE, prec,
+    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, DG, C, int(math.log2(C)), GATE, prec,
                                    num_warps=nw)
-    _inverse_kernel[(NT, B * H)](A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=2)
+    _inverse_kernel[(NT, B * H)](L, A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=2)
     return P, A
 
-def _fwd_recompute(q, k, v, beta, G, h0, output_final_state, GATE, DG, P=None, A=None):
-    """P_qk, A, W per chunk (P, A taken as given when passed), then the sequential pass: state snapshots h[c]
-    (k's dtype), Delta, final state (fp32)."""
+def _states(k, v, beta, G, A, h0, output_final_state, GATE, DG):
+    """W, U from A, then the sequential pass: W, state snapshots h[c] (k's dtype), Delta, final state (fp32)."""
     B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
-    if P is None:
-        P, A = _grams_inverse(q, k, beta, G, GATE, DG)
     w = torch.empty_like(k)
     u = torch.empty_like(v)
     _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec, num_warps=_warps(DK, DV))
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
     vn = torch.empty_like(v)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
-    _state_fwd_kernel[(DV // BV, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
-                                         T, NT, H, DK, DV, BV, DG, C, GATE, prec, h0 is not None, ht is not None,
-                                         num_warps=_warps(DK, DV), num_stages=2)
-    return P, A, w, h, vn, ht
+    BS, nw = _state_tile(DK, DV)
+    _state_fwd_kernel[(DV // BS, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
+                                         T, NT, H, DK, DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None,
+                                         num_warps=nw, num_stages=2)
+    return w, h, vn, ht
 
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                     scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
-    G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A fp32
-    [B,T,H,C] where _store_grams keeps them for the backward (empty otherwise)."""
+    G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A
+    [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32)."""
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = _gate_kind(g, k)
@@ -1360,15 +1410,16 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     if GATE > 0:
         G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
         _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK)
+    Gp = G if GATE > 0 else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    P, A, w, h, vn, ht = _fwd_recompute(q, k, v, beta, G if GATE > 0 else None, h0, output_final_state, GATE, DG)
+    P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
+    w, h, vn, ht = _states(k, v, beta, Gp, A, h0, output_final_state, GATE, DG)
+    del w
     o = torch.empty_like(v)
-    Gp = G if GATE > 0 else k
-    _output_fwd_kernel[(DV // BV, NT, B * H)](q, P, Gp, h, vn, o, scale, T, NT, H, DK, DV, BV, DG, TRITON_CHUNK,
-                                              int(math.log2(TRITON_CHUNK)), GATE, prec, num_warps=_warps(DK, DV))
-    empty = lambda: torch.empty(0, device=k.device, dtype=torch.float32)  # outputs must not alias each other
-    keep = _store_grams(GATE)
-    return o, (ht if ht is not None else empty()), G, (P if keep else empty()), (A if keep else empty())
+    _output_fwd_kernel[(DV // BV, NT, B * H)](q, P, G if GATE > 0 else k, h, vn, o, scale, T, NT, H, DK, DV, BV, DG,
+                                              TRITON_CHUNK, int(math.log2(TRITON_CHUNK)), GATE, prec,
+                                              num_warps=_warps(DK, DV))
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
 
 @_delta_rule_fwd.register_fake
 def _(q, k, v, beta, g, scale, initial_state, output_final_state):
@@ -1376,60 +1427,58 @@ def _(q, k, v, beta, g, scale, initial_state, output_final_state):
     GATE, DG = _gate_kind(g, k)
     ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
     G = q.new_empty((B, T, H, DG) if GATE > 0 else (0,), dtype=torch.float32)
-    PA = (B, T, H, TRITON_CHUNK) if _store_grams(GATE) else (0,)
-    return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=torch.float32), q.new_empty(PA, dtype=torch.float32)
+    idt = _storage(_meta(q, k, v)[-1])
+    PA = (B, T, H, TRITON_CHUNK)
+    return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt)
 
 @torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
 def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
-                    P: Optional[torch.Tensor], A: Optional[torch.Tensor],
+                    P: torch.Tensor, A: torch.Tensor,
                     initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
-    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet)."""
+    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet); P, A the
+    forward's P_qk and (I + L)^-1."""
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = (0, 1) if G is None else ((1, 1) if G.shape[-1] == 1 else (2, G.shape[-1]))
     C, LOG2C = TRITON_CHUNK, int(math.log2(TRITON_CHUNK))
     Gp = G if G is not None else k
+    idt = _storage(prec)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    stored = P is not None
-    P, A, w, h, vn, _ = _fwd_recompute(q, k, v, beta, G, h0, False, GATE, DG, P, A)
-    dvn = torch.empty(B, T, H, DV, device=k.device, dtype=torch.float32)
-    _dv_local_kernel[(DV // BV, NT, B * H)](P, do, dvn, scale, T, H, DV, BV, C, prec, num_warps=_warps(DK, DV))
-    del P  # its last use: freed before dh, the largest buffer, is allocated (peak memory of forward+backward)
-    dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=torch.float32)
+    w, h, vn, _ = _states(k, v, beta, G, A, h0, False, GATE, DG)
+    dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
+    dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
-    _state_bwd_kernel[(DV // BV, B * H)](q, k, w, Gp, do, dvn, dh, dht if dht is not None else dh,
-                                         dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BV, DG,
-                                         C, GATE, prec, dht is not None, dh0 is not None, num_warps=_warps(DK, DV),
-                                         num_stages=2)
-    del w  # its last use: dP below takes its place (the same bytes at Dk = 128 in bf16)
-    dP = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)
+    BS, nw = _state_tile(DK, DV)
+    _state_bwd_kernel[(DV // BS, B * H)](q, k, w, Gp, P, do, dvn, dh, dht if dht is not None else dh,
+                                         dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BS, DG,
+                                         C, GATE, prec, dht is not None, dh0 is not None, num_warps=nw, num_stages=2)
+    del w
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    BK, nw = _bwd_key_tile(DK, GATE)
-    NK = DK // BK
-    # dbeta (and GDN's dg) come back as one partial sum per key tile (dbeta's last slot: the value side from _wy_bwd),
-    # added up below
+    if GATE < 2:
+        dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
+        dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == 1 else dbeta
+        _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
+                                          T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,
+                                          num_warps=WY_GRADS_TILE['warps'], num_stages=1)
+        return dq, dk, dv, dbeta, (dg if GATE == 1 else torch.empty(0, device=k.device)), \
+            (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+    BK, NK = min(DK, KDA_KEY_TILE['k']), DK // min(DK, KDA_KEY_TILE['k'])
+    # dbeta comes back as one partial sum per key tile (its last slot: the value side from _wy_bwd), added up below
     dbeta = torch.empty(NK + 1, B, T, H, device=k.device, dtype=torch.float32)
-    dg = torch.empty(0, device=k.device, dtype=torch.float32)
-    if GATE == 1:
-        dg = torch.empty(NK, B, T, H, device=k.device, dtype=torch.float32)
-    elif GATE == 2:
-        dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
-    # X = A^T dDelta over dDelta (no other kernel reads it afterwards); dL over A when A was recomputed here (a
-    # stored A is the forward's saved tensor and stays untouched)
-    dL, X = (torch.empty_like(A) if stored else A), dvn
-    # V-tiles of 32 with 8 warps, no pipelining: 116 B spilled (64 / 4 warps: 1608 B; 3 stages: 132 B;
-    # notes/ptxas_check.py, not yet timed on a GPU)
+    dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
+    dP = torch.empty(B, T, H, C, device=k.device, dtype=idt)
+    dL = torch.empty_like(dP)
+    # X = A^T dDelta is written over dDelta (no other kernel reads it afterwards).
+    # V-tiles of 32 with 8 warps, no pipelining (notes/ptxas_check.py: fewest spilled bytes)
     _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, 32), C, prec,
                                 num_warps=8, num_stages=1)
-    _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, X, dh, dq, dk, dbeta,
-                                       dg if GATE > 0 else dbeta, scale, T, NT, H, DK, DV, BK, BV,
-                                       DG, C, LOG2C, GATE, prec, num_warps=nw, num_stages=1)
-    if GATE == 1:
-        dg = dg.sum(0)
+    _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
+                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec,
+                                       num_warps=KDA_KEY_TILE['warps'], num_stages=1)
     return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
 
 @_delta_rule_bwd.register_fake
@@ -1441,9 +1490,7 @@ def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
 
 def _delta_rule_setup(ctx, inputs, output):
     q, k, v, beta, g, scale, initial_state, output_final_state = inputs
-    keep = output[3].numel() > 0
-    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3] if keep else None,
-                          output[4] if keep else None, initial_state)
+    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = None if g is None else g.dtype
 

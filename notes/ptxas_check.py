@@ -4,9 +4,9 @@ machine WITHOUT a GPU: Triton lowers to PTX and its bundled ptxas assembles it; 
 compare tile / warp settings before spending GPU time. Indicative only: the compiler here (the local Triton) may
 differ from the GPU machine's (Triton 3.6 there), so confirm on the GPU with `python bench.py --profile`.
 
-$ python notes/ptxas_check.py            # the two delta-rule gradient kernels at Dk = Dv = 128, DeltaNet and KDA,
-                                         # a few tilings, bf16 (tf32 dots) and fp32 (IEEE dots) inputs
-$ python notes/ptxas_check.py --quick    # bf16 only, the tilings kernels.py uses (and GDN)
+$ python notes/ptxas_check.py            # the delta-rule state passes and gradient kernels at Dk = Dv = 128, every
+                                         # gate kind, a few tilings, bf16 (bf16 dots) and fp32 (IEEE dots) inputs
+$ python notes/ptxas_check.py --quick    # bf16 only, fewer tilings
 $ python notes/ptxas_check.py --la       # the scalar-decay _la_ kernels as kernels.py launches them (la_launches),
                                          # Dk = Dv = 128 and Dk = 128 / Dv = 64 (Mamba2), Mamba2's gate, bf16 and fp32
 Spill bytes are not time: they ranked KDA's backward key tile 16 above 32, and the GPU measured the opposite
@@ -88,10 +88,13 @@ def la_report(shapes=((128, 128), (64, 128), (128, 64))):
 
 
 def types_for(dtype):
-    """argument types of the backward kernels: inputs, h and the gradients of the inputs in dtype, the rest fp32"""
-    t = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "h_ptr", "vn_ptr", "do_ptr",
+    """argument types of the delta-rule kernels: inputs, h, W, U and the gradients of the inputs in dtype; the
+    intermediates (P_qk, A, dP, dL, dh, dDelta, X) in kernels._storage's dtype (bf16 for bf16 inputs); the rest fp32"""
+    inter = "*bf16" if dtype == "bf16" else "*fp32"
+    t = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "h_ptr", "vn_ptr", "do_ptr", "w_ptr", "u_ptr",
                                   "dq_ptr", "dk_ptr", "dv_ptr")}
-    f32 = ("G_ptr", "A_ptr", "dvn_ptr", "dh_ptr", "dbeta_ptr", "dg_ptr", "dP_ptr", "dL_ptr", "x_ptr")
+    t |= {n: inter for n in ("P_ptr", "A_ptr", "dvn_ptr", "dh_ptr", "dP_ptr", "dL_ptr", "x_ptr")}
+    f32 = ("G_ptr", "dbeta_ptr", "dg_ptr", "h0_ptr", "ht_ptr", "dht_ptr", "dh0_ptr")
     return t | {n: "*fp32" for n in f32} | {"scale": "fp32"}
 
 
@@ -107,20 +110,26 @@ if __name__ == "__main__":
         la_report()
         sys.exit()
     quick = "--quick" in sys.argv
-    print(f"triton {triton.__version__}; delta-rule backward kernels, Dk = Dv = 128, sm_90a")
+    print(f"triton {triton.__version__}; delta-rule kernels, Dk = Dv = 128, sm_90a")
     dtypes = ("bf16",) if quick else ("bf16", "fp32")
     for dtype in dtypes:
-        prec = "ieee" if dtype == "fp32" else "tf32"
-        # _wy_bwd does not depend on the gate or on Dk
-        for BV, warps in [(32, 8)] if quick else [(64, 4), (64, 8), (32, 4), (32, 8), (16, 8)]:
-            res = ptxas_report(kernels._wy_bwd_kernel, types_for(dtype), dict(DV=128, BV=BV, C=64, PREC=prec), warps)
-            line("_wy_bwd", 3, f"BV={BV}", warps, dtype, res)
-        for gate in (0, 1, 2) if quick else (0, 2):
-            base = dict(DK=128, DV=128, DG=128 if gate == 2 else 1, C=64, GATE=gate, PREC=prec, LOG2C=6)
-            if quick:
-                settings = [(*kernels._bwd_key_tile(128, gate), 64)]
+        prec = "ieee" if dtype == "fp32" else "bf16"
+        for gate in (0, 1, 2):
+            base = dict(DK=128, DV=128, DG=128 if gate == 2 else 1, C=64, GATE=gate, PREC=prec)
+            for BV, warps in [(32, 4), (64, 8)] if quick else [(32, 4), (32, 8), (64, 4), (64, 8)]:
+                for fn, c in ((kernels._state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True)),
+                              (kernels._state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True))):
+                    res = ptxas_report(fn, types_for(dtype), base | c | dict(BV=BV), warps, 2)
+                    line(fn.__name__[1:-7], gate, f"BV={BV}", warps, dtype, res)
+            if gate < 2:
+                for BV, warps in [(32, 8), (32, 16)] if quick else [(32, 4), (32, 8), (32, 16), (64, 8), (16, 8)]:
+                    c = {k: v for k, v in base.items() if k != "DG"} | dict(BV=BV, LOG2C=6)
+                    res = ptxas_report(kernels._wy_grads_bwd_kernel, types_for(dtype), c, warps)
+                    line("wy_grads", gate, f"BV={BV}", warps, dtype, res)
             else:
-                settings = list(itertools.product((64, 32, 16), (4, 8), (64, 32)))
-            for BK, warps, BV in settings:
-                res = ptxas_report(kernels._grads_bwd_kernel, types_for(dtype), base | dict(BK=BK, BV=BV), warps)
-                line("_grads_bwd", gate, f"BK={BK} BV={BV}", warps, dtype, res)
+                res = ptxas_report(kernels._wy_bwd_kernel, types_for(dtype), dict(DV=128, BV=32, C=64, PREC=prec), 8)
+                line("wy_bwd", 3, "BV=32", 8, dtype, res)
+                for BK, warps in [(32, 8)] if quick else [(32, 8), (32, 4), (64, 8)]:
+                    c = {k: v for k, v in base.items() if k != "GATE"} | dict(BK=BK, BV=64, LOG2C=6)
+                    res = ptxas_report(kernels._grads_bwd_kernel, types_for(dtype), c, warps)
+                    line("grads_bwd", gate, f"BK={BK} BV=64", warps, dtype, res)
