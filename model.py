@@ -21,7 +21,6 @@ import itertools
 import math
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 
@@ -267,7 +266,7 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None):
 class CausalSelfAttention(nn.Module):
     cache_grows = True
 
-    def __init__(self, config, layer_idx=0):
+    def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head or config.n_head
@@ -335,19 +334,19 @@ class CausalSelfAttention(nn.Module):
 # are within 20% of the softmax layer's 4·C² (C = n_embd); at C = 768, head_dim = 64 the counts are
 # in each class docstring (measured by test_model.py::test_param_budget).
 #
-# Glossary (mixers.md §0.1): S state, q/k/v query/key/value, g = log-decay (≤ 0), β write strength,
+# Glossary (docs/mixers.md §0.1): S state, q/k/v query/key/value, g = log-decay (≤ 0), β write strength,
 # Δ (Mamba2 dt) step size, A decay rate, B/C Mamba2's input/output projections (= k/q), D skip.
 
 
 class RetNet(nn.Module):
-    """Multi-scale retention (RetNet; fla's layer without the score normalisations, mixers.md §2.2):
+    """Multi-scale retention (RetNet; fla's layer without the score normalisations, docs/mixers.md §2.2):
         S_t = γ_h S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t / √d_k,  γ_h = 1 − 2^(−5−h)  (fixed per head)
         y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h           q, k with RoPE; d_k = d_v = head_dim
     Params ≈ 5·C·H·hd (q, k, v, g, o); H = round(0.8·C/hd): C=768, hd=64 → H=10, 2,457,664 (1.04× softmax)."""
     cache_grows = False
     projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj')  # the Linear layers that read x (see linears)
 
-    def __init__(self, config, layer_idx=0):
+    def __init__(self, config):
         super().__init__()
         C, hd = config.n_embd, config.head_dim
         self.H, self.hd = max(1, round(0.8 * C / hd)), hd
@@ -379,7 +378,7 @@ class RetNet(nn.Module):
 
 
 class Mamba2(nn.Module):
-    """Mamba2 / SSD (mixers.md §2.3), expand = 1, one group (B, C shared by all heads):
+    """Mamba2 / SSD (docs/mixers.md §2.3), expand = 1, one group (B, C shared by all heads):
         [z, xBC, dt] = in_proj(x);  x, B, C = split(SiLU(conv(xBC)));  Δ = softplus(dt + dt_bias);  A = −exp(A_log)
         S_t = exp(Δ_t A_h) S_{t−1} + B_t (Δ_t x_t)ᵀ,   y_t = S_tᵀ C_t + D_h x_t       (state N × P per head)
         out = out_proj(RMSNorm(y ⊙ SiLU(z)))   — the gate goes before the norm, over all of d_inner
@@ -388,7 +387,7 @@ class Mamba2(nn.Module):
     C=768, P=64 (H=12), N=128 → 1,981,220 (0.84× softmax)."""
     cache_grows = False
 
-    def __init__(self, config, layer_idx=0):
+    def __init__(self, config):
         super().__init__()
         C, self.P, self.N = config.n_embd, config.head_dim, config.d_state
         if C % self.P != 0:
@@ -422,13 +421,13 @@ class Mamba2(nn.Module):
 
 
 class DeltaNet(nn.Module):
-    """DeltaNet (mixers.md §2.4): q, k = L2(SiLU(conv(W x))), v = SiLU(conv(W_v x)), β = σ(W_b x)
+    """DeltaNet (docs/mixers.md §2.4): q, k = L2(SiLU(conv(W x))), v = SiLU(conv(W_v x)), β = σ(W_b x)
         S_t = S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t / √d_k,   y = W_o [RMSNorm(o_h)]_h
     H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
     cache_grows = False
     projections = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # the Linear layers that read x (see linears)
 
-    def __init__(self, config, layer_idx=0, n_head=None, v_dim=None):
+    def __init__(self, config, n_head=None, v_dim=None):
         super().__init__()
         C, hd = config.n_embd, config.head_dim
         self.H = n_head or max(1, C // hd)
@@ -468,16 +467,16 @@ class DeltaNet(nn.Module):
 
 
 class GatedDeltaNet(DeltaNet):
-    """Gated DeltaNet (mixers.md §2.5): DeltaNet plus a scalar decay per head and a SiLU output gate
+    """Gated DeltaNet (docs/mixers.md §2.5): DeltaNet plus a scalar decay per head and a SiLU output gate
         g = −exp(A_log)·softplus(W_a x + dt_bias);  S̃ = exp(g_t) S_{t−1};  S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ
         y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h
     d_v = 2·d_k (fla's expand_v = 2), H = C / (2 hd): C=768, hd=64 → H=6, 2,374,796 params (1.01× softmax)."""
 
     projections = DeltaNet.projections + ('a_proj', 'g_proj')
 
-    def __init__(self, config, layer_idx=0):
+    def __init__(self, config):
         C, hd = config.n_embd, config.head_dim
-        super().__init__(config, layer_idx, n_head=max(1, C // (2 * hd)), v_dim=2 * hd)
+        super().__init__(config, n_head=max(1, C // (2 * hd)), v_dim=2 * hd)
         self.a_proj = nn.Linear(C, self.H, bias=False)
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
@@ -490,7 +489,7 @@ class GatedDeltaNet(DeltaNet):
 
 
 class KDA(DeltaNet):
-    """Kimi Delta Attention (mixers.md §2.6): Gated DeltaNet with a decay per head AND key channel
+    """Kimi Delta Attention (docs/mixers.md §2.6): Gated DeltaNet with a decay per head AND key channel
         g = −exp(A_log[h])·softplus(W_f↑ W_f↓ x + dt_bias)  ∈ R^{H×d_k};  S̃ = Diag(exp g_t) S_{t−1}
         S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ;   y = W_o [RMSNorm(o_h) ⊙ σ(W_g↑ W_g↓ x + b_g)_h]_h
     Low-rank (rank hd) gate and output-gate projections. H = C / hd, d_k = d_v = hd:
@@ -498,8 +497,8 @@ class KDA(DeltaNet):
 
     projections = DeltaNet.projections + ('f_down', 'g_down')
 
-    def __init__(self, config, layer_idx=0):
-        super().__init__(config, layer_idx)
+    def __init__(self, config):
+        super().__init__(config)
         C, hd, H = config.n_embd, self.dk, self.H
         self.f_down, self.f_up = nn.Linear(C, hd, bias=False), nn.Linear(hd, H * hd, bias=False)
         self.g_down, self.g_up = nn.Linear(C, hd, bias=False), nn.Linear(hd, H * self.dv, bias=True)
@@ -533,16 +532,16 @@ MIXERS = {
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config, mixer_name, layer_idx):
+    def __init__(self, config, mixer_name):
         super().__init__()
         self.mixer_name = mixer_name
         self.ln_1 = RMSNorm(config.n_embd)
-        self.attn = MIXERS[mixer_name](config, layer_idx)  # nanoGPT's name for the token mixer
+        self.mixer = MIXERS[mixer_name](config)  # the token mixer (nanoGPT's `attn`; old checkpoints are remapped on load)
         self.ln_2 = RMSNorm(config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+        x = x + self.mixer(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -557,7 +556,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),  # no wpe: positions come from RoPE / recurrence
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, name, i) for i, name in enumerate(self.mixers)]),
+            h=nn.ModuleList([Block(config, name) for name in self.mixers]),
             ln_f=RMSNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -570,7 +569,7 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear):
             std = 0.02 / math.sqrt(2 * self.config.n_layer) if getattr(module, 'residual_out', False) else 0.02
             torch.nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None and not getattr(module, 'keep_bias_init', False):
+            if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -582,7 +581,7 @@ class GPT(nn.Module):
         """The resolved per-layer mixer list and parameters per mixer, printed at start."""
         per_layer = {}
         for block in self.transformer.h:
-            per_layer.setdefault(block.mixer_name, sum(p.numel() for p in block.attn.parameters()))
+            per_layer.setdefault(block.mixer_name, sum(p.numel() for p in block.mixer.parameters()))
         lines = [f"mixers per layer: {' '.join(self.mixers)}"]
         for name, n in per_layer.items():
             lines.append(f"  {name}: {self.mixers.count(name)} layers, {n:,} mixer parameters per layer")
@@ -603,7 +602,7 @@ class GPT(nn.Module):
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
             # detached: the gradient flows through the loss; a differentiable logits output would make the backward
-            # start from a zero-filled [B, T, V] gradient for it (3.3 GB at 32k tokens, ~1 ms per step on an H100)
+            # start from a zero-filled [B, T, V] gradient for it (bf16: 32,768 tokens × 50,304 × 2 B = 3.3 GB)
             return logits.detach(), loss
         if caches is not None:
             return self.lm_head(x[:, -1:, :]), None  # generation needs only the next-token logits
@@ -620,7 +619,7 @@ class GPT(nn.Module):
         fixed = growing = 0
         for block, cache in zip(self.transformer.h, caches):
             n = sum(t.numel() * t.element_size() for t in cache.values() if torch.is_tensor(t) and t.dim())  # not 'pos'
-            if getattr(block.attn, 'cache_grows', False):
+            if getattr(block.mixer, 'cache_grows', False):
                 growing += n
             else:
                 fixed += n
@@ -695,7 +694,7 @@ class GPT(nn.Module):
 
     def flops_per_token(self, T):
         """Training FLOPs per token: 6 per parameter (fwd 2 + bwd 4) + 3× the mixers' forward core FLOPs."""
-        core = sum(block.attn.core_flops_per_token(T) for block in self.transformer.h)
+        core = sum(block.mixer.core_flops_per_token(T) for block in self.transformer.h)
         return 6 * self.get_num_params() + 3 * core
 
 
@@ -894,55 +893,3 @@ def gpu_peak_flops(name):
         if key in name:
             return flops
     return None
-
-# ------------------------------------------------------------------------------------------------
-# Checkpoints: written atomically so an interrupted save never destroys the previous one, and never with
-# non-finite weights (a diverged run must not replace the last good checkpoint).
-
-class CheckpointMissing(UserError, FileNotFoundError):
-    pass
-
-
-class CheckpointUnusable(UserError, RuntimeError):
-    pass
-
-
-def nonfinite_tensors(state_dict):
-    """Names of the tensors in state_dict holding a NaN or an infinity."""
-    return [k for k, v in state_dict.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
-
-
-def save_checkpoint(checkpoint, path, best=None):
-    """Write checkpoint to path atomically; refuse non-finite weights. best: a second name that keeps this
-    checkpoint after later saves replace path (a hard link, so no second write; a copy where links fail)."""
-    bad = nonfinite_tensors(checkpoint.get('model', {}))
-    if bad:
-        raise CheckpointUnusable(f"not saving {path}: {len(bad)} weight tensors are non-finite (first: {bad[0]}); "
-                                 f"the previous checkpoint there is kept")
-    tmp = path + '.tmp'
-    torch.save(checkpoint, tmp)
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one, never half
-    if best is not None:
-        tmp = best + '.tmp'
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        try:
-            os.link(path, tmp)  # the next save replaces path with a new file: this one lives on as best
-        except OSError:
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, best)
-
-
-def load_checkpoint(path, map_location='cpu'):
-    if not os.path.isfile(path):
-        raise CheckpointMissing(f"no checkpoint at {path} (train one first, or check out_dir)")
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as e:
-        raise CheckpointUnusable(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                                 f"(a truncated or foreign file? train again or pick another out_dir)") from e
-    bad = nonfinite_tensors(checkpoint.get('model', {})) if isinstance(checkpoint, dict) else []
-    if bad:
-        raise CheckpointUnusable(f"checkpoint {path} holds non-finite weights ({len(bad)} tensors, first: {bad[0]}), "
-                                 f"from a run that diverged: use an earlier checkpoint or train again")
-    return checkpoint

@@ -4,9 +4,9 @@ through the per-layer caches (fixed-size state for the linear mixers, K/V for so
 decode together as one batch; on CUDA through static caches with the one-token step replayed as a
 CUDA graph (model.Decoder; --cuda_graph=False for one eager forward per token).
 
-$ python sample.py --out_dir=out-pystdlib-kda_hybrid --start="def main():" --num_samples=2 --max_new_tokens=200
-$ python sample.py --out_dir=out-pystdlib-kda_hybrid --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
-$ python sample.py --out_dir=out-mqar --start="3 40 7 35 0 0 7" --max_new_tokens=1 --temperature=0   # a task model
+$ python sample.py --out_dir=out-pystdlib-kdax3+softmax --start="def main():" --num_samples=2 --max_new_tokens=200
+$ python sample.py --out_dir=out-pystdlib-gdn --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
+$ python sample.py --out_dir=out-mqar-kda --start="3 40 7 35 0 0 7" --max_new_tokens=1 --temperature=0   # a task model
 $ python sample.py --help      # every setting, its default and what it does
 
 A model trained on a task (dataset 'mqar' or 'statetrack') has no text tokenizer: its prompt is token ids separated
@@ -21,11 +21,12 @@ import time
 from contextlib import nullcontext
 
 import torch
-from model import GPTConfig, GPT, Decoder, load_checkpoint
+from model import GPTConfig, GPT, Decoder
+from checkpoint import load_checkpoint
 from dataloader import gpt2_encoding
 
 # -----------------------------------------------------------------------------
-out_dir = 'out'           # folder holding the checkpoints
+out_dir = 'out-pystdlib-kdax3+softmax'  # train.py's out_dir (out-<dataset>-<mixer>); the default: the quick start's
 ckpt = 'ckpt.pt'          # ckpt.pt = the latest (what a resume continues), best.pt = the lowest val loss
 start = "\n"              # prompt text, or FILE:path to read it from a file; "<|endoftext|>" = a document start
 num_samples = 3           # number of samples to draw (>= 1)

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, MIXERS, Decoder, parse_mixer_pattern, sample_next, save_checkpoint, load_checkpoint
+from model import GPT, GPTConfig, MIXERS, Decoder, parse_mixer_pattern, sample_next
+from checkpoint import save_checkpoint, load_checkpoint
 
 # every mixer alone, and the 3:1 hybrid of the Kimi Linear recipe
 PATTERNS = list(MIXERS) + ['kda*3,softmax']
@@ -229,10 +230,25 @@ def test_checkpoint_roundtrip_and_missing(tmp_path):
         load_checkpoint(str(tmp_path / 'bad.pt'))
 
 
+def test_checkpoint_with_old_attn_keys_loads(tmp_path):
+    """Checkpoints written while the per-layer mixer was called `attn` (transformer.h.N.attn.*) still load: the
+    keys are mapped to `mixer` on load, and the model built from them gives the same logits."""
+    model = make('kda*3,softmax')
+    old = {k.replace('.mixer.', '.attn.'): v for k, v in model.state_dict().items()}
+    assert sum('.attn.' in k for k in old) > 0 and not any('.mixer.' in k for k in old)
+    path = str(tmp_path / 'old.pt')
+    save_checkpoint({'model': old, 'model_args': dict(model.config.__dict__)}, path)
+    ckpt = load_checkpoint(path)
+    loaded = GPT(GPTConfig(**ckpt['model_args']))
+    loaded.load_state_dict(ckpt['model'])  # strict: every key must match
+    idx = torch.randint(0, loaded.config.vocab_size, (2, 16))
+    torch.testing.assert_close(loaded(idx)[0], model(idx)[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize('mixer', list(MIXERS))
 @pytest.mark.parametrize('n_embd,head_dim', [(768, 64), (768, 128), (256, 32)])
 def test_param_budget(mixer, n_embd, head_dim):
-    """Every mixer's parameters per layer are within 20% of the softmax layer's 4·C² (issue 3's sizing rule)."""
+    """Every mixer's parameters per layer are within 20% of the softmax layer's 4·C² (the sizing rule in model.py, above RetNet)."""
     layer = MIXERS[mixer](GPTConfig(n_embd=n_embd, n_head=n_embd // 64, head_dim=head_dim, mixer=mixer))
     n = sum(p.numel() for p in layer.parameters())
     assert 0.8 <= n / (4 * n_embd ** 2) <= 1.2, (mixer, n)

@@ -248,7 +248,7 @@ def iter_losses(text):
     return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+): loss ([\d.]+)', text, re.M)}
 
 
-def test_grid_and_train_py_with_ddp_and_resume(tmp_path):
+def test_grid_and_train_py_with_ddp_and_resume(tmp_path, torchrun_train):
     """grid.py runs one cell in one process and writes the table from its log. The same cell under torchrun
     (2 ranks × 1 micro-step) for 3 steps, resumed in one process (1 × 2 micro-steps) to step 6, must continue
     exactly like the single-process run: same sequences on the same global positions, whatever the rank count."""
@@ -271,8 +271,7 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path):
     ddp_dir = tmp_path / 'ddp'
     extra = grid.TASKS['mqar']['quick']['overrides'] + grid.QUICK + SHORT
     args = grid.train_args(**CELL, out_dir=str(ddp_dir), extra=extra)
-    ddp = run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']
-              + args + ['--max_iters=3'])
+    ddp = run(torchrun_train + args + ['--max_iters=3'])
     assert 'world size 2' in ddp.stdout
     m = re.search(r'^step 3: .*, val acc ([\d.]+)$', ddp.stdout, re.M)  # accuracy summed over both ranks' answers
     assert m and 0.0 <= float(m.group(1)) <= 1.0

@@ -2,20 +2,20 @@
 Train a GPT whose token mixer is chosen per layer. One process, or several through torchrun (DDP).
 
 CPU, a few minutes (the offline default dataset; run `python data/pystdlib/prepare.py` once):
-$ python train.py config/pystdlib_softmax.py
+$ python train.py config/pystdlib.py                       # the 3:1 KDA:softmax hybrid, 4 layers x 128
+$ python train.py config/pystdlib.py --mixer=gdn           # any mixer or pattern
 
 Synthetic recall tasks, generated on the fly (tasks.py; eval also prints answer accuracy):
 $ python train.py config/mqar.py --mixer=kda
 $ python train.py config/statetrack.py --mixer='kda*3,softmax'
 
-One GPU:
-$ python train.py config/softmax_owt.py
-
-DDP on 8 GPUs of one node (NCCL; gloo on CPU):
-$ torchrun --standalone --nproc_per_node=8 train.py config/softmax_owt.py
+GPT-2-small-class model on OpenWebText, one GPU, or DDP on 8 GPUs of one node (NCCL; gloo on CPU):
+$ python train.py config/owt.py --mixer=kda
+$ torchrun --standalone --nproc_per_node=8 train.py config/kda_hybrid.py
 
 Any global below can be overridden: `python train.py config/x.py --batch_size=8 --compile=False`;
-`python train.py --help` lists them with their defaults.
+`python train.py --help` lists them with their defaults. The loss is the mean cross-entropy of the next token in
+nats (on the recall tasks: of the answers only). out_dir, unless given, is out-<dataset>-<mixer>.
 
 Safety: a setting that cannot train stops at once with one line naming it; a second run in the same out_dir
 stops at once (out_dir/lock); a non-finite loss or gradient norm stops the run before the weights change, so
@@ -35,13 +35,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import GPTConfig, GPT, save_checkpoint, load_checkpoint, gpu_peak_flops
+from model import GPTConfig, GPT, gpu_peak_flops
+from checkpoint import save_checkpoint, load_checkpoint
 from dataloader import ShardLoader
 from tasks import MQAR, StateTracking, TaskLoader, count_correct
 
 # -----------------------------------------------------------------------------
 # I/O
-out_dir = 'out'                 # ckpt.pt (latest), best.pt (lowest val loss) and log.txt go here; one run at a time
+out_dir = ''                    # ckpt.pt (latest), best.pt (lowest val loss), log.txt; '' = out-<dataset>-<mixer>
 eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations
 log_interval = 1                # print a log line every this many iterations
 eval_iters = 200                # batches per split in estimate_loss
@@ -98,6 +99,8 @@ seed = 1337
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
 from configurator import configure, device_and_dtype, UserError
 configure(globals(), sys.argv[1:])
+# one folder per dataset and mixer unless given: 'kda*3,softmax' -> out-pystdlib-kdax3+softmax
+out_dir = out_dir or f"out-{dataset}-{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}"
 config = {k: globals()[k] for k in config_keys}  # goes to the log, the checkpoint and wandb
 # -----------------------------------------------------------------------------
 
@@ -306,16 +309,6 @@ def get_lr(it):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def gather_loader_states():
-    """Every rank's data position, so a resume continues each rank's stream where it stopped."""
-    state = train_loader_state
-    if not ddp:
-        return [state]
-    states = [None] * ddp_world_size
-    dist.all_gather_object(states, state)
-    return states
-
-
 def diverged(what):
     """The error that stops a diverged run, raised before anything non-finite reaches the weights or a checkpoint."""
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
@@ -370,21 +363,22 @@ while True:
             raise diverged('a non-finite eval loss')
         if wandb_log and master_process:
             wandb.log(metrics)
-        rng_states = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
-                      'numpy': np.random.get_state(), 'python': random.getstate()}
-        loader_states = gather_loader_states()
-        if ddp:
-            all_rng = [None] * ddp_world_size
-            dist.all_gather_object(all_rng, rng_states)
-        else:
-            all_rng = [rng_states]
         improved = losses['val'] < best_val_loss
-        if improved or always_save_checkpoint:
-            best_val_loss = min(best_val_loss, losses['val'])
-            if iter_num > 0 and master_process:
+        best_val_loss = min(best_val_loss, losses['val'])
+        if iter_num > 0 and (improved or always_save_checkpoint):
+            # every rank's data position and RNG states (a collective: every rank takes this branch), so that a
+            # resume continues each rank's stream and draws exactly where this run stopped
+            rng = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
+                   'numpy': np.random.get_state(), 'python': random.getstate()}
+            loader_states, rng_states = [train_loader_state], [rng]
+            if ddp:
+                loader_states, rng_states = [None] * ddp_world_size, [None] * ddp_world_size
+                dist.all_gather_object(loader_states, train_loader_state)
+                dist.all_gather_object(rng_states, rng)
+            if master_process:
                 ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
                         'iter_num': iter_num, 'val_loss': losses['val'], 'best_val_loss': best_val_loss, 'config': config,
-                        'train_loader': loader_states, 'rng': all_rng, 'scaler': scaler.state_dict()}
+                        'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
                 print0(f"saving checkpoint to {out_dir}" + (" (best so far, also best.pt)" if improved else ""))
                 save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'), best=os.path.join(out_dir, 'best.pt') if improved else None)
     if eval_only:
@@ -440,17 +434,4 @@ while True:
 if wandb_log and master_process:
     wandb.finish()
 if ddp:
-    # sanity check that DDP kept the replicas identical: max |w_rank − w_rank0| over all parameters
-    flat = torch.cat([p.detach().float().flatten() for p in raw_model.parameters()])
-    ref = flat.clone()
-    dist.broadcast(ref, src=0)
-    diff = (flat - ref).abs().max()
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    print0(f"ddp: max weight difference across ranks {diff.item():.3e}")
-    dist.barrier()  # no rank tears the process group down while another still uses it
     dist.destroy_process_group()
-    # and skip the interpreter's own teardown: during it a C++ thread of gloo (CPU) aborted a rank now and then with
-    # "terminate called without an active exception" (a minimal DDP script: 3 of 40 runs; with this exit: 0 of 45)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
