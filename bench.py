@@ -6,10 +6,10 @@ at the same shapes; then the one-token decode step against fla's fused recurrent
 The scalar-decay family (variants retnet, mamba2; not in the default run) has its own tables: RetNet's Triton kernels
 (kernels.linear_attn_triton, the CUDA default) vs fla chunk_retention, SDPA and the chunked torch path (the CUDA
 default before 2026-11-23); the Mamba2 core (Δ = softplus(dt + dt_bias), v = Δ·x, g = Δ·A, the scan, + D·x: model.py's math between
-the conv output and the gated norm) in absolute times at the mamba_ssm shapes of issue 5, next to mamba_ssm's
+the conv output and the gated norm) in absolute times at two mamba_ssm shapes (MAMBA2_SHAPES), next to mamba_ssm's
 mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Triton step vs the torch step).
 --model_decode and --train measure whole models: decode latency, and training speed, memory and GPU time by kernel
-category per mixer and context (issue 15).
+category per mixer and context.
 
     python bench.py            # B=8 T=4096 H=16 D=128; B=2 T=16384 H=16 D=128; B=8 T=4096 H=12 D=64; decode at 1 and 64
     python bench.py --quick    # B=2 T=4096 H=16 D=128; decode at batch 1
@@ -29,7 +29,7 @@ A cold run (empty Triton cache) spends minutes compiling before it measures anyt
 the first shape of the full run got through SDPA, DeltaNet (ours, fla) and GDN (ours) in about 4.5 minutes, with our
 kernels already compiled by the tests and fla's chunk_kda backward still compiling.
 
---train (issue 15): config/<mixer>_owt.py's model (kda_hybrid.py's for 'kda*3,softmax' and other patterns), softmax
+--train: config/owt.py's model with that mixer (config/kda_hybrid.py's for 'kda*3,softmax'), softmax
 always included and first, --tokens per step (batch = tokens // T), trained as train.py trains on CUDA: torch.compile,
 bf16 autocast, TF32, clip_grad_norm_ at 1.0 with its finiteness check (one sync), fused AdamW; one micro-step per
 optimizer step, random tokens. Each (mixer, T) cell runs in its own process: first all of them compile, --jobs at a
@@ -39,7 +39,7 @@ events, tokens/s = B*T over it, × softmax = tokens/s over softmax's at that T, 
 tokens/s over the GPU's bf16 peak, peak MiB = max_memory_allocated over the timed steps; then GPU ms per step by
 kernel category (torch.profiler over 3 more steps; the rules are kernel_category's), whose sum is the GPU's busy
 time and can be below ms/step; outside mixer+attn = that sum less the linear-mixer and attention kernels, and
-÷ softmax's = it over the softmax row's at that T (issue 15's target: <= 1.15 at T=4096). Under the table: each
+÷ softmax's = it over the softmax row's at that T (the target: <= 1.15 at T=4096). Under the table: each
 cell's top 5 unfused and fused-elementwise kernels, and which path kernels.py took. On CPU: eager fp32, no profile.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
@@ -390,8 +390,8 @@ def bench_scalar_decode(batches, variants):
 
 
 def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long_context=65536):
-    """Generation speed of whole models (issue 16): the 124M configs of --train (config/<mixer>_owt.py,
-    kda_hybrid.py), through model.Decoder as sample.py runs it on CUDA: static caches, the one-token step (forward,
+    """Generation speed of whole models: the 124M configs of --train (config/owt.py with the mixer,
+    config/kda_hybrid.py), through model.Decoder as sample.py runs it on CUDA: static caches, the one-token step (forward,
     sampling at temperature 1 with top_k 200, the token written out) torch.compile'd and captured as a CUDA graph;
     after a prefill of each context (random tokens, in pieces of 64k tokens), the mean time of `steps` replays
     between CUDA events. Softmax is measured the same way: its static K/V cache holds the context plus the steps,
@@ -572,8 +572,8 @@ def chunk_sweep(chunks, variants):
 # -----------------------------------------------------------------------------
 # whole-model training (issue 15): tokens/s, MFU, peak memory and where the GPU time goes, per mixer and context
 
-TRAIN_CONFIGS = {"softmax": "softmax_owt", "kda*3,softmax": "kda_hybrid", "kda": "kda_owt",  # mixer -> config/<file>.py
-                 "gdn": "gdn_owt", "mamba2": "mamba2_owt", "deltanet": "deltanet_owt", "retnet": "retnet_owt"}
+TRAIN_CONFIGS = {"softmax": "owt", "kda*3,softmax": "kda_hybrid", "kda": "owt",  # mixer -> config/<file>.py, run with
+                 "gdn": "owt", "mamba2": "owt", "deltanet": "owt", "retnet": "owt"}  # that mixer
 TRAIN_CONTEXTS = "1024,4096,8192,16384"
 CATEGORIES = ("linear mixer", "attention", "matmul", "conv", "fused elem", "unfused", "optimizer")
 WARM_STEPS, WARMUP_STEPS, PROFILE_STEPS = 2, 3, 3  # steps of the --warm run; before the timing; under the profiler
@@ -619,14 +619,14 @@ def short_kernel_name(name, n=80):
 
 
 def train_model_config(mixer, T, tiny=False):
-    """GPTConfig of the 124M config file for this mixer pattern (TRAIN_CONFIGS; a pattern not there uses the hybrid's
-    file with its mixer), block_size T, vocab 50304 (train.py's default: GPT-2's 50257 padded to a multiple of 64).
+    """GPTConfig of the 124M config file for this mixer pattern (TRAIN_CONFIGS; a pattern not there uses
+    config/owt.py), run with that mixer (its rules read it: head_dim), block_size T, vocab 50304 (train.py's default: GPT-2's 50257 padded to a multiple of 64).
     tiny: 4 layers x 64 (the hybrid's pattern tiles 4), vocab 256, for a CPU smoke run."""
     import dataclasses
     from model import GPTConfig
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config",
-                        TRAIN_CONFIGS.get(mixer, "kda_hybrid") + ".py")
-    g = {}
+                        TRAIN_CONFIGS.get(mixer, "owt") + ".py")
+    g = {"mixer": mixer, "__file__": path}  # what train.py's configurator gives a config file
     with open(path) as f:
         exec(f.read(), g)
     args = {f.name: g[f.name] for f in dataclasses.fields(GPTConfig) if f.name in g}

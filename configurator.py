@@ -1,7 +1,7 @@
 """
 nanoGPT-style configuration: config files, then --key=value overrides.
 
-    python train.py config/pystdlib_kda_hybrid.py --batch_size=8 --compile=False
+    python train.py config/pystdlib.py --mixer=gdn --batch_size=8 --compile=False
 
 Used from train.py / sample.py as
 
@@ -16,7 +16,9 @@ Rules (nanoGPT's, made strict):
   default accepts anything, a str default keeps the raw text (`--out_dir=123` is the string '123');
 - a key in `nullable` also accepts None (sample.py's `--top_k=None`);
 - an unknown key or a wrong type is a UserError naming the key, the source and both types;
-- later sources override earlier ones. Only rank 0 prints (RANK unset or '0');
+- later sources override earlier ones. A config file runs with the script's globals as the sources before it
+  left them and the overrides after it will set them, so its rules can read the command line's choices
+  (`head_dim = 128 if 'kda' in mixer else 64`); `__file__` is the file's own path. Only rank 0 prints (RANK unset or '0');
 - `--help` (or `-h`) prints the script's docstring and its settings block (the globals between the first two
   `# ---` lines: defaults and their comments), then exits.
 
@@ -113,6 +115,24 @@ def _checked(key, value, default, source, nullable=()):
                      f"(default {default!r}), got {type(value).__name__} ({value!r})")
 
 
+def _override(arg, keys, config_globals, nullable):
+    """(key, value) of one --key=value argument, the value checked against the key's default."""
+    if '=' not in arg:
+        raise UserError(f"override '{arg}' must look like --key=value (see --help)")
+    key, raw = arg[2:].split('=', 1)
+    if key not in keys:
+        raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
+    default = config_globals[key]
+    if isinstance(default, str):
+        value = raw  # strings stay verbatim: no literal_eval surprises for paths or text
+    else:
+        try:
+            value = literal_eval(raw)
+        except (SyntaxError, ValueError):
+            value = raw
+    return key, _checked(key, value, default, arg, nullable)
+
+
 def configure(config_globals, argv, nullable=()):
     """Apply config files and --key=value overrides in argv to the dict config_globals, in order.
     Keys in nullable also accept None."""
@@ -123,38 +143,32 @@ def configure(config_globals, argv, nullable=()):
         sys.exit(0)
     keys = {k for k, v in config_globals.items()
             if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))}
-    for arg in argv:
-        if not arg.startswith('--'):
-            if not os.path.isfile(arg):
-                raise UserError(f"config file not found: {arg} (a positional argument is a config file, e.g. config/mqar.py; "
-                                f"settings go as --key=value)")
-            _print0(f"Overriding config with {arg}:")
-            with open(arg) as f:
-                source = f.read()
-            _print0(source)
-            # run the file with a copy of the script's globals, so `x = 2 * batch_size` works
-            scope = {k: config_globals[k] for k in keys}
-            exec(compile(source, arg, 'exec'), scope)
-            for key, value in scope.items():
-                if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
-                    continue  # imports and helper functions in a config file are not settings
-                if key not in keys:
-                    raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
-                if value is not config_globals[key]:
-                    config_globals[key] = _checked(key, value, config_globals[key], arg, nullable)
-        else:
-            if '=' not in arg:
-                raise UserError(f"override '{arg}' must look like --key=value (see --help)")
-            key, raw = arg[2:].split('=', 1)
+    # every override is checked before anything runs, so that a config file sees the value an override given after
+    # it will set: `head_dim = 128 if 'kda' in mixer else 64` in config/owt.py reads the --mixer of the command line
+    overrides = [_override(arg, keys, config_globals, nullable) if arg.startswith('--') else None for arg in argv]
+    for i, arg in enumerate(argv):
+        if overrides[i] is not None:
+            key, value = overrides[i]
+            config_globals[key] = value
+            _print0(f"Overriding: {key} = {value!r}")
+            continue
+        if not os.path.isfile(arg):
+            raise UserError(f"config file not found: {arg} (a positional argument is a config file, e.g. config/mqar.py; "
+                            f"settings go as --key=value)")
+        _print0(f"Overriding config with {arg}:")
+        with open(arg) as f:
+            source = f.read()
+        _print0(source)
+        # run the file with a copy of the script's globals (so `x = 2 * batch_size` works), as the later overrides
+        # will leave them, and with its own path as __file__ (as Python gives any script it runs)
+        seen = {k: config_globals[k] for k in keys}
+        seen.update(o for o in overrides[i + 1:] if o is not None)
+        scope = dict(seen, __file__=arg)
+        exec(compile(source, arg, 'exec'), scope)
+        for key, value in scope.items():
+            if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
+                continue  # imports and helper functions in a config file are not settings
             if key not in keys:
                 raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
-            default = config_globals[key]
-            if isinstance(default, str):
-                value = raw  # strings stay verbatim: no literal_eval surprises for paths or text
-            else:
-                try:
-                    value = literal_eval(raw)
-                except (SyntaxError, ValueError):
-                    value = raw
-            config_globals[key] = _checked(key, value, default, arg, nullable)
-            _print0(f"Overriding: {key} = {config_globals[key]!r}")
+            if value is not seen[key]:  # set by the file
+                config_globals[key] = _checked(key, value, config_globals[key], arg, nullable)

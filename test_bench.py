@@ -57,8 +57,10 @@ def test_mixer_kernels_are_collected_from_kernels_py():
 
 
 def test_model_config_per_mixer():
-    assert bench.train_model_config('kda', 4096).head_dim == 128  # config/kda_owt.py
-    cfg = bench.train_model_config('gdn*3,softmax', 1024)  # not in TRAIN_CONFIGS: the hybrid's file, this mixer
+    assert bench.train_model_config('kda', 4096).head_dim == 128  # config/owt.py's rule: KDA's heads are 128 wide
+    assert bench.train_model_config('kda*3,softmax', 4096).head_dim == 128  # config/kda_hybrid.py
+    assert bench.train_model_config('gdn', 4096).head_dim == 64
+    cfg = bench.train_model_config('gdn*3,softmax', 1024)  # not in TRAIN_CONFIGS: config/owt.py, this mixer
     assert (cfg.mixer, cfg.block_size, cfg.n_layer, cfg.n_embd) == ('gdn*3,softmax', 1024, 12, 768)
     assert cfg.vocab_size == 50304
 

@@ -84,7 +84,7 @@ def test_none_only_where_default_is_none():
 
 
 # -----------------------------------------------------------------------------
-# issue 13: one-line user errors, --help, None where a script allows it, the device and dtype checked up front
+# one-line user errors, --help, None where a script allows it, the device and dtype checked up front
 
 def test_every_configurator_error_is_a_user_error(tmp_path):
     """A UserError is what the scripts print as one line; it stays a ValueError for older callers."""
@@ -150,3 +150,33 @@ def test_device_and_dtype_are_checked():
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="device='cuda' but .* sees no CUDA GPU here: use --device=cpu"):
             device_and_dtype('cuda', '')
+
+
+def test_config_file_sees_the_overrides_after_it(tmp_path):
+    """A rule in a config file reads the command line's choice (config/owt.py: KDA gets 128-wide heads); the
+    overrides still win over the file, and a file's own assignment wins over an earlier override."""
+    cfg = tmp_path / 'c.py'
+    cfg.write_text("n_layer = 24 if 'kda' in mixer else 12\n")
+    for argv, n_layer in (([str(cfg)], 12), ([str(cfg), '--mixer=kda*3,softmax'], 24), (['--mixer=kda', str(cfg)], 24),
+                          ([str(cfg), '--mixer=kda', '--n_layer=3'], 3)):
+        g = defaults()
+        configure(g, argv)
+        assert g['n_layer'] == n_layer, argv
+    sets = tmp_path / 'sets.py'
+    sets.write_text("mixer = 'gdn'\nn_layer = 24 if 'kda' in mixer else 12\n")
+    g = defaults()
+    configure(g, ['--mixer=kda', str(sets)])
+    assert (g['mixer'], g['n_layer']) == ('gdn', 12)
+    g = defaults()
+    configure(g, [str(sets), '--mixer=kda'])
+    assert (g['mixer'], g['n_layer']) == ('kda', 12)  # the file set mixer itself before its rule read it
+
+
+def test_config_file_knows_its_path(tmp_path):
+    """__file__ is the config file's path, so a config can build on another one beside it (config/kda_hybrid.py)."""
+    (tmp_path / 'base.py').write_text("n_layer = 6\nlearning_rate = 3e-4\n")
+    (tmp_path / 'c.py').write_text("from pathlib import Path\nexec(Path(__file__).with_name('base.py').read_text())\n"
+                                   "n_layer = 8\n")
+    g = defaults()
+    configure(g, [str(tmp_path / 'c.py')])
+    assert g['n_layer'] == 8 and g['learning_rate'] == 3e-4

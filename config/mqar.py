@@ -1,20 +1,17 @@
 # MQAR (multi-query associative recall, as in Zoology/Based; tasks.py) for one mixer: 4 layers x 128, 16 pairs in 128 tokens.
 # The mixer is an override, so every mixer and the 3:1 hybrid train at the same width and layer count:
-# $ python train.py config/mqar.py --mixer=kda --out_dir=out-mqar-kda
+# $ python train.py config/mqar.py --mixer=kda                                    # -> out-mqar-kda
 # $ python train.py config/mqar.py --mixer='kda*3,softmax' --mqar_num_pairs=24 --n_embd=256 --n_head=8
-# grid.py runs every mixer x pairs x width from this file and writes the results table (README, "What the mixers can and cannot do").
-# Hardware: one GPU. Measured while sizing this file (H100, torch 2.11, 12 runs sharing the GPU, 4,000 steps, eval every 1,000,
-# the committed kernels of 6b6d714, the earlier layout with every key queried once): kda reached val acc 1.000 at 8 and 16 pairs (0.999 by step 1,000); softmax 0.51 (8 pairs)
-# and 0.21 (16), which is the elimination shortcut of that layout (README); retnet 0.12 (8) and 0.03 (16); mamba2 0.09 (16).
-# One seed, one LR. The grid's results: see the README section.
-out_dir = 'out-mqar'
+# grid.py runs every mixer x pairs x width from this file and writes the results table.
+# Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use grid.py --quick's tiny sizes.
+# Expected val accuracy per mixer, and the sizing runs that chose these settings: README "Results", notes/results.md.
 dataset = 'mqar'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
 compile = False        # many short runs: compiling each would cost more than it saves
 
-# task: each sequence holds 16 pairs, then 16 queries of random stored keys (loss on the 16 answers only). Measured while sizing:
-# Zoology's vocabulary of 8192 did not train in 4,000 steps (softmax 0.02 at 32 pairs, 256 tokens: each embedding is
-# seen too rarely); 256 tokens trained slowly (kda 0.58 at 16 pairs); 64 tokens (31 keys, 32 values) trained
+# task: each sequence holds 16 pairs, then 16 queries of random stored keys (loss on the 16 answers only).
+# Vocabulary 64 (31 keys, 32 values), not Zoology's 8192: in 4,000 steps of fresh sequences each of 8192 embeddings is
+# seen too rarely to train, and 256 trained slowly (the sizing runs in notes/results.md)
 task_vocab_size = 64
 block_size = 128
 mqar_num_pairs = 16    # up to 31 (the keys) and (block_size + 1) // 4 = 32

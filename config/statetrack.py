@@ -1,12 +1,10 @@
 # State tracking (tasks.py): 16 variables re-assigned at random, 16 interleaved queries for a variable's latest value,
 # in 256 tokens; 4 layers x 128. The mixer is an override, so every mixer and the 3:1 hybrid train at the same size:
-# $ python train.py config/statetrack.py --mixer=gdn --out_dir=out-statetrack-gdn
+# $ python train.py config/statetrack.py --mixer=gdn                              # -> out-statetrack-gdn
 # $ python train.py config/statetrack.py --mixer=retnet --statetrack_num_assignments=96
-# grid.py runs every mixer x assignments x width from this file and writes the results table (README, "What the mixers can and cannot do").
-# Hardware: one GPU. Measured while sizing this file (H100, torch 2.11, 12 runs sharing the GPU, 4,000 steps, 4 x 128, the
-# committed kernels of 6b6d714): softmax and kda reached val acc 1.000 at 32 and 64 assignments, retnet 0.943 and 0.947;
-# the 12 runs (with 6 MQAR runs at 256 tokens) took 8.2 min. One seed, one LR. The grid's results: see the README section.
-out_dir = 'out-statetrack'
+# grid.py runs every mixer x assignments x width from this file and writes the results table.
+# Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use grid.py --quick's tiny sizes.
+# Expected val accuracy per mixer: README "Results", notes/results.md.
 dataset = 'statetrack'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
 compile = False        # many short runs: compiling each would cost more than it saves

@@ -1,15 +1,14 @@
-# The text comparison of the README ("What the mixers can and cannot do"): every mixer, and the 3:1 KDA:softmax
-# hybrid, at the same shape (8 layers x 384, ~33-34M parameters, of which the tied 50304x384 embedding is 19.3M)
-# and the same tokens, on the offline default dataset (Python standard library source, 5.1M train tokens).
-# The mixer is an override; one run per mixer, then the table and the picture:
-# $ for m in softmax retnet mamba2 deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m --out_dir=out-text/$(echo $m | tr '*,' 'x+'); done
-# $ python plot.py out-text/* --table && python plot.py out-text/* --out=text_val_loss.png --title="pystdlib, 8 x 384, equal tokens"
-# Hardware: one GPU (bf16); on 2 CPU cores a run would take hours. Parameters per mixer (model.py, measured):
-# softmax 33.48M, retnet 33.68M, mamba2 32.73M, deltanet 33.53M, gdn 33.52M, kda 34.33M, 'kda*3,softmax' 34.12M.
-# Expected: not measured yet (see the README section for the results once run).
-out_dir = 'out-text/softmax'
+# The text comparison: every mixer, and the 3:1 KDA:softmax hybrid, at the same shape (8 layers x 384, 32.7-34.3M
+# parameters, of which the tied 50304 x 384 embedding is 19.3M) and the same tokens, on the offline default dataset
+# (Python standard library source, 5.1M train tokens). The mixer is an override; one run per mixer, then the table
+# and the picture:
+# $ for m in softmax retnet mamba2 deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m; done
+# $ python plot.py out-text/* --table && python plot.py out-text/* --out=text_val_loss.png --title="pystdlib, 8 x 384"
+# Hardware: one GPU (bf16); on 2 CPU cores a run would take hours.
+# Expected val loss per mixer: README "Results" (the text table), notes/results.md.
 dataset = 'pystdlib'
-mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
+# mixer: train.py's default, softmax, unless given (--mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax')
+out_dir = 'out-text/' + mixer.replace('*', 'x').replace(',', '+')  # one folder per mixer: plot.py out-text/*
 compile = False        # equal conditions for every mixer, and no compile time in a short run
 
 # model: 8 layers (so 'kda*3,softmax' is two kda kda kda softmax blocks), 64-wide heads for every mixer
