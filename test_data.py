@@ -316,7 +316,7 @@ def test_pystdlib_split_is_stable():
 
 
 # -----------------------------------------------------------------------------
-# issue 13: bad data and an offline machine give one line naming the file and what to do
+# bad data and an offline machine give one line naming the file and what to do
 
 def test_loader_refuses_token_ids_past_vocab(tmp_path):
     """A shard with ids >= the model's vocabulary used to fail as an IndexError deep in the embedding."""

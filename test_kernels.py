@@ -4,20 +4,19 @@ Tests for kernels.py: the chunked torch paths and the decode steps against the t
 (numpy), state hand-off, causality, NaN safety under extreme gates, dispatch and argument checks; and the Triton
 kernels of both families, delta rule and scalar decay (forward, every gradient, decode step, causality,
 torch.compile through the custom ops) against the fp64 reference: on CPU through Triton's interpreter at small
-shapes (conftest.py sets TRITON_INTERPRET=1 when there is no CUDA), on a GPU over the matrix of mixers.md §8.
+shapes (conftest.py sets TRITON_INTERPRET=1 when there is no CUDA), on a GPU over the matrix of docs/mixers.md §8.
 
-    python -m pytest test_kernels.py -q        (43 s on 2 CPU cores, 2026-11-23, most of it the interpreter)
+    python -m pytest test_kernels.py -q        (CPU: under a minute on 2 cores, most of it the interpreter)
 
-On a GPU most of the time is compiling the Triton kernel variants: `python -m pytest -q -n 14 test_kernels.py`
-(pytest-xdist) ran all 630 in 4 min 24 s on an H100 (2026-11-23). Or groups side by side:
+On a GPU most of the time is compiling the Triton kernel variants, so run them in parallel with pytest-xdist:
+`python -m pytest -q -n 14 test_kernels.py` (Triton's disk cache is shared by the workers), or groups side by side:
     for g in "kda and bfloat16" "kda and not bfloat16" gdn "not kda and not gdn"; do
         python -m pytest test_kernels.py -q -k "triton and ($g)" & done; wait
-Measured on an H200 (Triton 3.6, cold cache, groups in parallel): 72 s, > 235 s, 139 s, 138 s. KDA with fp32 inputs
-(IEEE dots) is the slow one: compiling its kernels took 171 s for Dk = 64 alone (notes/perf.md).
-The scalar-decay Triton tests (RetNet, Mamba2; on an H100 all of them passed, 2026-11-23, in the -n 14 run below)
-select with: python -m pytest test_kernels.py -q -k linear_attn_triton
+KDA with fp32 inputs (IEEE dots) compiles slowest. The scalar-decay Triton tests (RetNet, Mamba2) select with
+    python -m pytest test_kernels.py -q -k linear_attn_triton
+Timings of these runs on GPUs: notes/perf.md.
 
-Gates are drawn in four regimes (mixers.md §8): g = 0, mild (logsigmoid(x)/16), strong (<= -5) and mixed
+Gates are drawn in four regimes (docs/mixers.md §8): g = 0, mild (logsigmoid(x)/16), strong (<= -5) and mixed
 (mild with a fifth of the entries at -1000). Tiny sizes (B=2, H=2, Dk=16, Dv=8) and chunk 16 as well as 64 give
 many chunks and partial last chunks cheaply.
 """
@@ -157,7 +156,7 @@ def test_linear_attn_reference_vs_parallel_form(gate):
 @pytest.mark.parametrize("gate", ["none", "scalar", "channel"])
 def test_delta_rule_reference_vs_transition_matrices(gate):
     # S_t = P(t,0) S0 + Σ_{i<=t} P(t,i) beta_i k_i v_i^T with P(t,i) = M_t ... M_{i+1} and the explicit transitions
-    # M_j = (I - beta_j k_j k_j^T) Diag(exp g_j): decay first, then the delta correction (mixers.md §7 #24)
+    # M_j = (I - beta_j k_j k_j^T) Diag(exp g_j): decay first, then the delta correction (docs/mixers.md §7 #24)
     T = 7
     x = delta_inputs(T, gate, "mild")
     x["beta"] = 2 * x["beta"]  # beta in (0, 2) (negative eigenvalues) is allowed as well
@@ -224,7 +223,7 @@ def test_delta_rule_fp32(gate, regime):
 
 @pytest.mark.parametrize("gate,regime", DELTA_GATES)
 def test_delta_rule_beta_up_to_2(gate, regime):
-    # beta in (0, 2) (negative eigenvalues, mixers.md §1.4) makes I + L worse conditioned; measured fp32 error 1.4e-6
+    # beta in (0, 2) (negative eigenvalues, docs/mixers.md §1.4) makes I + L worse conditioned; measured fp32 error 1.4e-6
     x = delta_inputs(200, gate, regime)
     x["beta"] = 2 * x["beta"]
     ref = run(kernels.delta_rule_recurrent, x)
@@ -692,7 +691,7 @@ def test_linear_attn_triton_batch(gate, strength):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_linear_attn_triton_gates_at_minus_1000(seed):
-    # mild Mamba2 gates with a twentieth at -1000 (mixers.md §8), fp32: after such a gate the chunk-local cumsum G is
+    # mild Mamba2 gates with a twentieth at -1000 (docs/mixers.md §8), fp32: after such a gate the chunk-local cumsum G is
     # ~ -1000, where one fp32 ulp is 6e-5, so a decay formed as G_r - G_i (or G_n - G_r) carries that error; the
     # kernels form each exponent as a sum of the raw gates between the two positions, as _causal_decay does.
     # Measured (interpreter): with differences of cumsums o 8e-5..1.4e-4, ht 5e-5..1.1e-4, dq/dk/dv up to 1.5e-4 (every

@@ -1,5 +1,5 @@
 """
-Each linear mixer layer against an independent fp64 re-implementation of its equations (mixers.md §2–§3),
+Each linear mixer layer against an independent fp64 re-implementation of its equations (docs/mixers.md §2–§3),
 written token by token from the paper form with the layer's own weights. This pins the parametrisation
 (gate placement, decay formula, norm order, skip, conv, RoPE), which the decode and causality tests
 cannot, since they compare the model with itself.
