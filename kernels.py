@@ -1352,7 +1352,7 @@ def _storage(prec):
 # 17.6 ms fwd+bwd, 16 / 4 18.8, 16 / 8 21.3, 64 / 8 22.2 when it was chosen; ptxas spill bytes alone ranked 16 / 8
 # first: each extra key tile re-reads the chunk's V-side tiles, dP and dL).
 STATE_TILE = {'v': 64, 'warps': 8}
-WY_GRADS_TILE = {'v': 32, 'warps': 8}
+WY_GRADS_TILE = {'v': 32, 'warps': 16}
 KDA_KEY_TILE = {'k': 32, 'warps': 8}
 
 def _state_tile(DK, DV):

@@ -1,11 +1,12 @@
 """
-Tile / warp settings of the delta-rule kernels by measurement (GPU): every setting compiled first in parallel
-processes (Triton's disk cache is shared, T, B, H are not specialised), then timed one after another alone, with
-each setting's output and gradients compared to the default setting's (a miscompiled variant shows as a large
-difference). kernels.STATE_TILE, WY_GRADS_TILE and KDA_KEY_TILE hold the defaults; this script is how they are chosen.
+Tile / warp settings of the delta-rule kernels by measurement (GPU): every setting first checked against the fp64
+recurrence by test_kernels.triton_check in its own process, all in parallel (this also compiles them; Triton's disk
+cache is shared and T, B, H are not specialised), then the settings that passed timed one after another, alone.
+Triton 3.6 miscompiles some settings on Hopper (wrong gradients or an illegal memory access), hence the checks.
+kernels.STATE_TILE, WY_GRADS_TILE and KDA_KEY_TILE hold the defaults; this script is how they are chosen.
 
 $ python notes/delta_tiles.py                       # every setting below, DeltaNet, GDN, KDA at B8 T4096 H16 D128
-$ python notes/delta_tiles.py --variants deltanet   # a subset
+$ python notes/delta_tiles.py --variants deltanet   # time a subset (the checks run every setting)
 """
 import argparse
 import os
@@ -18,78 +19,85 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench  # noqa: E402
 import kernels  # noqa: E402
 
-SETTINGS = {  # name -> {kernels attribute: value}; 'default' is kernels.py as it is
-    "default": {},
-    "state 32/4": {"STATE_TILE": {"v": 32, "warps": 4}},
-    "state 32/8": {"STATE_TILE": {"v": 32, "warps": 8}},
-    "state 64/4": {"STATE_TILE": {"v": 64, "warps": 4}},
-    "wy_grads 32/16": {"WY_GRADS_TILE": {"v": 32, "warps": 16}},
-    "wy_grads 64/8": {"WY_GRADS_TILE": {"v": 64, "warps": 8}},
-    "wy_grads 16/8": {"WY_GRADS_TILE": {"v": 16, "warps": 8}},
-    "wy_grads 32/4": {"WY_GRADS_TILE": {"v": 32, "warps": 4}},
-    "kda key 64/8": {"KDA_KEY_TILE": {"k": 64, "warps": 8}},
-    "kda key 32/4": {"KDA_KEY_TILE": {"k": 32, "warps": 4}},
-}
+# one knob at a time: (kernels attribute, value, the variants it affects)
+WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
+      for v, w in ((32, 16), (64, 8), (64, 16), (16, 8), (16, 16), (32, 4), (32, 8))]
+STATE = [("STATE_TILE", {"v": v, "warps": w}, ("deltanet", "gdn", "kda")) for v, w in ((64, 8), (32, 4), (32, 8), (64, 4))]
+KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((32, 8), (64, 8), (32, 4))]
+SETTINGS = WY + STATE + KDA
+CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
 
 
-def apply(name):
-    for attr, value in SETTINGS[name].items():
-        setattr(kernels, attr, value)
+def name(i):
+    attr, value, _ = SETTINGS[i]
+    return f"{attr.split('_')[0].lower()} {'/'.join(map(str, value.values()))}"
 
 
-def run(variant, x, leaves):
-    xg = {n: (t.detach().requires_grad_() if n in leaves and t is not None else t) for n, t in x.items()}
-    o = bench.run_chunk("ours", variant, xg)
-    o.backward(torch.ones_like(o) / o.numel() ** 0.5)
-    return [o.float()] + [xg[n].grad.float() for n in leaves if xg[n] is not None]
+def check(i):
+    """test_kernels' GPU check of every variant setting i affects: bf16 at T 1000 / Dk 128 and T 65 / Dk 64, fp32 at
+    T 65 / Dk 128 (subprocess: an illegal memory access would poison the timing process)."""
+    import test_kernels as tk
+    attr, value, variants = SETTINGS[i]
+    setattr(kernels, attr, value)
+    for variant in variants:
+        gate, strength = CHECKS[variant]
+        for T, D, dtype in ((1000, 128, torch.bfloat16), (65, 64, torch.bfloat16), (65, 128, torch.float32)):
+            tk.triton_check(2, T, 2, D, D, gate, strength, dtype)
 
 
 def rel(a, b):
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def time_setting(i, shape, variants, base=()):
+    B, T, H, D = shape
+    defaults = {a: getattr(kernels, a) for a in ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE")}
+    for attr, value in list(base) + [SETTINGS[i][:2]]:
+        setattr(kernels, attr, value)
+    out = {}
+    for variant in variants:
+        if variant not in SETTINGS[i][2]:
+            continue
+        x = bench.inputs(B, T, H, D, variant)
+        leaves = ["q", "k", "v", "beta", "g"]
+        f, fb, peak = bench.measure(lambda x: bench.run_chunk("ours", variant, x), x, leaves)
+        out[variant] = fb
+        print(f"  {variant:8s} {name(i):16s} {f:6.3f} / {fb:6.3f} ms  {peak:6.0f} MiB", flush=True)
+    for a, v in defaults.items():
+        setattr(kernels, a, v)
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="deltanet,gdn,kda")
-    ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--shape", default="8,4096,16,128")
-    ap.add_argument("--compile_only", default=None, help=argparse.SUPPRESS)  # one setting, tiny shape (subprocess)
+    ap.add_argument("--check", type=int, default=None, help=argparse.SUPPRESS)  # internal: one setting (subprocess)
     args = ap.parse_args()
-    variants = args.variants.split(",")
-    settings = args.settings.split(",")
-    if args.compile_only:
-        apply(args.compile_only)
-        for variant in variants:
-            x = bench.inputs(1, 130, 2, int(args.shape.split(",")[3]), variant)
-            run(variant, x, ["q", "k", "v", "beta", "g"])
-        torch.cuda.synchronize()
+    if args.check is not None:
+        check(args.check)
         return
-    procs = [subprocess.Popen([sys.executable, __file__, "--variants", args.variants, "--shape", args.shape,
-                               "--compile_only", s]) for s in settings]
-    print("compiled:", [p.wait() for p in procs], flush=True)
-    B, T, H, D = map(int, args.shape.split(","))
+    variants = args.variants.split(",")
+    procs = [subprocess.Popen([sys.executable, __file__, "--check", str(i)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for i in range(len(SETTINGS))]
+    ok = []
+    for i, p in enumerate(procs):
+        err = p.communicate()[1]
+        ok.append(p.returncode == 0)
+        why = "" if ok[-1] else " ".join(err.strip().splitlines()[-1:])[:110]
+        print(f"check {name(i):16s} {'passed' if ok[-1] else 'FAILED ' + why}", flush=True)
+    shape = tuple(map(int, args.shape.split(",")))
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; shape {args.shape}; fwd / fwd+bwd ms "
-          "(do_bench medians), peak MiB, max relative difference of o and the gradients from the default setting")
-    defaults = {a: getattr(kernels, a) for a in ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE")}
-    for variant in variants:
-        x = bench.inputs(B, T, H, D, variant)
-        leaves = ["q", "k", "v", "beta", "g"]
-        ref = run(variant, x, leaves)
-        for s in settings:
-            if (s.startswith("wy_grads") and variant == "kda") or (s.startswith("kda") and variant != "kda"):
-                continue
-            for a, v in defaults.items():
-                setattr(kernels, a, v)
-            apply(s)
-            try:
-                out = run(variant, x, leaves)
-                diff = max(rel(a, b) for a, b in zip(out, ref))
-                f, fb, peak = bench.measure(lambda x: bench.run_chunk("ours", variant, x), x, leaves)
-                print(f"  {variant:8s} {s:16s} {f:6.3f} / {fb:6.3f} ms  {peak:6.0f} MiB  diff {diff:.1e}", flush=True)
-            except Exception as e:  # noqa: BLE001
-                print(f"  {variant:8s} {s:16s} {bench.first_line(e)}", flush=True)
-        for a, v in defaults.items():
-            setattr(kernels, a, v)
+          "(do_bench medians), peak MiB; settings that passed their checks only", flush=True)
+    best_wy = None
+    for i, (attr, value, _) in enumerate(SETTINGS):
+        if not ok[i]:
+            continue
+        base = [("WY_GRADS_TILE", best_wy)] if (attr != "WY_GRADS_TILE" and best_wy) else []
+        fb = time_setting(i, shape, variants, base)
+        if attr == "WY_GRADS_TILE" and "deltanet" in fb and (best_wy is None or fb["deltanet"] < best_fb):
+            best_wy, best_fb = value, fb["deltanet"]
+    print("fastest wy_grads setting (deltanet fwd+bwd), used under the state and kda settings:", best_wy)
 
 
 if __name__ == "__main__":
