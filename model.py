@@ -4,9 +4,10 @@ The model: one GPTConfig, the token mixers, the pre-norm block and the GPT.
     python -m pytest test_model.py -q          # shapes, loss at init, decode == forward, causality
 
 Reading order: config → mixer pattern → shared pieces (RMSNorm, RoPE, short conv, MLP) → the mixers
-(softmax, then the linear ones) → MIXERS (the one place mixers are named) → Block → GPT.
+(softmax, then the linear ones) → MIXERS (the one place mixers are named) → Block → GPT → Decoder (generation
+through a replayed CUDA graph). Each mixer's math, and the kernels behind it: docs/mixers.md.
 
-Every mixer has the same interface:
+Every mixer is built as Mixer(config) and has the same interface:
     forward(x, cache=None) -> y          x, y: [B, T, C]
     - cache is None: training / plain forward over the whole sequence.
     - cache is a dict (start with {}): the mixer continues from what the dict holds and updates it in

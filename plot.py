@@ -1,7 +1,7 @@
 """
 Plot the eval curves of several runs against training tokens, read from their out_dir/log.txt, into one PNG.
 
-$ python plot.py out-pystdlib-softmax out-pystdlib-kda_hybrid --out=val_loss.png
+$ python plot.py out-pystdlib-softmax out-pystdlib-kdax3+softmax --out=val_loss.png
 $ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_acc.png --title="MQAR, 16 pairs, width 128"
 $ python plot.py out-text/* --table     # markdown: mixer, parameters, tokens, final and best val loss, tokens/s
 

@@ -2,7 +2,7 @@
 # mixer layer has within 20% of a softmax layer's parameters (model.py's sizing rule), so the models compare.
 # Hardware: 8 GPUs of the A100/H100 class; nanoGPT reports about 4 days on 8xA100 for its softmax run (not measured
 # here). Needs the OpenWebText shards (~18 GB): python data/openwebtext/prepare.py
-# Expected: not trained here yet; nanoGPT's softmax baseline reaches val loss ~2.85 on OWT.
+# Expected: not trained here yet (README, "Training on OpenWebText", has nanoGPT's softmax baseline).
 # $ python train.py config/owt.py                                                 # softmax (GPT-2), one GPU
 # $ torchrun --standalone --nproc_per_node=8 train.py config/owt.py --mixer=gdn   # -> out-openwebtext-gdn
 # The headline run, the 3:1 KDA:softmax hybrid, is config/kda_hybrid.py.
