@@ -356,8 +356,11 @@ def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
             s = 1 << lvl  # half-block size of this level (compile-time)
             ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)  # last row of the left half
             nu = tl.load(g_ptr + ref * sg + cols)                       # [C, DK]
-            up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # exp(G_r - nu) <= 1
-            kl = k * tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))  # k_i exp(nu - G_i)
+            right = (r % (2 * s)) >= s
+            # one exp for both factors: exp(G_r - nu) on the right halves, exp(nu - G_i) on the left, both <= 1
+            e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))
+            up = tl.where(right, e, 0.)
+            kl = k * tl.where(right, 0., e)                             # k_i exp(nu - G_i)
             same = (r // (2 * s)) == (i // (2 * s))                     # only pairs of this level
             P += tl.where(same, _dot(q * up, tl.trans(kl), PREC), 0.)
             K += tl.where(same, _dot(k * up, tl.trans(kl), PREC), 0.)
@@ -395,8 +398,10 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
             s = 1 << lvl  # half-block size of this level (compile-time)
             ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
             nu = tl.load(g_ptr + ref * sg + cols)
-            up = tl.exp(tl.where(((r % (2 * s)) >= s) & valid, Gm - nu, float('-inf')))  # rows r (right half)
-            dn = tl.exp(tl.where(((r % (2 * s)) < s) & valid, nu - Gm, float('-inf')))   # rows i (left half)
+            right = (r % (2 * s)) >= s
+            e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))  # as in _grams
+            up = tl.where(right, e, 0.)                                 # rows r (right half)
+            dn = tl.where(right, 0., e)                                 # rows i (left half)
             same = (r // (2 * s)) == (i // (2 * s))
             kdn = k * dn
             m = up * _dot(tl.where(same, dP, 0.), kdn, PREC)
@@ -1348,12 +1353,12 @@ def _storage(prec):
 
 # Tiles by measurement (B8 T4096 H16 D128 bf16, H100, Triton 3.6; notes/perf.md). STATE_TILE: (V-tile, warps) of the
 # two sequential kernels, whose programs (one per V-tile and head) each walk all chunks; WY_GRADS_TILE: (V-tile,
-# warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd (32 / 8 warps:
-# 17.6 ms fwd+bwd, 16 / 4 18.8, 16 / 8 21.3, 64 / 8 22.2 when it was chosen; ptxas spill bytes alone ranked 16 / 8
-# first: each extra key tile re-reads the chunk's V-side tiles, dP and dL).
+# warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd. Triton 3.6
+# miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
+# KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
 STATE_TILE = {'v': 64, 'warps': 8}
-WY_GRADS_TILE = {'v': 32, 'warps': 16}
-KDA_KEY_TILE = {'k': 32, 'warps': 8}
+WY_GRADS_TILE = {'v': 64, 'warps': 8}
+KDA_KEY_TILE = {'k': 64, 'warps': 8}
 
 def _state_tile(DK, DV):
     return min(DV, STATE_TILE['v']), (STATE_TILE['warps'] if max(DK, DV) >= 128 else 4)

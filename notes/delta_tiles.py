@@ -21,9 +21,9 @@ import kernels  # noqa: E402
 
 # one knob at a time: (kernels attribute, value, the variants it affects)
 WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
-      for v, w in ((32, 16), (64, 8), (64, 16), (16, 8), (16, 16), (32, 4), (32, 8))]
+      for v, w in ((64, 8), (64, 16), (32, 8))]
 STATE = [("STATE_TILE", {"v": v, "warps": w}, ("deltanet", "gdn", "kda")) for v, w in ((64, 8), (32, 4), (32, 8), (64, 4))]
-KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((32, 8), (64, 8), (32, 4))]
+KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((64, 8), (32, 8), (64, 4))]
 SETTINGS = WY + STATE + KDA
 CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
 
