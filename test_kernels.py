@@ -6,7 +6,7 @@ kernels of both families, delta rule and scalar decay (forward, every gradient, 
 torch.compile through the custom ops) against the fp64 reference: on CPU through Triton's interpreter at small
 shapes (conftest.py sets TRITON_INTERPRET=1 when there is no CUDA), on a GPU over the matrix of docs/mixers.md §8.
 
-    python -m pytest test_kernels.py -q        (CPU: under a minute on 2 cores, most of it the interpreter)
+    python -m pytest test_kernels.py -q        (CPU: minutes on 2 cores, most of it Triton's interpreter)
 
 On a GPU most of the time is compiling the Triton kernel variants, so run them in parallel with pytest-xdist:
 `python -m pytest -q -n 14 test_kernels.py` (Triton's disk cache is shared by the workers), or groups side by side:
