@@ -22,7 +22,8 @@ import kernels  # noqa: E402
 # one knob at a time: (kernels attribute, value, the variants it affects)
 WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
       for v, w in ((64, 8), (64, 16), (32, 8))]
-STATE = [("STATE_TILE", {"v": v, "warps": w}, ("deltanet", "gdn", "kda")) for v, w in ((64, 8), (32, 4), (32, 8), (64, 4))]
+STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": w}, ("deltanet", "gdn", "kda"))
+         for v, w in ((64, 8), (32, 4), (32, 8), (64, 4))]
 KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((64, 8), (32, 8), (64, 4))]
 SETTINGS = WY + STATE + KDA
 CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
@@ -72,26 +73,38 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="deltanet,gdn,kda")
     ap.add_argument("--shape", default="8,4096,16,128")
+    ap.add_argument("--only", default="", help="time only the settings whose name starts with this, e.g. 'state'")
+    ap.add_argument("--no_checks", action="store_true", help="skip the checks (settings that passed them before)")
     ap.add_argument("--check", type=int, default=None, help=argparse.SUPPRESS)  # internal: one setting (subprocess)
     args = ap.parse_args()
     if args.check is not None:
-        check(args.check)
+        if args.no_checks:
+            time_setting(args.check, tuple(map(int, args.shape.split(","))), args.variants.split(","))
+        else:
+            check(args.check)
         return
     variants = args.variants.split(",")
-    procs = [subprocess.Popen([sys.executable, __file__, "--check", str(i)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for i in range(len(SETTINGS))]
-    ok = []
-    for i, p in enumerate(procs):
+    chosen = [i for i in range(len(SETTINGS)) if name(i).startswith(args.only)]
+    cmd = [sys.executable, __file__, "--check"] if not args.no_checks else \
+        [sys.executable, __file__, "--variants", args.variants, "--shape", "1,1000,2," + args.shape.split(",")[3],
+         "--only", "", "--no_checks", "--check"]  # only compiles (a tiny shape, no comparison)
+    procs = {i: subprocess.Popen(cmd + [str(i)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for i in chosen}
+    ok = [False] * len(SETTINGS)
+    for i, p in procs.items():
         err = p.communicate()[1]
-        ok.append(p.returncode == 0)
-        why = "" if ok[-1] else " ".join(err.strip().splitlines()[-1:])[:110]
-        print(f"check {name(i):16s} {'passed' if ok[-1] else 'FAILED ' + why}", flush=True)
+        ok[i] = p.returncode == 0
+        why = "" if ok[i] else " ".join(err.strip().splitlines()[-1:])[:110]
+        print(f"{'compile' if args.no_checks else 'check'} {name(i):16s} {'ok' if ok[i] else 'FAILED ' + why}",
+              flush=True)
     shape = tuple(map(int, args.shape.split(",")))
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; shape {args.shape}; fwd / fwd+bwd ms "
           "(do_bench medians), peak MiB; settings that passed their checks only", flush=True)
     best_wy = None
     for i, (attr, value, _) in enumerate(SETTINGS):
         if not ok[i]:
+            continue
+        if args.no_checks and i not in procs:
             continue
         base = [("WY_GRADS_TILE", best_wy)] if (attr != "WY_GRADS_TILE" and best_wy) else []
         fb = time_setting(i, shape, variants, base)
