@@ -43,6 +43,7 @@ small shapes; with a GPU: the full Triton matrix of mixers.md §8)
 Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,mamba2   (scalar decay)
 """
 
+import functools
 import math
 import os
 from typing import Optional
@@ -1360,11 +1361,20 @@ STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8}
 WY_GRADS_TILE = {'v': 64, 'warps': 8}
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 
-def _state_tile(DK, DV, GATE, backward):
+def _state_tile(DK, DV, GATE, backward, BH, device):
     # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there (fwd+bwd 10.39 ms against
-    # 9.85 with 8 warps), while the forward passes and DeltaNet's, GDN's backward are fastest with 4 (3.57 ms vs 3.76)
+    # 9.85 with 8 warps), while the forward passes and DeltaNet's, GDN's backward are fastest with 4 (3.57 ms vs 3.76).
+    # Each program walks every chunk in turn, so at small B*H (e.g. 2 x 16 heads at T = 16384) V-tiles of 64 leave
+    # most SMs idle: the tile halves (down to 32) until the programs cover the SMs.
     warps = STATE_TILE['kda_bwd_warps'] if (backward and GATE == 2 and max(DK, DV) >= 128) else STATE_TILE['warps']
-    return min(DV, STATE_TILE['v']), warps
+    BV = min(DV, STATE_TILE['v'])
+    while BV > 32 and (DV // BV) * BH < _sm_count(device):
+        BV //= 2
+    return BV, warps
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
 
 # The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
 # and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
@@ -1398,7 +1408,7 @@ def _states(k, v, beta, G, A, h0, output_final_state, GATE, DG):
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
     vn = torch.empty_like(v)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
-    BS, nw = _state_tile(DK, DV, GATE, backward=False)
+    BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
     _state_fwd_kernel[(DV // BS, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
                                          T, NT, H, DK, DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None,
                                          num_warps=nw, num_stages=2)
@@ -1460,7 +1470,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
-    BS, nw = _state_tile(DK, DV, GATE, backward=True)
+    BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
     _state_bwd_kernel[(DV // BS, B * H)](q, k, w, Gp, P, do, dvn, dh, dht if dht is not None else dh,
                                          dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BS, DG,
                                          C, GATE, prec, dht is not None, dh0 is not None, num_warps=nw, num_stages=2)

@@ -567,6 +567,13 @@ def test_triton_without_state(gate, strength):
     D = 64 if CUDA else 16
     triton_check(1, 70, 2, D, D, gate, strength, F32, with_state=False)
 
+@pytest.mark.skipif(not CUDA, reason="the grid-size rule only applies on a GPU (the interpreter has one 'SM')")
+@pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "mild"), ("kda", "strong")])
+def test_triton_many_heads(gate, strength):
+    # B*H = 128 heads: the state passes take their widest V-tiles (kernels._state_tile halves them when B*H leaves
+    # SMs idle, as in the B = 2, H = 2 cases above), so the tiles the benchmarks time are tested too
+    triton_check(8, 130, 16, 128, 128, gate, strength, torch.bfloat16)
+
 @pytest.mark.parametrize("gate", ["none", "gdn", "kda"])
 def test_triton_step_vs_reference_and_chunked(gate):
     # decode step vs the reference, and prefill (chunked) + steps == chunked over the whole sequence
