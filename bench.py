@@ -78,10 +78,10 @@ SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 12, 64)]  # B, T, H
 QUICK_SHAPES = [(2, 4096, 16, 128)]
 VARIANTS = ("kda", "deltanet", "gdn")  # KDA first (the headline target); DeltaNet before GDN, whose row is also
                                        # divided by our DeltaNet's at the same shape
-SCALAR_VARIANTS = ("retnet", "mamba2")  # issue 5, not in the default run: --variants retnet,mamba2
+SCALAR_VARIANTS = ("retnet", "mamba2")  # not in the default run: --variants retnet,mamba2
 RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128)]  # B, T, H, D
 MAMBA2_SHAPES = [(8, 4096, 32, 64, 128, 1), (8, 4096, 16, 128, 128, 16)]  # B, T, heads, headdim P, d_state N, groups
-# mamba_ssm's mamba_chunk_scan_combined at these shapes as issue 5 quotes it (H200, torch 2.11, Triton 3.6, bf16,
+# mamba_ssm's mamba_chunk_scan_combined at these shapes from an earlier mamba_ssm run (H200, torch 2.11, Triton 3.6, bf16,
 # chunk 256): (fwd ms, fwd+bwd ms); printed for reference only, not measured here
 MAMBA2_ISSUE = {MAMBA2_SHAPES[0]: (0.59, 3.15), MAMBA2_SHAPES[1]: (0.73, 4.52)}
 DEVICE = "cuda"
@@ -246,7 +246,7 @@ def bench_decode(batches, variants, fla, H=16, D=128):
 
 
 # -----------------------------------------------------------------------------
-# scalar-decay family (issue 5): RetNet and the Mamba2 core
+# scalar-decay family: RetNet and the Mamba2 core
 
 def load_scalar_peers():
     """(fla chunk_retention, mamba_ssm mamba_chunk_scan_combined), each a function or the import error string."""
@@ -333,10 +333,10 @@ def mamba2_core(x):
 
 
 def bench_mamba2(shapes, scan_combined):
-    print("\nMamba2 core (conv output -> before the gated norm), absolute times; mamba_ssm figures of issue 5 "
+    print("\nMamba2 core (conv output -> before the gated norm), absolute times; earlier mamba_ssm figures "
           "(H200, chunk 256) for reference", flush=True)
     widths = (30, 26, 7, 10, 8, 15)
-    row(["kernel", "shape (B,T,H,P,N,groups)", "fwd ms", "fwd+bwd ms", "peak MiB", "issue: mamba_ssm"], widths)
+    row(["kernel", "shape (B,T,H,P,N,groups)", "fwd ms", "fwd+bwd ms", "peak MiB", "earlier mamba_ssm"], widths)
     row(["-" * w for w in widths], widths)
     leaves = ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"]
     for sh in shapes:
@@ -570,7 +570,7 @@ def chunk_sweep(chunks, variants):
 
 
 # -----------------------------------------------------------------------------
-# whole-model training (issue 15): tokens/s, MFU, peak memory and where the GPU time goes, per mixer and context
+# whole-model training: tokens/s, MFU, peak memory and where the GPU time goes, per mixer and context
 
 TRAIN_CONFIGS = {"softmax": "owt", "kda*3,softmax": "kda_hybrid", "kda": "owt",  # mixer -> config/<file>.py, run with
                  "gdn": "owt", "mamba2": "owt", "deltanet": "owt", "retnet": "owt"}  # that mixer

@@ -26,20 +26,19 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
 scale defaults to Dk ** -0.5. Outputs come back in v's dtype; states are fp32 (fp64 if the inputs are fp64),
 an initial state must be fp32 or fp64. Every call has up to three paths with the same meaning:
   *_recurrent   token-by-token loop, fp32 (fp64 stays fp64), autograd: the reference the tests trust
-  *_chunked     chunkwise-parallel torch version (mixers.md §4.1, §4.3), autograd: CPU training and prefill
+  *_chunked     chunkwise-parallel torch version (docs/mixers.md §4.1, §4.3), autograd: CPU training and prefill
                 (chunk 64; 16 for per-key-channel gates, where the exact pairwise decays cost C*Dk per token)
   *_triton      Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as torch.library custom
                 ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step) so that torch.compile sees
                 them as single nodes with no graph break
 The public calls pick the path from the device and print it once per (function, path): on CUDA the delta rule
 runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs; anything else runs the chunked
-torch path and the log line says why), and so does the scalar-decay family (its Triton kernels passed the GPU
-tests of test_kernels.py on an H100, Triton 3.6, 2026-11-23). On CPU everything runs the torch paths.
+torch path and the log line says why), and so does the scalar-decay family. On CPU everything runs the torch paths.
 KERNELS_PATH=recurrent|chunked|triton forces a path (triton on CPU needs TRITON_INTERPRET=1 set before triton is
 imported, which runs the kernels through Triton's interpreter).
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
-small shapes; with a GPU: the full Triton matrix of mixers.md §8)
+small shapes; with a GPU: the full Triton matrix of docs/mixers.md §8)
 Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,mamba2   (scalar decay)
 """
 
@@ -175,7 +174,7 @@ def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, 
     return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
 
 # -----------------------------------------------------------------------------
-# chunked torch paths (mixers.md §4). Time is cut into chunks of C tokens; inside a chunk G_r = Σ_{j<=r} g_j is
+# chunked torch paths (docs/mixers.md §4). Time is cut into chunks of C tokens; inside a chunk G_r = Σ_{j<=r} g_j is
 # the chunk-local cumulative log-decay (restarts every chunk, so it stays bounded for any T), Γ_r = exp(G_r), and n
 # is the chunk's last row. Only exp(G_r - G_i) with r >= i (a segment sum, see _causal_decay), exp(G_r) and
 # exp(G_n - G_r) are used: never the exp of a positive number. Everything is fp32 (fp64 for fp64 inputs).
@@ -217,7 +216,7 @@ def _causal_decay(g):
     """Decays between the positions of one chunk: g [..., C, 1|Dk] -> D [..., C(r), C(i), 1|Dk],
     D_ri = exp(G_r - G_i) = exp(Σ_{i<j<=r} g_j) for i <= r. Above the diagonal the segment is empty and D is 1
     (finite): callers mask the [C, C] scores with tril, which is cheaper than masking D, and since there is
-    never an exp of a positive number there is no inf and no 0 * inf = NaN in the backward (mixers.md §7 #1).
+    never an exp of a positive number there is no inf and no 0 * inf = NaN in the backward (docs/mixers.md §7 #1).
     The exponent is a segment sum, not the difference of two cumsums: after a -1000 gate G is ~ -6e4, where one
     fp32 ulp is 0.004, and G_r - G_i would carry that error into every later decay of the chunk (measured: 4e-4
     relative output error, vs 2e-7 this way). The segment sums come from one matmul with the constant 0/1 matrix
@@ -294,7 +293,7 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # -----------------------------------------------------------------------------
 # Triton kernels for the delta rule: DeltaNet (GATE=0, no gate), Gated DeltaNet (GATE=1, g [B,T,H]) and KDA
 # (GATE=2, g [B,T,H,Dk]); chunk C = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
-# Numerical rules kept in every kernel below (mixers.md §4.5, §7):
+# Numerical rules kept in every kernel below (docs/mixers.md §4.5, §7):
 # - all arithmetic in fp32 registers; dots accumulate in fp32, their operands rounded to bf16 for bf16 inputs (the
 #   errors against fp64 stay within the tests' bounds and match fla's, notes/perf.md), tf32 for fp16, IEEE fp32 for fp32;
 # - the only decay exponents ever formed are G_r - G_i with r >= i, G_r and G_n - G_r inside one chunk
@@ -308,7 +307,7 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # _grams_bwd) and the fp32 intermediates between eight kernels limit; the backward recomputes W, h, Delta (and P, A
 # except for KDA).
 
-TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (mixers.md §4.3.3)
+TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3)
 
 # Shared device helpers: gated Gram products within a chunk.
 #
@@ -317,7 +316,7 @@ TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 
 # (P_qk with a=q, b=k; L with a=k, b=k and rows scaled by beta). A scalar gate (GDN) gives one
 # [C, C] factor exp(G_r - G_i) applied after an ordinary dot. A per-channel gate (KDA) does not
 # factor out of the sum over c, and splitting exp(G_r - G_i) = exp(G_r - nu) exp(nu - G_i) with a
-# single reference nu overflows for strong gates (mixers.md §7 item 3). We use a dyadic split
+# single reference nu overflows for strong gates (docs/mixers.md §7 item 3). We use a dyadic split
 # instead: for a pair i < r take the smallest block size 2s (s = 1, 2, 4, ... C/2) with r and i in
 # the same 2s-block but different halves; nu = G at the last row of the left half. Then
 # r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
@@ -485,7 +484,7 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 # -----------------------------------------------------------------------------
 # Triton forward
 #
-# Per chunk (n <= C rows, chunk-start state S, mixers.md §4.3.1):
+# Per chunk (n <= C rows, chunk-start state S, docs/mixers.md §4.3.1):
 #   L   = StrictTril(Diag(beta) (K K^T decayed by exp(G_r - G_i)))      A = (I + L)^-1
 #   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
 #   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
@@ -496,7 +495,7 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
     # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
-    # -1e4 over a long sequence and G_r - G_i would lose all its digits (mixers.md §4.0).
+    # -1e4 over a long sequence and G_r - G_i would lose all its digits (docs/mixers.md §4.0).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -542,11 +541,11 @@ def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
-    # A = (I + L)^-1 from L (fp32, from _grams_fwd) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, mixers.md §4.3.3): the four diagonal
+    # A = (I + L)^-1 from L (fp32, from _grams_fwd) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, docs/mixers.md §4.3.3): the four diagonal
     # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
     # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
-    # many programs per SM hide the latency (inside _wy_fwd, one 255-register program per SM took 2.0 ms at
-    # B8 T4096 H16 on an H100). IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
+    # many programs per SM hide the latency (inside _wy_fwd one 255-register program per SM was slower: notes/perf.md).
+    # IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -644,7 +643,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
-        # when the state already predicts v: mixers.md §7 item 8)
+        # when the state already predicts v: docs/mixers.md §7 item 8)
         d = uu - _dot(ww, S, PREC)
         tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
@@ -683,7 +682,7 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
-# Triton backward (mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels)
+# Triton backward (docs/mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels)
 #
 # _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
 #   dDelta = scale P_qk^T dO + Kd dS'                 Kd = K * exp(G_n - G)
@@ -937,7 +936,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
-# Triton kernels for scalar-decay linear attention: plain linear attention, RetNet, Mamba2 (mixers.md §4.1, §5.5).
+# Triton kernels for scalar-decay linear attention: plain linear attention, RetNet, Mamba2 (docs/mixers.md §4.1, §5.5).
 # Same chunk (C = 64) and numerical rules as the delta-rule kernels above. Per chunk (n <= C rows, chunk-start state
 # S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
@@ -958,10 +957,9 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 # per (key tile, V-tile), the chunk-parallel kernels loop over the other side's tiles, and the backward's gradients are
 # two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. All run 8 warps. Offline ptxas (sm_90a,
 # Triton 3.9, notes/ptxas_check.py --la): at bf16 and Dk, Dv in {64, 128} nothing spills but _la_output_fwd at
-# Dk = 128 (40 B); shared memory <= 48 KB bf16, <= 96 KB fp32 (notes/perf.md, 2026-11-23 (b)).
-# Chunk 64 by measurement (H100, bench.py --chunks, the kernels before this split): RetNet fwd+bwd 4.82 / 3.41 ms at
-# chunk 32 / 64, Mamba2 13.28 / 8.30 ms; chunk 128 does not fit in shared memory.
-# Status: the CUDA default since 2026-11-23, when the GPU matrix of test_kernels.py passed on an H100 (Triton 3.6).
+# Dk = 128 (40 B); shared memory <= 48 KB bf16, <= 96 KB fp32 (notes/perf.md).
+# Chunk 64 by measurement (bench.py --chunks; numbers in notes/results.md): faster than 32 for both families, and 128
+# does not fit in shared memory. The CUDA default: the GPU matrix of test_kernels.py passes (runs in notes/perf.md).
 
 @triton.jit
 def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.constexpr):
@@ -993,7 +991,7 @@ def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.const
 @triton.jit
 def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
     # D [C, C] = exp(G_r - G_i) for i <= r < n, 0 elsewhere (select before the exp: never exp of a positive number;
-    # the clamp at 0 because a parallel cumsum need not be monotone in its last bit, mixers.md §7 item 1).
+    # the clamp at 0 because a parallel cumsum need not be monotone in its last bit, docs/mixers.md §7 item 1).
     # The exponent is the segment sum Σ_{i<j<=r} g_j (as in _causal_decay), not G_r - G_i (see _la_gates): a cumsum
     # down the rows (axis 0, over j) of the tile [j, i] = g_j where j > i, else 0.
     # A constant gate uses (r - i) g_h, exact, rather than the difference of two rounded products.
@@ -1362,8 +1360,8 @@ WY_GRADS_TILE = {'v': 64, 'warps': 8}
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 
 def _state_tile(DK, DV, GATE, backward, BH, device):
-    # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there (fwd+bwd 10.39 ms against
-    # 9.85 with 8 warps), while the forward passes and DeltaNet's, GDN's backward are fastest with 4 (3.57 ms vs 3.76).
+    # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there and it is faster with 8,
+    # while the forward passes and DeltaNet's, GDN's backward are fastest with 4 (notes/delta_tiles.py, notes/perf.md)
     # Each program walks every chunk in turn, so at small B*H (e.g. 2 x 16 heads at T = 16384) V-tiles of 64 leave
     # most SMs idle: the tile halves (down to 32) until the programs cover the SMs.
     warps = STATE_TILE['kda_bwd_warps'] if (backward and GATE == 2 and max(DK, DV) >= 128) else STATE_TILE['warps']
@@ -1388,9 +1386,9 @@ def _grams_inverse(q, k, beta, G, GATE, DG):
     L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
     P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
-    # key tile and warps of _grams_fwd, measured at B8 T4096 H16 D128 on an H100 (notes/perf.md): DeltaNet 64-channel
-    # tiles with 4 warps (0.26 ms; whole rows with 8 warps 0.33); KDA whole rows with 8 warps (1.76 ms; 64-channel
-    # tiles with 4 warps 4.05: its six gate levels spill)
+    # key tile and warps of _grams_fwd by measurement (notes/perf.md): DeltaNet 64-channel tiles with 4 warps (whole
+    # rows with 8 warps were slower); KDA whole rows with 8 warps (64-channel tiles with 4 warps spill its six gate
+    # levels and took twice as long)
     BK, nw = (DK, _warps(DK, DK)) if GATE == 2 else (min(DK, 64), 4)
     _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, DG, C, int(math.log2(C)), GATE, prec,
                                    num_warps=nw)
@@ -1508,7 +1506,7 @@ def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
 
 def _delta_rule_setup(ctx, inputs, output):
     q, k, v, beta, g, scale, initial_state, output_final_state = inputs
-    # autograd would otherwise fill zero gradients for G, P, A (up to 0.12 ms per call for KDA's fp32 G)
+    # autograd would otherwise fill zero gradients for G, P, A (a pass over KDA's fp32 G and the two [B, T, H, C])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state)
     ctx.scale, ctx.output_final_state = scale, output_final_state
@@ -1585,7 +1583,7 @@ def _decay_kind(g):
 
 def _la_meta(q, v):
     """-> B, T, H, HK, Dk, Dv, NT, BK, BV, prec. Tiles of 64 on both sides: every kernel loops over, or is launched
-    per, key tile and V-tile, so no program holds a [C, 128] tile (notes/perf.md, 2026-11-23 (b))."""
+    per, key tile and V-tile, so no program holds a [C, 128] tile (notes/perf.md)."""
     B, T, H, DV = v.shape
     HK, DK = q.shape[2], q.shape[3]
     prec = 'ieee' if q.dtype == torch.float32 else 'tf32'
@@ -1718,7 +1716,6 @@ def linear_attn_step_triton(q, k, v, g, state, scale=None):
         _fail("linear_attn_step", why)
     return _linear_attn_step_op(q, k, v, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
-HAVE_TRITON_KERNELS = True  # both families; _pick_path says when a call falls back to the torch path
 CHUNK_SIZE = 64  # chunk of the chunked torch path
 CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
 _PATHS = ("recurrent", "chunked", "triton")
@@ -1727,7 +1724,7 @@ _logged = set()
 def _pick_path(fn, q, v, state=None):
     """-> (path, note): 'recurrent' | 'chunked' | 'triton' and why, for the log line.
     KERNELS_PATH=recurrent|chunked|triton forces a path. On CUDA both families use their Triton kernels when the
-    shapes and dtypes allow (the scalar-decay ones since their GPU tests passed on an H100, 2026-11-23)."""
+    shapes and dtypes allow."""
     forced = os.environ.get("KERNELS_PATH", "")
     if forced:
         if forced not in _PATHS:
@@ -1754,7 +1751,7 @@ def _log_path(fn, path, note, x):
     if torch.compiler.is_compiling():
         # Dynamo cannot trace print: say it once while tracing (comptime runs at trace time), with no guard on
         # _logged (a guard would recompile the model once the line is logged). Imported here: torch._dynamo is
-        # loaded by then, and importing it with kernels.py costs eager users ~2 s (measured on a 2-core box).
+        # loaded by then, and importing it with kernels.py costs eager users seconds of start-up.
         from torch._dynamo.comptime import comptime
         comptime(lambda ctx: _say_once(ctx.get_local("line").as_python_constant()))
     else:
@@ -1973,7 +1970,7 @@ def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.co
     tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
 # (rows per program L, channels per program BD, warps); with norm BD is the group (one head). Chosen by
-# notes/conv_tiles.py on an H100 (notes/perf.md 2026-11-24 (a)): 32 rows x 128 channels, one warp, both ways
+# notes/conv_tiles.py on an H100 (notes/perf.md): 32 rows x 128 channels, one warp, both ways
 _CONV_FWD, _CONV_BWD = (32, 128, 1), (32, 128, 1)
 
 def _conv_rows(x):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 16: the CUDA-graph decode tests on the GPU, then bench.py --model_decode.
+# One device call: the CUDA-graph decode tests on the GPU, then bench.py --model_decode.
 # Usage (device tool): bash notes/gpu_decode.sh [bench.py --model_decode args]   env: SKIP_TESTS=1, TESTS (a -k expression)
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

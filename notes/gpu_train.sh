@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 15: the short-conv GPU tests, the conv tilings (notes/conv_tiles.py), then
+# One device call: the short-conv GPU tests, the conv tilings (notes/conv_tiles.py), then
 # bench.py --train with the given arguments. Usage (device tool): bash notes/gpu_train.sh [bench.py --train args]
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
