@@ -31,11 +31,13 @@ an initial state must be fp32 or fp64. Every call has up to three paths with the
   *_triton      Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as torch.library custom
                 ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step) so that torch.compile sees
                 them as single nodes with no graph break
-The public calls pick the path from the device and print it once per (function, path): on CUDA the delta rule
-runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs; anything else runs the chunked
-torch path and the log line says why), and so does the scalar-decay family. On CPU everything runs the torch paths.
-KERNELS_PATH=recurrent|chunked|triton forces a path (triton on CPU needs TRITON_INTERPRET=1 set before triton is
-imported, which runs the kernels through Triton's interpreter).
+The public calls (and short_conv, short_conv_step below) also take path='auto' | 'torch' | 'recurrent' | 'triton'
+(model.py passes GPTConfig.kernels) and print the path they take once per (function, path). 'auto' picks it from the
+device: on CUDA the delta rule runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs;
+anything else runs the chunked torch path and the log line says why), and so does the scalar-decay family; on CPU
+everything runs the torch paths. 'torch' forces the chunked torch path, 'recurrent' the reference (the decode steps
+and the short conv have one torch version for both), 'triton' the Triton kernels (on CPU it needs TRITON_INTERPRET=1
+set before triton is imported, which runs them through Triton's interpreter).
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
 small shapes; with a GPU: the full Triton matrix of docs/mixers.md §8)
@@ -339,18 +341,23 @@ def _dot(a, b, PREC: tl.constexpr):
 
 @triton.jit
 def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
-           DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+           DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, DO_P: tl.constexpr = True,
+           DO_K: tl.constexpr = True):
     # q, k [C, DK] fp32 (rows >= n are 0); Gm [C, DG] chunk-local cumsum (rows >= n are 0);
     # g_ptr/sg: row 0 of this chunk's G and its row stride (KDA reference rows are gathered).
     # Returns the two decayed Grams of the chunk, [C, C] each:
     #   P[r, i] = sum_c q_rc k_ic exp(G_rc - G_ic) for i <= r,   K[r, i] = the same with k_r for i < r.
-    # Computed together because the key-side factor k_i exp(nu - G_i) is shared (KDA: one exp per level).
+    # Computed together because the key-side factor k_i exp(nu - G_i) is shared (KDA: one exp per level); DO_P /
+    # DO_K: only one of them (the other comes back as zeros), for a kernel that forms them in separate programs.
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
     if GATE == 2:
         valid = r < n
         cols = tl.arange(0, DK)[None, :]
-        P = tl.where(r == i, tl.sum(q * k, 1)[:, None], 0.)  # the diagonal, factor 1
+        if DO_P:
+            P = tl.where(r == i, tl.sum(q * k, 1)[:, None], 0.)  # the diagonal, factor 1
+        else:
+            P = tl.zeros([C, C], dtype=tl.float32)
         K = tl.zeros([C, C], dtype=tl.float32)
         for lvl in tl.static_range(LOG2C):
             s = 1 << lvl  # half-block size of this level (compile-time)
@@ -362,8 +369,10 @@ def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
             up = tl.where(right, e, 0.)
             kl = k * tl.where(right, 0., e)                             # k_i exp(nu - G_i)
             same = (r // (2 * s)) == (i // (2 * s))                     # only pairs of this level
-            P += tl.where(same, _dot(q * up, tl.trans(kl), PREC), 0.)
-            K += tl.where(same, _dot(k * up, tl.trans(kl), PREC), 0.)
+            if DO_P:
+                P += tl.where(same, _dot(q * up, tl.trans(kl), PREC), 0.)
+            if DO_K:
+                K += tl.where(same, _dot(k * up, tl.trans(kl), PREC), 0.)
     else:
         P = _dot(q, tl.trans(k), PREC)
         K = _dot(k, tl.trans(k), PREC)
@@ -507,10 +516,27 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
-                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
+                      SPLIT: tl.constexpr):
     # P_qk (with its diagonal) and L = StrictTril(Diag(beta) K K^T), both decayed, as fp32 rows [B, T, H, C].
     # Its own kernel, summed over key tiles of BK channels: with the inverse in the same kernel, or whole Dk = 128
-    # rows, the live tiles spilled registers (notes/perf.md).
+    # rows, the live tiles spilled registers (notes/perf.md). SPLIT: P and L in two programs (program_id(2) 0 / 1),
+    # each holding one [C, C] accumulator and, for L, no q tile.
+    if SPLIT:
+        if tl.program_id(2) == 0:
+            _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK, BK, DG, C, LOG2C, GATE, PREC,
+                            True, False)
+        else:
+            _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK, BK, DG, C, LOG2C, GATE, PREC,
+                            False, True)
+    else:
+        _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK, BK, DG, C, LOG2C, GATE, PREC,
+                        True, True)
+
+@triton.jit
+def _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
+                    DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
+                    DO_P: tl.constexpr, DO_K: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -524,7 +550,10 @@ def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.
     K = tl.zeros([C, C], dtype=tl.float32)
     for kt in tl.static_range(DK // BK):
         ck = kt * BK + tl.arange(0, BK)
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        if DO_P:
+            qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        else:
+            qq = tl.zeros([C, BK], dtype=tl.float32)  # unused
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         if GATE == 2:
             g_tile = G_ptr + kt * BK                # KDA: this tile's gate channels
@@ -532,12 +561,14 @@ def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.
         else:
             g_tile = G_ptr
             Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        Pt, Kt = _grams(qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, GATE, C, BK, LOG2C, PREC)
+        Pt, Kt = _grams(qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, GATE, C, BK, LOG2C, PREC, DO_P, DO_K)
         P += Pt
         K += Kt
-    beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    tl.store(P_ptr + tok[:, None] * C + rows[None, :], P.to(P_ptr.dtype.element_ty), mask=valid[:, None])
-    tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
+    if DO_P:
+        tl.store(P_ptr + tok[:, None] * C + rows[None, :], P.to(P_ptr.dtype.element_ty), mask=valid[:, None])
+    if DO_K:
+        beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
+        tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
@@ -590,10 +621,12 @@ def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
     _st(A_ptr, tok0, H, n, X33, 3, 3)
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
+def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd_ptr, qg_ptr, T,
                    H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
-                   C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    # W = A (beta exp(G) K), U = A (beta V) with A = (I + L)^-1 from _inverse
+                   C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, DECAYED: tl.constexpr):
+    # W = A (beta exp(G) K), U = A (beta V) with A = (I + L)^-1 from _inverse. DECAYED (KDA): also Kd = K exp(G_n - G)
+    # and Qg = Q exp(G), so that the sequential state passes and the output read them instead of a [C, Dk] fp32 gate
+    # tile and its exps (stored in k's dtype: their readers round them to it as dot operands anyway).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -615,13 +648,19 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, T,
     u = _dot(X, vv * beta[:, None], PREC)
     tl.store(w_ptr + tok[:, None] * DK + ck[None, :], w.to(w_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(u_ptr + tok[:, None] * DV + cv[None, :], u.to(u_ptr.dtype.element_ty), mask=valid[:, None])
+    if DECAYED:
+        kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
+        tl.store(kd_ptr + tok[:, None] * DK + ck[None, :], kd.to(kd_ptr.dtype.element_ty), mask=valid[:, None])
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        tl.store(qg_ptr + tok[:, None] * DK + ck[None, :], (qq * eg).to(qg_ptr.dtype.element_ty), mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers.
+    # DECAYED: k_ptr holds Kd = K exp(G_n - G) (from _wy_fwd), and only G_n is read from G.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -647,8 +686,12 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         d = uu - _dot(ww, S, PREC)
         tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # K * exp(G_n - G)
+        if DECAYED:
+            kd = kk
+            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
+        else:
+            Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+            kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # K * exp(G_n - G)
         if GATE > 0:
             S = S * tl.exp(Gn_col)
         S += _dot(tl.trans(kd), d, PREC)
@@ -659,7 +702,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
                        H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                        DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
-                       PREC: tl.constexpr):
+                       PREC: tl.constexpr, DECAYED: tl.constexpr):
+    # DECAYED: q_ptr holds Qg = Q exp(G) (from _wy_fwd)
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -673,11 +717,14 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
     ck = tl.arange(0, DK)
     cv = iv * BV + tl.arange(0, BV)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
     P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
     d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
+    if DECAYED:
+        qg = qq
+    else:
+        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+        qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
     o = scale * (_dot(qg, S, PREC) + _dot(P, d, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -712,7 +759,8 @@ def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr):
+    # DECAYED: k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read from G
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -735,13 +783,20 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
+        if DECAYED:
+            kd = kk
+            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
+        else:
+            Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+            kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
         dd = scale * _dot(tl.trans(P), dO, PREC) + _dot(kd, dS, PREC)
         tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd.to(dvn_ptr.dtype.element_ty), mask=valid[:, None])
         qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
+        if DECAYED:
+            qg = qq
+        else:
+            qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
         if GATE > 0:
             dS = dS * tl.exp(Gn_col)
         dS += scale * _dot(tl.trans(qg), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
@@ -952,8 +1007,10 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 #        segment sums are formed in-kernel per chunk); 2 a constant per head (g [H], RetNet's log γ; g_ptr holds g
 #        and G_r = (r + 1) g_h, G_n - G_r = (n - 1 - r) g_h are generated in-kernel, no [B, T, H] tensor).
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
-# h // (H // HK); no per-head copy is made. The backward writes per-head dq, dk and sums a group's heads in torch.
-# Tiles: every kernel works on [64, 64] tiles of Dk x Dv (BK = BV = 64): the sequential state passes run one program
+# h // (H // HK); no per-head copy is made. The backward's _la_dqkg_bwd runs one program per group (q/k head) and
+# sums its heads' dq, dk in registers, so dq, dk are written once, [B, T, HK, Dk], with no reduction after it.
+# Tiles: every kernel works on [64, 64] tiles of Dk x Dv (BK = BV = 64; _la_dqkg_bwd with groups: BK = 32, which
+# leaves room for the group's fp32 dq, dk, see _linear_attn_bwd): the sequential state passes run one program
 # per (key tile, V-tile), the chunk-parallel kernels loop over the other side's tiles, and the backward's gradients are
 # two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. All run 8 warps. Offline ptxas (sm_90a,
 # Triton 3.9, notes/ptxas_check.py --la): at bf16 and Dk, Dv in {64, 128} nothing spills but _la_output_fwd at
@@ -1188,57 +1245,74 @@ def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, scale, T, NT,
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dg_ptr,
                         scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
-    # One program per (K-tile, chunk, b, h), a loop over V-tiles. dq, dk are per head (dq_ptr, dk_ptr [B, T, H, Dk]).
-    # dG_r sums over key channels, so each key tile writes its reverse-cumsummed share (the cumsum is linear) to
-    # dg_ptr [B, T, H, NK], NK = Dk / BK, and the caller adds the shares up.
+                        BV: tl.constexpr, C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr,
+                        GROUP: tl.constexpr):
+    # One program per (K-tile, chunk, b, q/k head hk): a loop over the GROUP = H / HK heads that read hk (RetNet:
+    # GROUP = 1, one iteration), each a loop over V-tiles. dq, dk [B, T, HK, Dk] are the sums over the group's heads,
+    # accumulated in fp32 registers in head order and written once in the inputs' dtypes: no per-head copies, no
+    # atomics, deterministic. dG_r sums over key channels, so each key tile writes each head's reverse-cumsummed share
+    # (the cumsum is linear) to dg_ptr [B, T, H, NK], NK = Dk / BK, and the caller adds the shares up.
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
-    bh = tl.program_id(2).to(tl.int64)
-    b, h = bh // H, bh % H
-    hk = h // (H // HK)
+    bg = tl.program_id(2).to(tl.int64)
+    b, hk = bg // HK, bg % HK
     rows = tl.arange(0, C)
     t = c * C + rows
     valid = t < T
     n = tl.minimum(T - c * C, C)
-    tok = (b * T + t) * H + h
     ck = ik * BK + tl.arange(0, BK)
-    s_base = ((b * NT + c) * H + h) * DK * DV
-    x0 = (b * T + c * C) * H + h                                         # int64 token-head index of row 0
-    xk0 = (b * T + c * C) * HK + hk
-    dA = tl.zeros([C, C], dtype=tl.float32)                              # dO V^T
-    dqi = tl.zeros([C, BK], dtype=tl.float32)                            # dO h^T
-    dki = tl.zeros([C, BK], dtype=tl.float32)                            # V dh^T
-    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(h ⊙ dh)
-    for iv in range(DV // BV):
-        cv = iv * BV + tl.arange(0, BV)
-        x_offs = rows[:, None] * (H * DV) + cv[None, :]
-        vv = tl.load(v_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.)
-        dO = tl.load(do_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.)
-        S = tl.load(h_ptr + s_base + (ck[:, None] * DV + cv[None, :]))
-        dS = tl.load(dh_ptr + s_base + (ck[:, None] * DV + cv[None, :]))
-        dA += _la_dot(dO, tl.trans(vv), PREC)
-        dqi += _la_dot(dO, tl.trans(S), PREC)
-        dki += _la_dot(vv, tl.trans(dS), PREC)
-        sds += tl.sum(S * dS, 1)
+    xk0 = (b * T + c * C) * HK + hk                                      # int64 token-head index of row 0 (q, k)
     k_offs = rows[:, None] * (HK * DK) + ck[None, :]
-    qq = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
-    gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
-    eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]             # exp(G), 0 on padded rows
-    egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
-    dA = scale * dA * _la_decay(gm, gh, n, C, DECAY)
-    dq = scale * dqi * eg + tl.dot(dA, kk, input_precision=PREC)
-    dk_inter = dki * egn
-    dk = dk_inter + tl.dot(tl.trans(dA), qq, input_precision=PREC)
-    d_offs = rows[:, None] * (H * DK) + ck[None, :]
-    tl.store(dq_ptr + x0 * DK + d_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
-    tl.store(dk_ptr + x0 * DK + d_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
-    if DECAY == 1:
-        dG = tl.sum(qq * dq, 1) - tl.sum(kk * dk, 1)
-        dGn = tl.exp(Gn) * tl.sum(sds, 0) + tl.sum(tl.sum(kk * dk_inter, 1), 0)
-        dG += tl.where(rows == n - 1, dGn, 0.)
-        tl.store(dg_ptr + tok * (DK // BK) + ik, tl.cumsum(dG, axis=0, reverse=True), mask=valid)
+    if GROUP > 1:  # the group's q, k (input dtype), read once for all its heads
+        q_in = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
+        k_in = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
+    x0 = (b * T + c * C) * H * DV                                        # int64 offsets of row 0, head 0: v, dO
+    s0 = (b * NT + c) * H * DK * DV                                      # ... and of h[c], dh[c]
+    dq = tl.zeros([C, BK], dtype=tl.float32)                             # Σ over the group's heads
+    dk = tl.zeros([C, BK], dtype=tl.float32)
+    for j in range(GROUP):
+        # The head enters the int32 in-chunk offsets (and the load masks compare those offsets) so that no offset
+        # or mask tile is loop-invariant: the compiler hoists those out of the loop, where each holds registers
+        # through all of it (offline ptxas, 32 heads, key tiles of 64: 1360 B spilled with them, 476 without).
+        h = (hk * GROUP + j).to(tl.int32)
+        tok = (b * T + t) * H + h
+        dA = tl.zeros([C, C], dtype=tl.float32)                          # dO V^T
+        dqi = tl.zeros([C, BK], dtype=tl.float32)                        # dO h^T
+        dki = tl.zeros([C, BK], dtype=tl.float32)                        # V dh^T
+        sds = tl.zeros([BK], dtype=tl.float32)                           # rowsum(h ⊙ dh)
+        for iv in range(DV // BV):
+            cv = iv * BV + tl.arange(0, BV)
+            x_offs = rows[:, None] * (H * DV) + (h * DV + cv)[None, :]
+            x_mask = x_offs < n * (H * DV)                               # rows < n: h Dv + cv < H Dv
+            s_offs = (h * (DK * DV) + ck * DV)[:, None] + cv[None, :]
+            vv = tl.load(v_ptr + x0 + x_offs, mask=x_mask, other=0.)
+            dO = tl.load(do_ptr + x0 + x_offs, mask=x_mask, other=0.)
+            S = tl.load(h_ptr + s0 + s_offs)
+            dS = tl.load(dh_ptr + s0 + s_offs)
+            dA += _la_dot(dO, tl.trans(vv), PREC)
+            dqi += _la_dot(dO, tl.trans(S), PREC)
+            dki += _la_dot(vv, tl.trans(dS), PREC)
+            sds += tl.sum(S * dS, 1)
+        if GROUP == 1:  # one head: q, k read after the V-tile loop, so that they are not live during it
+            q_in = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
+            k_in = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
+        qq, kk = q_in.to(tl.float32), k_in.to(tl.float32)
+        gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+        eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]         # exp(G), 0 on padded rows
+        egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
+        dA = scale * dA * _la_decay(gm, gh, n, C, DECAY)
+        dqh = scale * dqi * eg + tl.dot(dA, kk, input_precision=PREC)   # this head's dq, dk
+        dk_inter = dki * egn
+        dkh = dk_inter + tl.dot(tl.trans(dA), qq, input_precision=PREC)
+        if DECAY == 1:
+            dG = tl.sum(qq * dqh, 1) - tl.sum(kk * dkh, 1)
+            dGn = tl.exp(Gn) * tl.sum(sds, 0) + tl.sum(tl.sum(kk * dk_inter, 1), 0)
+            dG += tl.where(rows == n - 1, dGn, 0.)
+            tl.store(dg_ptr + tok * (DK // BK) + ik, tl.cumsum(dG, axis=0, reverse=True), mask=valid)
+        dq += dqh
+        dk += dkh
+    tl.store(dq_ptr + xk0 * DK + k_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(dk_ptr + xk0 * DK + k_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
 # decode steps: one token, the state [B, H, Dk, Dv] (fp32) is updated in place; same equations as the recurrences
@@ -1355,18 +1429,20 @@ def _storage(prec):
 # warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd. Triton 3.6
 # miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
-STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8}
+STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32}
 WY_GRADS_TILE = {'v': 64, 'warps': 8}
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
+KDA_GRAMS_TILE = {'k': 64, 'warps': 8, 'split': False}  # KDA's _grams_fwd: key tile, warps, P and L in two programs
+INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
 
 def _state_tile(DK, DV, GATE, backward, BH, device):
     # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there and it is faster with 8,
     # while the forward passes and DeltaNet's, GDN's backward are fastest with 4 (notes/delta_tiles.py, notes/perf.md)
     # Each program walks every chunk in turn, so at small B*H (e.g. 2 x 16 heads at T = 16384) V-tiles of 64 leave
-    # most SMs idle: the tile halves (down to 32) until the programs cover the SMs.
+    # most SMs idle: the tile halves (down to STATE_TILE['min_v']) until the programs cover the SMs.
     warps = STATE_TILE['kda_bwd_warps'] if (backward and GATE == 2 and max(DK, DV) >= 128) else STATE_TILE['warps']
     BV = min(DV, STATE_TILE['v'])
-    while BV > 32 and (DV // BV) * BH < _sm_count(device):
+    while BV > STATE_TILE['min_v'] and (DV // BV) * BH < _sm_count(device):
         BV //= 2
     return BV, warps
 
@@ -1387,30 +1463,37 @@ def _grams_inverse(q, k, beta, G, GATE, DG):
     P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
     # key tile and warps of _grams_fwd by measurement (notes/perf.md): DeltaNet 64-channel tiles with 4 warps (whole
-    # rows with 8 warps were slower); KDA whole rows with 8 warps (64-channel tiles with 4 warps spill its six gate
-    # levels and took twice as long)
-    BK, nw = (DK, _warps(DK, DK)) if GATE == 2 else (min(DK, 64), 4)
-    _grams_fwd_kernel[(NT, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, DG, C, int(math.log2(C)), GATE, prec,
-                                   num_warps=nw)
-    _inverse_kernel[(NT, B * H)](L, A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=2)
+    # rows with 8 warps were slower); KDA KDA_GRAMS_TILE (64-channel tiles with 8 warps; with 4 they spill its six
+    # gate levels and took twice as long)
+    if GATE == 2:
+        BK, nw, split = min(DK, KDA_GRAMS_TILE['k']), KDA_GRAMS_TILE['warps'], KDA_GRAMS_TILE['split']
+    else:
+        BK, nw, split = min(DK, 64), 4, False
+    _grams_fwd_kernel[(NT, B * H, 2 if split else 1)](q, k, beta, Gp, P, L, T, H, DK, BK, DG, C, int(math.log2(C)),
+                                                      GATE, prec, split, num_warps=nw)
+    _inverse_kernel[(NT, B * H)](L, A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=INVERSE_WARPS)
     return P, A
 
-def _states(k, v, beta, G, A, h0, output_final_state, GATE, DG):
-    """W, U from A, then the sequential pass: W, state snapshots h[c] (k's dtype), Delta, final state (fp32)."""
+def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG):
+    """W, U from A, then the sequential pass: W, state snapshots h[c] (k's dtype), Delta, final state (fp32), and for
+    KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
     B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, T, H, DK, DV, DG, C, GATE, prec, num_warps=_warps(DK, DV))
+    decayed = GATE == 2
+    kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
+    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H, DK, DV,
+                                DG, C, GATE, prec, decayed, num_warps=_warps(DK, DV))
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
     vn = torch.empty_like(v)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
-    _state_fwd_kernel[(DV // BS, B * H)](k, w, u, Gp, h, vn, h0 if h0 is not None else h, ht if ht is not None else h,
-                                         T, NT, H, DK, DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None,
-                                         num_warps=nw, num_stages=2)
-    return w, h, vn, ht
+    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
+                                         ht if ht is not None else h, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
+                                         h0 is not None, ht is not None, decayed, num_warps=nw, num_stages=2)
+    return w, h, vn, ht, kd, qg
 
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
@@ -1429,12 +1512,12 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if GATE > 0 else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
-    w, h, vn, ht = _states(k, v, beta, Gp, A, h0, output_final_state, GATE, DG)
-    del w
+    w, h, vn, ht, kd, qg = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG)
+    del w, kd
     o = torch.empty_like(v)
-    _output_fwd_kernel[(DV // BV, NT, B * H)](q, P, G if GATE > 0 else k, h, vn, o, scale, T, NT, H, DK, DV, BV, DG,
-                                              TRITON_CHUNK, int(math.log2(TRITON_CHUNK)), GATE, prec,
-                                              num_warps=_warps(DK, DV))
+    _output_fwd_kernel[(DV // BV, NT, B * H)](qg if GATE == 2 else q, P, G if GATE > 0 else k, h, vn, o, scale, T, NT,
+                                              H, DK, DV, BV, DG, TRITON_CHUNK, int(math.log2(TRITON_CHUNK)), GATE,
+                                              prec, GATE == 2, num_warps=_warps(DK, DV))
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
 
 @_delta_rule_fwd.register_fake
@@ -1462,17 +1545,19 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if G is not None else k
     idt = _storage(prec)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    w, h, vn, _ = _states(k, v, beta, G, A, h0, False, GATE, DG)
+    w, h, vn, _, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
     BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
-    _state_bwd_kernel[(DV // BS, B * H)](q, k, w, Gp, P, do, dvn, dh, dht if dht is not None else dh,
-                                         dh0 if dh0 is not None else dh, scale, T, NT, H, DK, DV, BS, DG,
-                                         C, GATE, prec, dht is not None, dh0 is not None, num_warps=nw, num_stages=2)
-    del w
+    decayed = GATE == 2
+    _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
+                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
+                                         H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
+                                         num_warps=nw, num_stages=2)
+    del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE < 2:
         dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
@@ -1642,20 +1727,23 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
                                                       dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
                                                       BK, BV, TRITON_CHUNK, DECAY, prec, dht is not None,
                                                       dh0 is not None, num_warps=8, num_stages=2)
-    # grouped q/k: per-head partial gradients (fp32), summed over the heads of each group below
-    dq = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32 if HK != H else q.dtype)
-    dk = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32 if HK != H else k.dtype)  # k's, not q's
+    # grouped q/k: _la_dqkg_bwd sums the heads of each group in registers and writes [B, T, HK, Dk] once
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)  # k's dtype, not q's
     dv = torch.empty_like(v)
-    # dg: one reverse-cumsummed share per key tile, [B, T, H, Dk // BK], added up below (one share at Dk <= 64)
-    dgk = torch.empty(B, T, H, DK // BK, device=k.device, dtype=torch.float32) if DECAY == 1 else dv
+    # _la_dqkg_bwd's key tile and stages: as before without groups; with groups (a loop over H / HK heads carrying
+    # the fp32 dq, dk) key tiles of 64, and 2 stages when Dv is one V-tile (the head loop is then the innermost loop
+    # and its loads are pipelined): fastest of the four (key tile, stages) pairs that notes/la_group_check.py times
+    # on the GPU, although offline ptxas counts more spilled bytes for it than for key tiles of 32 (notes/perf.md).
+    BKg, stages = (BK, 1) if HK == H else (min(DK, 64), 2 if DV == BV else 1)
+    # dg: one reverse-cumsummed share per key tile, [B, T, H, Dk // BKg], added up below (one share at Dk <= BKg)
+    dgk = torch.empty(B, T, H, DK // BKg, device=k.device, dtype=torch.float32) if DECAY == 1 else dv
     _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, scale, T, NT, H, HK, DK, DV, BK, BV,
                                              TRITON_CHUNK, DECAY, prec, num_warps=8, num_stages=1)
-    _la_dqkg_bwd_kernel[(DK // BK, NT, B * H)](q, k, v, gp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK, DV,
-                                               BK, BV, TRITON_CHUNK, DECAY, prec, num_warps=8, num_stages=1)
-    dg = (dgk.sum(-1) if DK > BK else dgk.view(B, T, H)) if DECAY == 1 else torch.empty(0, device=k.device)
-    if HK != H:  # [B, T, H, Dk] -> [B, T, HK, H // HK, Dk]: head h is (h // (H // HK), h % (H // HK))
-        dq = dq.view(B, T, HK, H // HK, DK).sum(3).to(q.dtype)
-        dk = dk.view(B, T, HK, H // HK, DK).sum(3).to(k.dtype)
+    _la_dqkg_bwd_kernel[(DK // BKg, NT, B * HK)](q, k, v, gp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK, DV,
+                                                 BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK, num_warps=8,
+                                                 num_stages=stages)
+    dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if DECAY == 1 else torch.empty(0, device=k.device)
     return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
 
 @_linear_attn_bwd.register_fake
@@ -1718,22 +1806,26 @@ def linear_attn_step_triton(q, k, v, g, state, scale=None):
 
 CHUNK_SIZE = 64  # chunk of the chunked torch path
 CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
-_PATHS = ("recurrent", "chunked", "triton")
+PATHS = ("auto", "torch", "recurrent", "triton")  # the path argument of the public calls (model.py: GPTConfig.kernels)
 _logged = set()
 
-def _pick_path(fn, q, v, state=None):
+def check_path(path):
+    """Refuse a path argument that is not one of PATHS: a one-line ValueError naming it and the allowed ones."""
+    if not isinstance(path, str) or path not in PATHS:
+        raise ValueError(f"kernels path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
+
+def _pick_path(fn, q, v, state=None, path="auto"):
     """-> (path, note): 'recurrent' | 'chunked' | 'triton' and why, for the log line.
-    KERNELS_PATH=recurrent|chunked|triton forces a path. On CUDA both families use their Triton kernels when the
-    shapes and dtypes allow."""
-    forced = os.environ.get("KERNELS_PATH", "")
-    if forced:
-        if forced not in _PATHS:
-            raise ValueError(f"KERNELS_PATH must be one of {_PATHS}, got {forced!r}")
-        if forced == "triton" and not HAVE_TRITON:
-            raise ValueError("KERNELS_PATH=triton: triton is not installed")
-        if forced == "triton" and not q.is_cuda and not _INTERPRETING:
-            raise ValueError("KERNELS_PATH=triton on CPU needs TRITON_INTERPRET=1, set before triton is imported")
-        return forced, " (forced by KERNELS_PATH)"
+    path 'auto': on CUDA both families use their Triton kernels when the shapes and dtypes allow, else the chunked
+    torch path; 'torch' (chunked), 'recurrent' and 'triton' force one."""
+    check_path(path)
+    if path != "auto":
+        if path == "triton" and not HAVE_TRITON:
+            raise ValueError(f"{fn}: path 'triton' but triton is not installed (use 'auto' or 'torch')")
+        if path == "triton" and not q.is_cuda and not _INTERPRETING:
+            raise ValueError(f"{fn}: path 'triton' on CPU needs TRITON_INTERPRET=1, set before triton is imported "
+                             f"(or use 'auto' or 'torch')")
+        return ("chunked" if path == "torch" else path), f" (kernels={path!r})"
     if not q.is_cuda:
         return "chunked", ""
     why = _triton_unsupported(q, v, state)
@@ -1757,9 +1849,9 @@ def _log_path(fn, path, note, x):
     else:
         _say_once(line)
 
-def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
+def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto"):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
-    path, note = _pick_path("linear_attn", q, v)
+    path, note = _pick_path("linear_attn", q, v, path=path)
     _log_path("linear_attn", path, note, q)
     if path == "recurrent":
         return linear_attn_recurrent(q, k, v, g, scale, initial_state, output_final_state)
@@ -1767,9 +1859,9 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
         return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state)
     return linear_attn_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size=CHUNK_SIZE)
 
-def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
+def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto"):
     """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
-    path, note = _pick_path("delta_rule", q, v)
+    path, note = _pick_path("delta_rule", q, v, path=path)
     _log_path("delta_rule", path, note, q)
     if path == "recurrent":
         return delta_rule_recurrent(q, k, v, beta, g, scale, initial_state, output_final_state)
@@ -1778,17 +1870,17 @@ def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_fin
     C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.ndim == 4 else CHUNK_SIZE
     return delta_rule_chunked(q, k, v, beta, g, scale, initial_state, output_final_state, chunk_size=C)
 
-def delta_rule_step(q, k, v, beta, g, state, scale=None):
+def delta_rule_step(q, k, v, beta, g, state, scale=None, path="auto"):
     """One delta-rule decode token (state updated in place); see the module docstring. -> o"""
-    path, note = _pick_path("delta_rule_step", q, v, state)
+    path, note = _pick_path("delta_rule_step", q, v, state, path=path)
     _log_path("delta_rule_step", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
         return delta_rule_step_triton(q, k, v, beta, g, state, scale)
     return delta_rule_step_torch(q, k, v, beta, g, state, scale)
 
-def linear_attn_step(q, k, v, g, state, scale=None):
+def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
     """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
-    path, note = _pick_path("linear_attn_step", q, v, state)
+    path, note = _pick_path("linear_attn_step", q, v, state, path=path)
     _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
         return linear_attn_step_triton(q, k, v, g, state, scale)
@@ -1860,88 +1952,157 @@ def _conv_weights(w_ptr, b_ptr, d, dm, BIAS: tl.constexpr):
     return w0, w1, w2, w3, bias
 
 @triton.jit
+def _conv_cols(idd, D, BD: tl.constexpr, G: tl.constexpr):
+    """The program's BD channels as [BD // G, G], one row per norm group (G = BD without the norm), and their mask."""
+    d = idd * BD + tl.arange(0, BD // G)[:, None] * G + tl.arange(0, G)[None, :]
+    return d, d < D
+
+# Look-ahead and unrolling (AHEAD, UNROLL of the row kernels): rows t+1 .. t+AHEAD are in flight while row t is
+# computed, in AHEAD registers shifted by one each row. Without unrolling the shift is a register copy, and a copy
+# of a register whose load is pending waits for it (SASS of the UNROLL = 1 loop: `LDG R16 ... MOV R12, R16` in one
+# iteration), so only about one row is in flight; unrolled by a multiple of AHEAD the copies vanish.
+
+@triton.jit
 def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, L: tl.constexpr, BD: tl.constexpr,
-                           BIAS: tl.constexpr, NORM: tl.constexpr):
+                           BIAS: tl.constexpr, NORM: tl.constexpr, G: tl.constexpr, AHEAD: tl.constexpr,
+                           UNROLL: tl.constexpr):
     # One program: BD channels of L consecutive rows, walked one row at a time with the window (x_{t-3}, x_{t-2},
-    # x_{t-1}) in registers, so that every x is read once; the next four rows are loaded ahead (latency hiding).
+    # x_{t-1}) in registers, so that every x is read once; the next AHEAD (4 or 8) rows are loaded ahead.
     idd, b, seg = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    d = idd * BD + tl.arange(0, BD)
-    dm = d < D
+    d, dm = _conv_cols(idd, D, BD, G)
     xb, yb = x_ptr + b * sxb, y_ptr + b * T * D
     w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
     t0 = seg * L
     hi = tl.minimum(T, t0 + L)
     xa, xm, xc = _conv_window(xb, t0, sxt, T, d, dm)
     n1, n2, n3, n4 = _conv_ahead(xb, t0, sxt, hi, d, dm)
-    for i in range(L):
+    if AHEAD == 8:
+        n5, n6, n7, n8 = _conv_ahead(xb, t0 + 4, sxt, hi, d, dm)
+    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         x0 = n1.to(tl.float32)
-        n1, n2, n3 = n2, n3, n4
-        n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
+        if AHEAD == 8:
+            n1, n2, n3, n4, n5, n6, n7 = n2, n3, n4, n5, n6, n7, n8
+            n8 = _conv_ld(xb, t + 8, sxt, 0, hi, d, dm)
+        else:
+            n1, n2, n3 = n2, n3, n4
+            n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
         y = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
         y = y * tl.sigmoid(y)
-        if NORM:  # the program's BD channels are one group
-            y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
+        if NORM:  # each row of the [BD // G, G] tile is one group
+            y = y * tl.rsqrt(tl.sum(y * y, 1)[:, None] + eps)
         tl.store(yb + t * D + d, y.to(y_ptr.dtype.element_ty), mask=dm & ((t + d * 0) < hi))
         xa, xm, xc = xm, xc, x0
 
 @triton.jit
-def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, eps,
-                           L: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr):
-    # Rows tau = t0 .. t0+L+2 in order (three past the program's L rows: dx_t needs dp_t .. dp_{t+3}), x and dy read
-    # once per row with the next four loaded ahead. After dp_tau: dx_{tau-3} = q3 + w0 dp_tau is complete (stored when
-    # it is one of this program's rows), and the partial sums shift: q3 <- q2 + w1 dp, q2 <- q1 + w2 dp, q1 <- w3 dp.
-    # dw_j += dp_tau x_{tau-3+j} and db += dp_tau over this program's rows only; one partial sum per program, summed
-    # by the caller (deterministic, no atomics).
-    idd, b, seg = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    d = idd * BD + tl.arange(0, BD)
-    dm = d < D
+def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t, t0, T, D, d, dm,
+                  NORM: tl.constexpr):
+    """Row t of the backward: dp_t from x_t, dy_t and the window; stores dx_{t-3} = q3 + w0 dp_t (complete now)
+    when t0 <= t-3 < T. -> dp, and the partial sums of dx shifted by one row (q1, q2, q3)."""
+    p = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
+    sg = tl.sigmoid(p)
+    if NORM:  # dy <- r dy - r^3 (y . dy) y, r = (|y|^2 + eps)^-1/2, per row of the [BD // G, G] tile
+        y = p * sg
+        r = tl.rsqrt(tl.sum(y * y, 1)[:, None] + eps)
+        dy = r * dy - (r * r * r) * tl.sum(y * dy, 1)[:, None] * y
+    dp = dy * sg * (1 + p * (1 - sg))   # silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p))); dy = 0 past the end
+    tl.store(dxb + (t - 3) * D + d, (q3 + w0 * dp).to(dxb.dtype.element_ty),
+             mask=dm & ((t - 3 + d * 0) >= t0) & ((t - 3 + d * 0) < T))
+    return dp, w3 * dp, q1 + w2 * dp, q2 + w1 * dp
+
+@triton.jit
+def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2, w3, bias, a0, a1, a2, a3, ab,
+                   L: tl.constexpr, NORM: tl.constexpr, AHEAD: tl.constexpr, UNROLL: tl.constexpr):
+    """Work item j = (b, segment) of the backward (see _short_conv_bwd_kernel) -> the partial sums a0..a3, ab of
+    dw, db with its rows added."""
+    zero = tl.zeros_like(w0)
+    b = (j // NS).to(tl.int64)
+    t0 = (j % NS) * L
     xb, dyb, dxb = x_ptr + b * sxb, dy_ptr + b * T * D, dx_ptr + b * T * D
-    w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
-    t0 = seg * L
-    own = tl.minimum(T, t0 + L)        # this program's rows: t0 .. own-1
     hi = tl.minimum(T, t0 + L + 3)     # the rows it reads
     xa, xm, xc = _conv_window(xb, t0, sxt, T, d, dm)
     n1, n2, n3, n4 = _conv_ahead(xb, t0, sxt, hi, d, dm)
     g1, g2, g3, g4 = _conv_ahead(dyb, t0, D, hi, d, dm)
-    q1 = tl.zeros_like(w0)
-    q2 = tl.zeros_like(w0)
-    q3 = tl.zeros_like(w0)
-    a0 = tl.zeros_like(w0)
-    a1 = tl.zeros_like(w0)
-    a2 = tl.zeros_like(w0)
-    a3 = tl.zeros_like(w0)
-    ab = tl.zeros_like(w0)
-    for i in range(L + 3):
+    if AHEAD == 8:
+        n5, n6, n7, n8 = _conv_ahead(xb, t0 + 4, sxt, hi, d, dm)
+        g5, g6, g7, g8 = _conv_ahead(dyb, t0 + 4, D, hi, d, dm)
+    q1, q2, q3 = zero, zero, zero
+    for i in tl.range(0, L, loop_unroll_factor=UNROLL):
         t = t0 + i
         x0, dy = n1.to(tl.float32), g1.to(tl.float32)
-        n1, n2, n3, g1, g2, g3 = n2, n3, n4, g2, g3, g4
-        n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
-        g4 = _conv_ld(dyb, t + 4, D, 0, hi, d, dm)
-        p = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
-        sg = tl.sigmoid(p)
-        if NORM:  # dy <- r dy - r^3 (y . dy) y, r = (|y|^2 + eps)^-1/2
-            y = p * sg
-            r = tl.rsqrt(tl.sum(y * y, 0) + eps)
-            dy = r * dy - (r * r * r) * tl.sum(y * dy, 0) * y
-        dp = dy * sg * (1 + p * (1 - sg))   # silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p))); dy = 0 past the end
-        tl.store(dxb + (t - 3) * D + d, (q3 + w0 * dp).to(dx_ptr.dtype.element_ty),
-                 mask=dm & ((t - 3 + d * 0) >= t0) & ((t - 3 + d * 0) < own))
-        q3, q2, q1 = q2 + w1 * dp, q1 + w2 * dp, w3 * dp
-        dp = tl.where((t + d * 0) < own, dp, 0.)   # dw and db over this program's rows only
+        if AHEAD == 8:
+            n1, n2, n3, n4, n5, n6, n7 = n2, n3, n4, n5, n6, n7, n8
+            g1, g2, g3, g4, g5, g6, g7 = g2, g3, g4, g5, g6, g7, g8
+            n8 = _conv_ld(xb, t + 8, sxt, 0, hi, d, dm)
+            g8 = _conv_ld(dyb, t + 8, D, 0, hi, d, dm)
+        else:
+            n1, n2, n3, g1, g2, g3 = n2, n3, n4, g2, g3, g4
+            n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
+            g4 = _conv_ld(dyb, t + 4, D, 0, hi, d, dm)
+        dp, q1, q2, q3 = _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t, t0, T, D,
+                                       d, dm, NORM)
         a0 += dp * xa
         a1 += dp * xm
         a2 += dp * xc
         a3 += dp * x0
         ab += dp
         xa, xm, xc = xm, xc, x0
-    part = (b * tl.num_programs(2) + seg) * 4 * D
-    tl.store(dw_ptr + part + d, a0, mask=dm)
-    tl.store(dw_ptr + part + D + d, a1, mask=dm)
-    tl.store(dw_ptr + part + 2 * D + d, a2, mask=dm)
-    tl.store(dw_ptr + part + 3 * D + d, a3, mask=dm)
+    # rows t0+L .. t0+L+2 (already loaded, zeros from T on): complete dx of the item's last three rows
+    x0 = n1.to(tl.float32)
+    dp, q1, q2, q3 = _conv_bwd_row(x0, g1.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb,
+                                   t0 + L, t0, T, D, d, dm, NORM)
+    xa, xm, xc = xm, xc, x0
+    x0 = n2.to(tl.float32)
+    dp, q1, q2, q3 = _conv_bwd_row(x0, g2.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb,
+                                   t0 + L + 1, t0, T, D, d, dm, NORM)
+    dp, q1, q2, q3 = _conv_bwd_row(n3.to(tl.float32), g3.to(tl.float32), xm, xc, x0, q1, q2, q3, w0, w1, w2, w3, bias,
+                                   eps, dxb, t0 + L + 2, t0, T, D, d, dm, NORM)
+    return a0, a1, a2, a3, ab
+
+@triton.jit
+def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, eps, NS, NW,
+                           L: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, G: tl.constexpr,
+                           AHEAD: tl.constexpr, UNROLL: tl.constexpr, PERSIST: tl.constexpr):
+    # Work items: the NW = B * NS segments (b, L rows from t0) of every sequence. Without PERSIST program j of the
+    # grid's second axis takes item j; with it, items j, j + NP, j + 2 NP, ... (NP = that axis' size < NW: fewer dw
+    # partial sums, longer programs; the loop over items costs registers, hence the switch). An item walks rows
+    # tau = t0 .. t0+L+2 in order (three past its L rows: dx_t needs dp_t .. dp_{t+3}), x and dy read once per row
+    # with the next AHEAD loaded ahead. After dp_tau: dx_{tau-3} = q3 + w0 dp_tau is complete (stored when it is one
+    # of the item's rows), and the partial sums shift: q3 <- q2 + w1 dp, q2 <- q1 + w2 dp, q1 <- w3 dp.
+    # dw_j += dp_tau x_{tau-3+j} and db += dp_tau over the item's own rows (dp = 0 past T, so the L-row loop needs no
+    # mask); one partial sum per program, summed by the caller (deterministic, no atomics).
+    idd, pid = tl.program_id(0), tl.program_id(1)
+    d, dm = _conv_cols(idd, D, BD, G)
+    w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
+    a0 = tl.zeros_like(w0)
+    a1, a2, a3, ab = a0, a0, a0, a0
+    if PERSIST:
+        for j in range(pid, NW, tl.num_programs(1)):
+            a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2,
+                                                w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL)
+    else:
+        a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pid, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2, w3,
+                                            bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL)
+    tl.store(dw_ptr + pid * 4 * D + d, a0, mask=dm)
+    tl.store(dw_ptr + pid * 4 * D + D + d, a1, mask=dm)
+    tl.store(dw_ptr + pid * 4 * D + 2 * D + d, a2, mask=dm)
+    tl.store(dw_ptr + pid * 4 * D + 3 * D + d, a3, mask=dm)
     if BIAS:
-        tl.store(db_ptr + (b * tl.num_programs(2) + seg) * D + d, ab, mask=dm)
+        tl.store(db_ptr + pid * D + d, ab, mask=dm)
+
+@triton.jit
+def _conv_sum_kernel(p_ptr, out_ptr, P, D, J: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    # out[d * J + j] = sum_p part[p, j, d]: the backward's per-program partial sums [P, J, D] of dw (J = 4; out is
+    # dw [D, 4]) or db (J = 1), in a fixed order (deterministic)
+    c, j = tl.program_id(0), tl.program_id(1)
+    d = c * BN + tl.arange(0, BN)
+    rows = tl.arange(0, BP)
+    acc = tl.zeros([BP, BN], dtype=tl.float32)
+    for p0 in range(0, P, BP):
+        pp = p0 + rows
+        acc += tl.load(p_ptr + (pp[:, None] * J + j) * D + d[None, :], mask=(pp[:, None] < P) & (d[None, :] < D),
+                       other=0.)
+    tl.store(out_ptr + d * J + j, tl.sum(acc, 0), mask=d < D)
 
 @triton.jit
 def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.constexpr, BIAS: tl.constexpr,
@@ -1969,9 +2130,16 @@ def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.co
         y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
     tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
-# (rows per program L, channels per program BD, warps); with norm BD is the group (one head). Chosen by
-# notes/conv_tiles.py on an H100 (notes/perf.md): 32 rows x 128 channels, one warp, both ways
-_CONV_FWD, _CONV_BWD = (32, 128, 1), (32, 128, 1)
+# Tilings of the row kernels. L: rows per program (per work item in the backward); BD: channels per program
+# without the norm, with it `heads` groups (heads x norm channels); warps; ahead: rows loaded ahead (4 or 8);
+# unroll: the row loop's unroll factor (1: none, so about one row in flight, see above; a multiple of ahead);
+# backward only: parts: programs along the rows, each summing dw, db over items parts apart (0: one item each,
+# B*T/L partial sums per channel), red: who sums the partial sums, 'torch' (.sum(0)) or 'triton' (_conv_sum_kernel).
+# Chosen by notes/conv_tiles.py on an H100 (notes/perf.md): the forward 32 rows x 128 channels, one warp, 4 rows
+# ahead, unrolled by 4; the backward 128 rows x 128 channels, one warp, 8 rows ahead, unrolled by 8, its partial sums
+# added by _conv_sum_kernel (the fastest of each at [8, 4096, 768] bf16, with and without the norm).
+_CONV_FWD = {'L': 32, 'BD': 128, 'heads': 1, 'warps': 1, 'ahead': 4, 'unroll': 4}
+_CONV_BWD = {'L': 128, 'BD': 128, 'heads': 1, 'warps': 1, 'ahead': 8, 'unroll': 8, 'parts': 0, 'red': 'triton'}
 
 def _conv_rows(x):
     """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels
@@ -1980,20 +2148,34 @@ def _conv_rows(x):
         x = x.contiguous()
     return x, x.stride(0), x.stride(1)
 
-def _conv_cfg(cfg, T, norm):
-    L, BD, nw = cfg
-    return min(L, triton.next_power_of_2(T)), (norm or BD), nw
+def _conv_cfg(cfg, T, D, norm):
+    """-> rows L (at most T rounded up to a power of two), channels BD, group G (the norm's, else BD), the
+    constexprs (AHEAD, UNROLL) and the launch options."""
+    BD = norm * min(cfg['heads'], triton.next_power_of_2(D // norm)) if norm else cfg['BD']
+    if cfg['ahead'] not in (4, 8):
+        raise ValueError(f"short_conv: the row kernels load 4 or 8 rows ahead, got ahead={cfg['ahead']}")
+    return min(cfg['L'], triton.next_power_of_2(T)), BD, (norm or BD), (cfg['ahead'], cfg['unroll']), dict(
+        num_warps=cfg['warps'])
 
 @torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
 def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int) -> torch.Tensor:
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
     y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    L, BD, nw = _conv_cfg(_CONV_FWD, T, norm)
+    L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_FWD, T, D, norm)
     _short_conv_fwd_kernel[(triton.cdiv(D, BD), B, triton.cdiv(T, L))](
         x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt, NORM_EPS, L, BD,
-        bias is not None, norm > 0, num_warps=nw)
+        bias is not None, norm > 0, G, *ahead_unroll, **opts)
     return y
+
+def _conv_partial_sums(part, D, J, red):
+    """[P, J, D] fp32 per-program partial sums -> their sum [D, J] (J = 4: dw) or [D] (J = 1: db)"""
+    if red == 'torch':
+        return part.sum(0).t().contiguous() if J > 1 else part.sum(0)
+    out = torch.empty(D, J, device=part.device, dtype=torch.float32) if J > 1 else part.new_empty(D)
+    P, BN = part.shape[0], 32
+    _conv_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN, num_warps=4)
+    return out
 
 @_short_conv_fwd.register_fake
 def _(x, weight, bias, norm):
@@ -2006,16 +2188,19 @@ def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
     dy = dy.contiguous()
-    L, BD, nw = _conv_cfg(_CONV_BWD, T, norm)
+    L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_BWD, T, D, norm)
     NS = triton.cdiv(T, L)
+    NW = B * NS                                      # work items (b, segment)
+    NP = min(NW, _CONV_BWD['parts'] or NW, 65535)    # programs along the rows = partial sums per channel
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    dw = torch.empty(B * NS, 4, D, device=x.device, dtype=torch.float32)
-    db = torch.empty(B * NS, D, device=x.device, dtype=torch.float32) if bias is not None else dw
-    _short_conv_bwd_kernel[(triton.cdiv(D, BD), B, NS)](
+    dw = torch.empty(NP, 4, D, device=x.device, dtype=torch.float32)
+    db = torch.empty(NP, D, device=x.device, dtype=torch.float32) if bias is not None else dw
+    _short_conv_bwd_kernel[(triton.cdiv(D, BD), NP)](
         x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db, T, D, sxb, sxt, NORM_EPS,
-        L, BD, bias is not None, norm > 0, num_warps=nw)
-    db = db.sum(0) if bias is not None else torch.empty(0, device=x.device)
-    return dx, dw.sum(0).t().contiguous(), db
+        NS, NW, L, BD, bias is not None, norm > 0, G, *ahead_unroll, NP < NW, **opts)
+    red = _CONV_BWD['red']
+    db = _conv_partial_sums(db, D, 1, red) if bias is not None else torch.empty(0, device=x.device)
+    return dx, _conv_partial_sums(dw, D, 4, red), db
 
 @_short_conv_bwd.register_fake
 def _(x, weight, bias, norm, dy):
@@ -2051,30 +2236,31 @@ def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tens
 def _(x, state, weight, bias, norm):
     return x.new_empty(x.shape)
 
-def _conv_path(x, weight):
-    """-> ('triton' | 'torch', note): as _pick_path, for any channel count (the kernels tile D by 128); width 4."""
+def _conv_path(x, weight, path="auto"):
+    """-> ('triton' | 'torch', note): as _pick_path ('recurrent' is 'torch' here), for any channel count (the kernels
+    tile D by 128); width 4."""
+    check_path(path)
     if weight.shape[1] != 4:
         return "torch", f" (the Triton kernels are written for width 4, got {weight.shape[1]})"
-    forced = os.environ.get("KERNELS_PATH", "")
-    if forced:
-        _pick_path("short_conv", x, x)  # the same checks of the forced value
-        return ("triton" if forced == "triton" else "torch"), " (forced by KERNELS_PATH)"
+    if path != "auto":
+        _pick_path("short_conv", x, x, path=path)  # the same checks of the forced value
+        return ("triton" if path == "triton" else "torch"), f" (kernels={path!r})"
     if not (x.is_cuda and HAVE_TRITON):
         return "torch", ""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return "torch", f" (the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype})"
     return "triton", ""
 
-def short_conv(x, weight, bias=None, initial=None, norm=0):
+def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto"):
     """silu(causal depthwise conv) over x [B, T, D] with weight [D, 4], bias [D] | None; initial [B, 3, D] | None
     holds the raw inputs before x (zeros when None); norm G > 0 divides each group of G channels by its l2 norm.
-    -> y [B, T, D] in x's dtype. Triton on CUDA (and when KERNELS_PATH=triton forces it), torch elsewhere;
-    differentiable in x, weight, bias (and initial)."""
+    -> y [B, T, D] in x's dtype. path 'auto': Triton on CUDA, torch elsewhere; 'triton' forces the kernels,
+    'torch' and 'recurrent' the torch version; differentiable in x, weight, bias (and initial)."""
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
         _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
     if norm and (x.shape[-1] % norm or norm & (norm - 1) or not 16 <= norm <= 256):
         _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={x.shape[-1]}, got {norm}")
-    path, note = _conv_path(x, weight)
+    path, note = _conv_path(x, weight, path)
     _log_path("short_conv", path, note, x)
     P = 0
     if initial is not None:  # prefill after earlier tokens: run over (initial, x) and drop the first W-1 outputs
@@ -2083,9 +2269,10 @@ def short_conv(x, weight, bias=None, initial=None, norm=0):
     y = _short_conv_fwd(x, weight, bias, norm) if path == "triton" else short_conv_torch(x, weight, bias, norm)
     return y[:, P:] if P else y
 
-def short_conv_step(x, state, weight, bias=None, norm=0):
-    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]."""
-    path, note = _conv_path(x, weight)
+def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
+    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]; path as
+    short_conv."""
+    path, note = _conv_path(x, weight, path)
     if path == "triton" and not state.is_contiguous():
         path, note = "torch", " (the Triton step needs a contiguous state)"
     _log_path("short_conv_step", "triton step" if path == "triton" else "step", note, x)

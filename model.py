@@ -48,6 +48,8 @@ class GPTConfig:
     rope_base: float = 10000.0
     head_dim: int = 64         # linear mixers: per-head key dim (values: see each mixer); Mamba2: headdim P
     d_state: int = 128         # Mamba2: state size N per head (the d_k of its recurrence)
+    kernels: str = 'auto'      # path of the linear mixers' kernels.py calls: 'auto' (Triton on CUDA, chunked torch
+                               # elsewhere) | 'torch' (chunked) | 'recurrent' (the slow reference) | 'triton'
 
     def __post_init__(self):
         """Refuse, naming the field, any setting that cannot build a model that trains (a UserError: one line)."""
@@ -57,6 +59,8 @@ class GPTConfig:
                 raise UserError(f"{k}={v!r} must be an integer >= {least}")
         if not 0 <= self.dropout < 1:
             raise UserError(f"dropout={self.dropout!r} must be in [0, 1)")
+        if not isinstance(self.kernels, str) or self.kernels not in kernels.PATHS:
+            raise UserError(f"kernels={self.kernels!r} must be one of {', '.join(map(repr, kernels.PATHS))}")
         mixers = set(parse_mixer_pattern(self.mixer, self.n_layer))
         C, nh, hd = self.n_embd, self.n_head, self.head_dim
         if 'softmax' in mixers and (C % nh or (C // nh) % 2):
@@ -193,12 +197,12 @@ class ShortConv(nn.Module):
 
     norm = G > 0: then y ← y / sqrt(|y|² + 1e−6) over each group of G channels (the delta rule's unit q and k:
     with unit keys I − βkkᵀ is non-expansive), computed in fp32 inside the same kernel.
-    kernels.short_conv (Triton on CUDA, F.conv1d elsewhere). Decode cache: the last W−1 *raw* inputs (before
-    SiLU) under `cache[name]`; a one-token call shifts them in place (kernels.short_conv_step)."""
+    kernels.short_conv (path 'auto': Triton on CUDA, F.conv1d elsewhere). Decode cache: the last W−1 *raw* inputs
+    (before SiLU) under `cache[name]`; a one-token call shifts them in place (kernels.short_conv_step)."""
 
-    def __init__(self, dim, name, width=4, bias=False, norm=0):
+    def __init__(self, dim, name, width=4, bias=False, norm=0, path='auto'):
         super().__init__()
-        self.name, self.width, self.norm = name, width, norm
+        self.name, self.width, self.norm, self.path = name, width, norm, path  # path: GPTConfig.kernels
         conv = nn.Conv1d(dim, dim, width, groups=dim, bias=bias)  # PyTorch's init: U(±1/sqrt(width))
         self.weight = nn.Parameter(conv.weight.detach().squeeze(1))  # [dim, W]
         self.bias = nn.Parameter(conv.bias.detach()) if bias else None
@@ -208,16 +212,17 @@ class ShortConv(nn.Module):
         convolved straight from its column slice of x (no copy of the parts for the kernels that read them)."""
         prev = None if cache is None else cache.get(self.name)
         if prev is not None and x.size(1) == 1:
-            y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm)[:, None]
+            y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm, path=self.path)[:, None]
             return y if split is None else y.split(split, dim=-1)
         if split is None:
-            y = kernels.short_conv(x, self.weight, self.bias, initial=prev, norm=self.norm)
+            y = kernels.short_conv(x, self.weight, self.bias, initial=prev, norm=self.norm, path=self.path)
         else:
             y, c0 = [], 0
             for c1 in itertools.accumulate(split):
                 part = slice(c0, c1)
                 y.append(kernels.short_conv(x[..., part], self.weight[part], None if self.bias is None else self.bias[part],
-                                            initial=None if prev is None else prev[..., part], norm=self.norm))
+                                            initial=None if prev is None else prev[..., part], norm=self.norm,
+                                            path=self.path))
                 c0 = c1
         if cache is not None:  # the last W−1 raw inputs (zeros before the start), kept for the next call
             W1 = self.width - 1
@@ -237,8 +242,9 @@ def init_decay_rates(n, dt_min=1e-3, dt_max=0.1, a_min=1.0, a_max=16.0):
     return A_log, dt_bias
 
 
-def scan(cache, q, k, v, g=None, beta=None, scale=None):
-    """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule).
+def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto'):
+    """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule), on kernels.py's path
+    `path` (GPTConfig.kernels).
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
     store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
@@ -247,14 +253,16 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None):
     if state is not None and q.size(1) == 1:
         g1 = g if g is None or g.dim() == 1 else g[:, 0]   # [H] constants stay; [B,1,H(,Dk)] → [B,H(,Dk)]
         if beta is None:
-            o = kernels.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], g1, state, scale=scale)
+            o = kernels.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], g1, state, scale=scale, path=path)
         else:
-            o = kernels.delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g1, state, scale=scale)
+            o = kernels.delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g1, state, scale=scale, path=path)
         return o[:, None]
     if beta is None:
-        o, final = kernels.linear_attn(q, k, v, g, scale=scale, initial_state=state, output_final_state=cache is not None)
+        o, final = kernels.linear_attn(q, k, v, g, scale=scale, initial_state=state, output_final_state=cache is not None,
+                                       path=path)
     else:
-        o, final = kernels.delta_rule(q, k, v, beta, g, scale=scale, initial_state=state, output_final_state=cache is not None)
+        o, final = kernels.delta_rule(q, k, v, beta, g, scale=scale, initial_state=state, output_final_state=cache is not None,
+                                      path=path)
     if cache is not None:
         cache['state'] = final
     return o
@@ -351,6 +359,7 @@ class RetNet(nn.Module):
         super().__init__()
         C, hd = config.n_embd, config.head_dim
         self.H, self.hd = max(1, round(0.8 * C / hd)), hd
+        self.kernels = config.kernels  # the path of its kernels.py calls
         self.rope = Rotary(hd, config.rope_base, config.block_size)
         inner = self.H * hd
         self.q_proj, self.k_proj = nn.Linear(C, inner, bias=config.bias), nn.Linear(C, inner, bias=config.bias)
@@ -368,7 +377,7 @@ class RetNet(nn.Module):
         past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
         q, k, v, gate = linears(self, x, self.projections)
         q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)
-        o = scan(cache, q, k, v.view(shape), g=self.log_gamma)
+        o = scan(cache, q, k, v.view(shape), g=self.log_gamma, path=self.kernels)
         if cache is not None and not torch.is_tensor(past):
             cache['pos'] = past + T  # RoPE position of the next token
         o = self.o_norm(o) * F.silu(gate.view(shape))
@@ -394,8 +403,9 @@ class Mamba2(nn.Module):
         if C % self.P != 0:
             raise ValueError(f"mamba2: n_embd={C} is not divisible by head_dim={self.P}")
         self.d_inner, self.H = C, C // self.P
+        self.kernels = config.kernels  # the path of its kernels.py calls
         self.in_proj = nn.Linear(C, 2 * self.d_inner + 2 * self.N + self.H, bias=config.bias)
-        self.conv = ShortConv(self.d_inner + 2 * self.N, 'conv_xBC', bias=True)
+        self.conv = ShortConv(self.d_inner + 2 * self.N, 'conv_xBC', bias=True, path=config.kernels)
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.D = nn.Parameter(torch.ones(self.H))
         self.D._no_weight_decay = True
@@ -412,7 +422,7 @@ class Mamba2(nn.Module):
         g = -torch.exp(self.A_log.float()) * dt                      # log-decay Δ·A ≤ 0
         xs = xs.view(B, T, self.H, self.P)
         v = (xs.float() * dt[..., None]).to(xs.dtype)                # Δ·x, [B, T, H, P]
-        y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), v, g=g, scale=1.0)
+        y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), v, g=g, scale=1.0, path=self.kernels)
         y = y + self.D[:, None].to(y.dtype) * xs                     # skip connection D·x
         y = self.norm(y.reshape(B, T, self.d_inner) * F.silu(z))
         return self.resid_dropout(self.c_proj(y))
@@ -433,13 +443,14 @@ class DeltaNet(nn.Module):
         C, hd = config.n_embd, config.head_dim
         self.H = n_head or max(1, C // hd)
         self.dk, self.dv = hd, v_dim or hd
+        self.kernels = config.kernels  # the path of its kernels.py calls
         self.q_proj = nn.Linear(C, self.H * self.dk, bias=config.bias)
         self.k_proj = nn.Linear(C, self.H * self.dk, bias=config.bias)
         self.v_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
         self.b_proj = nn.Linear(C, self.H, bias=config.bias)
-        self.q_conv = ShortConv(self.H * self.dk, 'conv_q', norm=self.dk)  # L2-normalised per head
-        self.k_conv = ShortConv(self.H * self.dk, 'conv_k', norm=self.dk)
-        self.v_conv = ShortConv(self.H * self.dv, 'conv_v')
+        self.q_conv = ShortConv(self.H * self.dk, 'conv_q', norm=self.dk, path=config.kernels)  # L2-normalised per head
+        self.k_conv = ShortConv(self.H * self.dk, 'conv_k', norm=self.dk, path=config.kernels)
+        self.v_conv = ShortConv(self.H * self.dv, 'conv_v', path=config.kernels)
         self.o_norm = RMSNorm(self.dv, eps=1e-5)
         self.c_proj = nn.Linear(self.H * self.dv, C, bias=config.bias)
         self.c_proj.residual_out = True
@@ -458,7 +469,7 @@ class DeltaNet(nn.Module):
         k = self.k_conv(p['k_proj'], cache).view(B, T, self.H, self.dk)
         v = self.v_conv(p['v_proj'], cache).view(B, T, self.H, self.dv)
         beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
-        o = scan(cache, q, k, v, g=self.decay(p), beta=beta)
+        o = scan(cache, q, k, v, g=self.decay(p), beta=beta, path=self.kernels)
         o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 

@@ -40,6 +40,8 @@ compile = False           # with cuda_graph: torch.compile the one-token step fi
                           # the ms per token on an H100, for a compile of about a minute (worth it for long samples)
 device = ''               # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewhere; or 'float32', 'bfloat16', 'float16'
+kernels = ''              # '' = the checkpoint's (train.py's kernels); or 'auto' | 'torch' | 'recurrent' | 'triton':
+                          # 'auto' samples on CPU a model trained with kernels='triton'
 # -----------------------------------------------------------------------------
 from configurator import configure, device_and_dtype, UserError
 configure(globals(), sys.argv[1:], nullable={'top_k'})
@@ -57,7 +59,10 @@ ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torc
 ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
 checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), map_location=device)
-model = GPT(GPTConfig(**checkpoint['model_args']))
+model_args = dict(checkpoint['model_args'], **({'kernels': kernels} if kernels else {}))  # old checkpoints: 'auto'
+if not kernels and model_args.get('kernels') == 'triton' and device_type != 'cuda':
+    raise UserError(f"{out_dir} was trained with kernels='triton', which needs CUDA: add --kernels=auto to sample on {device}")
+model = GPT(GPTConfig(**model_args))
 model.load_state_dict(checkpoint['model'])
 model.eval().to(device)
 print(model.describe())

@@ -370,47 +370,73 @@ def test_no_nan_extreme_gates(family, gate, extreme):
 def test_dispatch_and_log_once(monkeypatch, capsys):
     monkeypatch.setattr(kernels, "_logged", set())
     x = delta_inputs(70, "channel", "mild")
-    monkeypatch.delenv("KERNELS_PATH", raising=False)
     o, _ = kernels.delta_rule(**x)
-    o_again, _ = kernels.delta_rule(**x)
+    o_again, _ = kernels.delta_rule(**x, path="auto")
     assert torch.equal(o, kernels.delta_rule_chunked(**x, chunk_size=kernels.CHUNK_SIZE_PER_CHANNEL)[0])
     assert torch.equal(o, o_again)
-    monkeypatch.setenv("KERNELS_PATH", "recurrent")
-    assert torch.equal(kernels.delta_rule(**x)[0], kernels.delta_rule_recurrent(**x)[0])
+    assert torch.equal(kernels.delta_rule(**x, path="torch")[0], o)
+    assert torch.equal(kernels.delta_rule(**x, path="recurrent")[0], kernels.delta_rule_recurrent(**x)[0])
     y = linear_inputs(70, "token", "mild", Hk=1)
-    assert torch.equal(kernels.linear_attn(**y)[0], kernels.linear_attn_recurrent(**y)[0])
+    assert torch.equal(kernels.linear_attn(**y, path="recurrent")[0], kernels.linear_attn_recurrent(**y)[0])
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["kernels: delta_rule uses the chunked torch path on cpu",
-                     "kernels: delta_rule uses the recurrent torch path on cpu (forced by KERNELS_PATH)",
-                     "kernels: linear_attn uses the recurrent torch path on cpu (forced by KERNELS_PATH)"]
-    monkeypatch.setenv("KERNELS_PATH", "cuda")
-    with pytest.raises(ValueError, match="KERNELS_PATH"):
-        kernels.delta_rule(**x)
+                     "kernels: delta_rule uses the chunked torch path on cpu (kernels='torch')",
+                     "kernels: delta_rule uses the recurrent torch path on cpu (kernels='recurrent')",
+                     "kernels: linear_attn uses the recurrent torch path on cpu (kernels='recurrent')"]
+    # a bad value: a one-line ValueError naming it and the allowed ones, from every public call
+    allowed = "'auto', 'torch', 'recurrent', 'triton'"
+    c = conv_inputs(1, 5, 8, 4, F32, False)
+    s = torch.zeros(B, H, DK, DV)
+    calls = [lambda p: kernels.delta_rule(**x, path=p), lambda p: kernels.linear_attn(**y, path=p),
+             lambda p: kernels.delta_rule_step(*(x[n][:, 0] for n in ("q", "k", "v", "beta", "g")), s, path=p),
+             lambda p: kernels.linear_attn_step(y["q"][:, 0], y["k"][:, 0], y["v"][:, 0], y["g"][:, 0], s, path=p),
+             lambda p: kernels.short_conv(c[0].float(), c[1].float(), path=p),
+             lambda p: kernels.short_conv_step(c[0][:, 0].float(), c[0][:, :3].float(), c[1].float(), path=p)]
+    for call in calls:
+        for bad in ("cuda", "chunked", "", None):
+            with pytest.raises(ValueError) as e:
+                call(bad)
+            assert str(e.value) == f"kernels path must be one of {allowed}, got {bad!r}"
+    assert capsys.readouterr().out == ""  # nothing ran
 
 def test_forced_triton_path_on_cpu(monkeypatch, capsys):
-    # KERNELS_PATH=triton on CPU runs the Triton kernels through the interpreter; without it, a clear error
+    # path='triton' on CPU runs the Triton kernels through the interpreter; without it, a clear error
     monkeypatch.setattr(kernels, "_logged", set())
-    monkeypatch.setenv("KERNELS_PATH", "triton")
     x = {n: None if t is None else t.cpu() for n, t in triton_inputs(1, 20, 2, 16, 16, "kda", "mild", F32).items()}
     if os.environ.get("TRITON_INTERPRET") != "1":
         with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-            kernels.delta_rule(**x)
+            kernels.delta_rule(**x, path="triton")
         return
-    assert torch.equal(kernels.delta_rule(**x)[0], kernels.delta_rule_triton(**x)[0])
+    assert torch.equal(kernels.delta_rule(**x, path="triton")[0], kernels.delta_rule_triton(**x)[0])
     y = la_triton_inputs(1, 20, 4, 2, 16, 16, "mamba2", "mild", F32)
     y = {n: t.cpu() for n, t in y.items()}
-    assert torch.equal(kernels.linear_attn(**y)[0], kernels.linear_attn_triton(**y)[0])
+    assert torch.equal(kernels.linear_attn(**y, path="triton")[0], kernels.linear_attn_triton(**y)[0])
     assert capsys.readouterr().out.splitlines() == [
-        "kernels: delta_rule uses the Triton kernels on cpu (forced by KERNELS_PATH)",
-        "kernels: linear_attn uses the Triton kernels on cpu (forced by KERNELS_PATH)"]
+        "kernels: delta_rule uses the Triton kernels on cpu (kernels='triton')",
+        "kernels: linear_attn uses the Triton kernels on cpu (kernels='triton')"]
 
-def test_cuda_defaults_to_triton_for_both_families(monkeypatch):
+def test_forced_triton_path_errors(monkeypatch):
+    # path='triton' where it cannot run: a clear error naming the call and what to do, not a silent fallback
+    x = delta_inputs(5, "scalar", "mild", dtype=F32)
+    monkeypatch.setattr(kernels, "_INTERPRETING", False)
+    with pytest.raises(ValueError, match=r"^delta_rule: path 'triton' on CPU needs TRITON_INTERPRET=1"):
+        kernels.delta_rule(**x, path="triton")
+    c = conv_inputs(1, 5, 8, 4, F32, False)
+    with pytest.raises(ValueError, match=r"^short_conv: path 'triton' on CPU needs TRITON_INTERPRET=1"):
+        kernels.short_conv(c[0].float(), c[1].float(), path="triton")
+    monkeypatch.setattr(kernels, "HAVE_TRITON", False)
+    y = linear_inputs(1, "token", "mild", Hk=1, dtype=F32)
+    with pytest.raises(ValueError, match=r"^linear_attn_step: path 'triton' but triton is not installed"):
+        kernels.linear_attn_step(y["q"][:, 0], y["k"][:, 0], y["v"][:, 0], y["g"][:, 0], y["initial_state"], path="triton")
+
+def test_cuda_defaults_to_triton_for_both_families():
     # CUDA tensors take the Triton kernels by default, the scalar-decay ones too (their GPU tests passed on an H100);
     # shapes the kernels cannot take fall back to the chunked torch path and say why
-    monkeypatch.delenv("KERNELS_PATH", raising=False)
     fake = types.SimpleNamespace(is_cuda=True, shape=(1, 1, 1, 64), dtype=torch.bfloat16)  # only what _pick_path reads
     for fn in ("linear_attn", "linear_attn_step", "delta_rule", "delta_rule_step"):
         assert kernels._pick_path(fn, fake, fake) == ("triton", "")
+        assert kernels._pick_path(fn, fake, fake, path="torch") == ("chunked", " (kernels='torch')")
+        assert kernels._pick_path(fn, fake, fake, path="recurrent") == ("recurrent", " (kernels='recurrent')")
     odd = types.SimpleNamespace(is_cuda=True, shape=(1, 1, 1, 48), dtype=torch.bfloat16)
     path, note = kernels._pick_path("linear_attn", odd, odd)
     assert path == "chunked" and "powers of two" in note
@@ -567,6 +593,15 @@ def test_triton_without_state(gate, strength):
     D = 64 if CUDA else 16
     triton_check(1, 70, 2, D, D, gate, strength, F32, with_state=False)
 
+@pytest.mark.parametrize("bk,split", [(None, True), ("half", False), ("half", True)])
+def test_triton_kda_grams_tiles(bk, split, monkeypatch):
+    # KDA's forward Gram in the settings notes/delta_tiles.py times: P and L in separate programs, key tiles of Dk / 2
+    D = 128 if CUDA else 32
+    monkeypatch.setattr(kernels, "KDA_GRAMS_TILE", dict(kernels.KDA_GRAMS_TILE, split=split,
+                                                        k=D // 2 if bk == "half" else D))
+    triton_check(2 if CUDA else 1, 130, 2, D, D if CUDA else 16, "kda", "strong",
+                 torch.bfloat16 if CUDA else F32)
+
 @pytest.mark.skipif(not CUDA, reason="the grid-size rule only applies on a GPU (the interpreter has one 'SM')")
 @pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "mild"), ("kda", "strong")])
 def test_triton_many_heads(gate, strength):
@@ -598,20 +633,19 @@ def test_triton_causality(gate):
     x = triton_inputs(B, T, nh, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.delta_rule_triton, x, triton_inputs(B, T, nh, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("path", ["chunked", "triton"])
-def test_compile_fullgraph(path, monkeypatch):
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_compile_fullgraph(path):
     # torch.compile(fullgraph=True) through the public call, forward and backward, equals eager: any graph break
     # (e.g. inside the custom ops, or the log line) fails here. CPU: aot_eager (tracing, fake shapes, the autograd
     # formula; no C compiler needed); GPU: inductor.
-    monkeypatch.setenv("KERNELS_PATH", path)
-    if path == "chunked" and CUDA:
+    if path == "torch" and CUDA:
         pytest.skip("the chunked torch path is checked on CPU")
     x = triton_inputs(1, 70, 2, 16, 32, "kda", "mild", F32, seed=5)
     x = {n: t.to(DEV) for n, t in x.items()} if path == "triton" else {n: t.cpu() for n, t in x.items()}
     names = list(x)
 
     def f(q, k, v, beta, g, initial_state):
-        o, S = kernels.delta_rule(q, k, v, beta, g, initial_state=initial_state, output_final_state=True)
+        o, S = kernels.delta_rule(q, k, v, beta, g, initial_state=initial_state, output_final_state=True, path=path)
         return (o * o).sum() + S.sum()
 
     results = []
@@ -622,14 +656,14 @@ def test_compile_fullgraph(path, monkeypatch):
     for n, a, b in zip(["loss"] + names, *results):
         assert rms_err(b, a) < 1e-5, n
 
-def test_triton_step_dispatch_compiles(monkeypatch):
+def test_triton_step_dispatch_compiles():
     # the public step on the Triton path (a mutating custom op) under torch.compile(fullgraph=True) == eager
-    monkeypatch.setenv("KERNELS_PATH", "triton")
     x = triton_inputs(2, 1, 2, 16, 32, "kda", "mild", F32, seed=6)
     args = [x[n][:, 0] for n in ("q", "k", "v", "beta", "g")]
     s1, s2 = x["initial_state"].clone(), x["initial_state"].clone()
-    o1 = kernels.delta_rule_step(*args, s1)
-    o2 = torch.compile(kernels.delta_rule_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(*args, s2)
+    o1 = kernels.delta_rule_step(*args, s1, path="triton")
+    o2 = torch.compile(kernels.delta_rule_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(
+        *args, s2, path="triton")
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
 
 # -----------------------------------------------------------------------------
@@ -705,6 +739,22 @@ def test_linear_attn_triton_gates_at_minus_1000(seed):
     # seed over 1e-4 somewhere); with segment sums all ~1e-7 (dg 4e-7). T = 130: a partial last chunk.
     la_triton_check(130, 16, 32, F32, "mamba2", "mixed", seed=seed)
 
+LA_GROUP_CASES = ([(g, st, torch.bfloat16) for g, st in (("mamba2", "mild"), ("mamba2", "strong"))]
+                  + [(g, st, F32) for g, st in (("mamba2", "mild"), ("mamba2", "strong"), ("retnet", "strong"),
+                                                ("none", "-"))])
+
+@pytest.mark.parametrize("nh,hpg", [(3, 3), (4, 2)])
+@pytest.mark.parametrize("gate,strength,dtype", LA_GROUP_CASES, ids=_id)
+def test_linear_attn_triton_groups(nh, hpg, gate, strength, dtype):
+    # grouped q/k (Mamba2's B, C): _la_dqkg_bwd loops over a group's heads and sums their dq, dk in registers.
+    # 3 heads on one q/k head (an odd group) and 4 heads on 2; T = 100 ends in a partial chunk; Dk = 64 (CPU) or
+    # 128 (GPU) is two or four key tiles of 32, so each head writes several dg shares
+    B, dk, dv = (2, 128, 64) if CUDA else (1, 64, 32)
+    x = la_triton_inputs(B, 100, nh, hpg, dk, dv, gate, strength, dtype, seed=4)
+    kw = dict(scale=1.0) if gate == "mamba2" else {}
+    compare_to_reference(kernels.linear_attn_triton, kernels.linear_attn_recurrent, x, dtype, True, 4,
+                         f"H={nh} HK={nh // hpg} {gate}/{strength} {str(dtype)[6:]}", **kw)
+
 @pytest.mark.parametrize("hpg", [1, 2])
 def test_linear_attn_triton_grad_dtypes(hpg):
     # dq, dk come back in q's and k's own dtypes, as the fake (shape) function of kernels::linear_attn_bwd says,
@@ -749,15 +799,14 @@ def test_linear_attn_triton_causality(gate):
     forward_causal_check(kernels.linear_attn_triton, x, la_triton_inputs(B, T, nh, 2, dk, dv, gate, "mild", F32, seed=3), P)
 
 @pytest.mark.parametrize("gate", ["retnet", "mamba2"])
-def test_linear_attn_triton_compile(gate, monkeypatch):
+def test_linear_attn_triton_compile(gate):
     # the public calls on the Triton path under torch.compile(fullgraph=True) == eager: chunked forward and backward
     # (custom ops with their autograd formula), then a decode step (a mutating custom op)
-    monkeypatch.setenv("KERNELS_PATH", "triton")
     x = la_triton_inputs(1, 70, 4, 2, 16, 32, gate, "mild", F32, seed=5)
     names = [n for n, t in x.items() if differentiable(n, t)]
 
     def f(q, k, v, g, initial_state):
-        o, S = kernels.linear_attn(q, k, v, g, initial_state=initial_state, output_final_state=True)
+        o, S = kernels.linear_attn(q, k, v, g, initial_state=initial_state, output_final_state=True, path="triton")
         return (o * o).sum() + S.sum()
 
     results = []
@@ -770,8 +819,9 @@ def test_linear_attn_triton_compile(gate, monkeypatch):
     g = x["g"] if x["g"].ndim == 1 else x["g"][:, 0]
     args = [x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], g]
     s1, s2 = x["initial_state"].clone(), x["initial_state"].clone()
-    o1 = kernels.linear_attn_step(*args, s1)
-    o2 = torch.compile(kernels.linear_attn_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(*args, s2)
+    o1 = kernels.linear_attn_step(*args, s1, path="triton")
+    o2 = torch.compile(kernels.linear_attn_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(
+        *args, s2, path="triton")
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
 
 # -----------------------------------------------------------------------------
@@ -804,8 +854,7 @@ def conv_reference(x, w, b, norm=0):
 @pytest.mark.parametrize("D,bias,wide,norm", [(5, False, False, 0), (130, True, True, 0), (64, False, True, 16),
                                               (96, False, False, 32)])
 @pytest.mark.parametrize("dtype", (F32, torch.bfloat16), ids=_id)
-def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype, monkeypatch):
-    monkeypatch.setenv("KERNELS_PATH", "triton")
+def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -816,7 +865,7 @@ def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype, monkeypat
     xt = xw.to(dev, dtype).requires_grad_()
     wt = w.to(dev, F32).requires_grad_()
     bt = b.to(dev, F32).requires_grad_() if bias else None
-    y = kernels.short_conv(xt[..., :D], wt, bt, norm=norm)
+    y = kernels.short_conv(xt[..., :D], wt, bt, norm=norm, path="triton")
     y.backward(dy.to(dev, dtype))
     tol = 2e-5 if dtype == F32 else 2e-2
     assert y.dtype == dtype and xt.grad.dtype == dtype and wt.grad.dtype == F32
@@ -828,34 +877,32 @@ def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype, monkeypat
         close(bt.grad.cpu().double(), ref_in[2].grad, tol, "db")
 
 @pytest.mark.parametrize("bias,norm", [(False, 0), (True, 0), (False, 16)])
-def test_short_conv_prefill_and_steps_match_one_pass(bias, norm, monkeypatch):
+def test_short_conv_prefill_and_steps_match_one_pass(bias, norm):
     # a prefill of 5 tokens, then 3 one-token steps (state updated in place) == one pass over the 8 tokens; torch and
     # Triton paths alike (Triton through the interpreter on CPU)
-    paths = ["chunked"] + (["triton"] if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" else [])
+    paths = ["torch"] + (["triton"] if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" else [])
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     xw, w, b, _ = conv_inputs(3, 8, 32, 4, F32, bias)
     x, w, b = xw.to(dev, F32), w.to(dev, F32), None if b is None else b.to(dev, F32)
     ref = conv_reference(x.double(), w.double(), None if b is None else b.double(), norm)
     for path in paths:
-        monkeypatch.setenv("KERNELS_PATH", path)
-        y0 = kernels.short_conv(x[:, :5], w, b, norm=norm)
+        y0 = kernels.short_conv(x[:, :5], w, b, norm=norm, path=path)
         state = x[:, 2:5].clone()
-        ys = [kernels.short_conv_step(x[:, t], state, w, b, norm=norm) for t in range(5, 8)]
+        ys = [kernels.short_conv_step(x[:, t], state, w, b, norm=norm, path=path) for t in range(5, 8)]
         got = torch.cat([y0] + [y[:, None] for y in ys], dim=1)
         close(got.double().cpu(), ref.cpu(), 1e-5, path)
         assert torch.equal(state, x[:, 5:8])
-        y1 = kernels.short_conv(x[:, 6:], w, b, initial=x[:, 3:6], norm=norm)  # a prefill continuing from a window
+        y1 = kernels.short_conv(x[:, 6:], w, b, initial=x[:, 3:6], norm=norm, path=path)  # continuing from a window
         close(y1.double().cpu(), ref[:, 6:].cpu(), 1e-5, path + " initial")
 
-def test_short_conv_compiles(monkeypatch):
+def test_short_conv_compiles():
     # kernels::short_conv_fwd/bwd and the mutating step under torch.compile(fullgraph=True) == eager (CPU: aot_eager)
-    monkeypatch.setenv("KERNELS_PATH", "triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     xw, w, b, dy = conv_inputs(2, 37, 24, 4, F32, True, wide=True)
     x, w, b, dy = (t.to(DEV, F32) for t in (xw, w, b, dy))
-    f = lambda x, w, b: (kernels.short_conv(x[..., :24], w, b) * dy).sum() + kernels.short_conv(x[..., 8:24], w[8:], None,
-                                                                                                norm=16).sum()
+    f = lambda x, w, b: ((kernels.short_conv(x[..., :24], w, b, path="triton") * dy).sum()
+                         + kernels.short_conv(x[..., 8:24], w[8:], None, norm=16, path="triton").sum())
     results = []
     for fn in (f, torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")):
         leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
@@ -864,7 +911,7 @@ def test_short_conv_compiles(monkeypatch):
     for a, c in zip(*results):
         assert rms_err(c, a) < 1e-6
     s1, s2 = x[:, :3, :24].clone(), x[:, :3, :24].clone()
-    y1 = kernels.short_conv_step(x[:, 3, :24], s1, w, b)
+    y1 = kernels.short_conv_step(x[:, 3, :24], s1, w, b, path="triton")
     y2 = torch.compile(kernels.short_conv_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(
-        x[:, 3, :24], s2, w, b)
+        x[:, 3, :24], s2, w, b, path="triton")
     assert rms_err(y2, y1) < 1e-6 and torch.equal(s1, s2)

@@ -6,6 +6,7 @@ cannot, since they compare the model with itself.
 
 $ python -m pytest test_mixers.py -q
 """
+import dataclasses
 import math
 
 import pytest
@@ -104,10 +105,11 @@ REFS = {'deltanet': lambda m, x: delta_ref(m, x, 'deltanet'), 'gdn': lambda m, x
         'kda': lambda m, x: delta_ref(m, x, 'kda'), 'retnet': retnet_ref, 'mamba2': mamba2_ref}
 
 
+@pytest.mark.parametrize('kernels', ['auto', 'recurrent'])  # CPU: the chunked torch path, then the reference
 @pytest.mark.parametrize('name', list(REFS))
-def test_mixer_matches_its_equations(name):
+def test_mixer_matches_its_equations(name, kernels):
     torch.manual_seed(0)
-    m = MIXERS[name](CFG)
+    m = MIXERS[name](dataclasses.replace(CFG, kernels=kernels))
     with torch.no_grad():  # move the weights off their init so every term matters
         for n, p in m.named_parameters():
             if 'A_log' not in n and 'dt_bias' not in n:

@@ -245,6 +245,65 @@ def test_checkpoint_with_old_attn_keys_loads(tmp_path):
     torch.testing.assert_close(loaded(idx)[0], model(idx)[0], rtol=0, atol=0)
 
 
+# the kernels.py functions each linear mixer calls (forward, prefill, decode)
+KERNEL_CALLS = {'retnet': {'linear_attn', 'linear_attn_step'},
+                'mamba2': {'linear_attn', 'linear_attn_step', 'short_conv', 'short_conv_step'}}
+
+
+@pytest.mark.parametrize('path', ['torch', 'recurrent'])
+@pytest.mark.parametrize('mixer', [p for p in PATTERNS if p != 'softmax'])
+def test_kernels_key_reaches_every_kernel_call(mixer, path, monkeypatch, capsys):
+    """A model built with kernels=path gives the logits of the same model built with 'auto' (the chunked torch path on
+    CPU), in one full forward and in prefill + decode, and every kernels.py call it makes takes that path: each says
+    so in its log line (a call left on 'auto' would print no note on CPU)."""
+    import kernels
+    auto, model = make(mixer), make(mixer, kernels=path)
+    torch.manual_seed(1)
+    idx = torch.randint(0, 97, (2, 29))
+    with torch.no_grad():
+        want = auto(idx)[0]
+        capsys.readouterr()
+        monkeypatch.setattr(kernels, '_logged', set())
+        full = model(idx)[0]
+        caches = model.new_caches()
+        steps = [model(idx[:, :5], caches=caches)[0]] + [model(idx[:, t:t + 1], caches=caches)[0] for t in range(5, 29)]
+    if path == 'torch':
+        assert torch.equal(full, want)
+    torch.testing.assert_close(full, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.cat(steps, dim=1), want[:, 4:], rtol=1e-4, atol=1e-4)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('kernels:')]
+    assert lines and all(line.endswith(f"on cpu (kernels='{path}')") for line in lines), lines
+    calls = KERNEL_CALLS.get(mixer, {'delta_rule', 'delta_rule_step', 'short_conv', 'short_conv_step'})
+    assert {line.split()[1] for line in lines} == calls, lines
+
+
+def test_kernels_key_is_checked():
+    with pytest.raises(ValueError, match=r"^kernels='cuda' must be one of 'auto', 'torch', 'recurrent', 'triton'$"):
+        tiny('kda', kernels='cuda')
+    with pytest.raises(ValueError, match=r"^kernels=None must be one of"):
+        tiny('kda', kernels=None)
+
+
+def test_kernels_key_round_trips_through_a_checkpoint(tmp_path):
+    """kernels is saved with the model args and comes back; a checkpoint from before the key loads as 'auto'."""
+    model = make('gdn', kernels='recurrent')
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': model.state_dict(), 'model_args': dict(model.config.__dict__)}, path)
+    ckpt = load_checkpoint(path)
+    assert ckpt['model_args']['kernels'] == 'recurrent'
+    assert GPT(GPTConfig(**ckpt['model_args'])).transformer.h[0].mixer.kernels == 'recurrent'
+    old = {k: v for k, v in ckpt['model_args'].items() if k != 'kernels'}
+    save_checkpoint({'model': model.state_dict(), 'model_args': old}, path)
+    ckpt = load_checkpoint(path)
+    loaded = GPT(GPTConfig(**ckpt['model_args']))
+    loaded.load_state_dict(ckpt['model'])
+    assert loaded.config.kernels == 'auto'
+    assert {m.path for m in loaded.modules() if hasattr(m, 'path')} == {'auto'}  # the short convs
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(idx)[0], model(idx)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize('mixer', list(MIXERS))
 @pytest.mark.parametrize('n_embd,head_dim', [(768, 64), (768, 128), (256, 32)])
 def test_param_budget(mixer, n_embd, head_dim):

@@ -148,6 +148,45 @@ def test_sample_from_trained_checkpoint(trained):
     assert p.stdout.count('def ') >= 2  # the prompt is echoed at the start of each sample
 
 
+def test_kernels_key_is_saved_and_used_on_resume_and_sampling(pystdlib, tmp_path):
+    """--kernels is a config key: printed with the config, saved with the model args, used again on resume and by
+    sample.py unless given anew; a checkpoint from before the key runs 'auto'; one trained with 'triton' samples on CPU
+    only when told to."""
+    from checkpoint import load_checkpoint, save_checkpoint
+    out = str(tmp_path / 'out')
+    ckpt = os.path.join(out, 'ckpt.pt')
+    args = TINY + [f'--out_dir={out}', '--mixer=gdn', '--head_dim=16', '--eval_interval=2']
+    p = run(args + ['--max_iters=2', '--kernels=recurrent'])
+    assert "'kernels': 'recurrent'" in p.stdout and "(kernels='recurrent')" in p.stdout, p.stdout[-2000:]
+    assert load_checkpoint(ckpt)['model_args']['kernels'] == 'recurrent'
+    p = run(args + ['--max_iters=4', '--init_from=resume'])  # the checkpoint's
+    assert "resume: kernels = 'recurrent' from the checkpoint" in p.stdout, p.stdout[-2000:]
+    assert "kernels: delta_rule uses the recurrent torch path on cpu (kernels='recurrent')" in p.stdout
+    p = run(args + ['--max_iters=6', '--init_from=resume', '--kernels=torch'])  # the command line's
+    assert "resume: kernels" not in p.stdout and "(kernels='recurrent')" not in p.stdout
+    assert "kernels: delta_rule uses the chunked torch path on cpu (kernels='torch')" in p.stdout, p.stdout[-2000:]
+    c = load_checkpoint(ckpt)
+    assert c['iter_num'] == 6 and c['model_args']['kernels'] == 'torch'
+    del c['model_args']['kernels']  # as written before the key existed
+    save_checkpoint(c, ckpt)
+    p = run(args + ['--max_iters=8', '--init_from=resume'])
+    assert "resume: kernels" not in p.stdout and "kernels: delta_rule uses the chunked torch path on cpu\n" in p.stdout
+    assert load_checkpoint(ckpt)['model_args']['kernels'] == 'auto'
+    sample = [f'--out_dir={out}', '--start=def ', '--num_samples=1', '--max_new_tokens=3', '--device=cpu']
+    c = load_checkpoint(ckpt)
+    c['model_args']['kernels'] = 'recurrent'
+    save_checkpoint(c, ckpt)
+    p = run(sample, cmd=[sys.executable, 'sample.py'])
+    assert "kernels: delta_rule_step uses the torch step on cpu (kernels='recurrent')" in p.stdout, p.stdout[-2000:]
+    p = run(sample + ['--kernels=auto'], cmd=[sys.executable, 'sample.py'])
+    assert "kernels: delta_rule_step uses the torch step on cpu\n" in p.stdout and "(kernels=" not in p.stdout
+    c['model_args']['kernels'] = 'triton'
+    save_checkpoint(c, ckpt)
+    if not torch.cuda.is_available():
+        assert "trained with kernels='triton', which needs CUDA: add --kernels=auto" in train_settings_error(
+            tmp_path, *sample, script='sample.py')
+
+
 @pytest.mark.parametrize('mixer', ['retnet', 'mamba2', 'deltanet', 'gdn', 'kda', 'kda*3,softmax'])
 def test_every_mixer_trains(pystdlib, tmp_path, mixer):
     """A few iterations of each linear mixer (and the 3:1 hybrid) on pystdlib lower the loss."""
@@ -225,6 +264,7 @@ def train_settings_error(tmp_path, *args, script='train.py'):
     (['--n_embd=96', '--head_dim=64', '--mixer=mamba2'], r'head_dim=64 must be even and divide n_embd=96 \(mixers mamba2\)'),
     (['--n_embd=96', '--n_head=5'], 'n_embd=96 must split into n_head=5 softmax heads'),
     (['--mixer=kda*3,softmax', '--n_layer=6'], "does not tile n_layer=6"),
+    (['--kernels=chunked'], "kernels='chunked' must be one of 'auto', 'torch', 'recurrent', 'triton'"),
 ])
 def test_settings_that_cannot_train_are_refused(tmp_path, args, msg):
     """Each used to train nonsense (0 layers, constant or nan loss, exit 0) or crash raw (NameError,

@@ -76,6 +76,8 @@ d_state = 128                   # Mamba2 state size N per head
 dropout = 0.0                   # 0 for pretraining, 0.1+ for finetuning
 bias = False                    # bias in Linear layers
 vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64
+kernels = ''                    # path of the linear mixers' kernels.py calls: 'auto' (Triton on CUDA, chunked torch elsewhere),
+                                # 'torch', 'recurrent' (the slow reference) or 'triton'; '' = 'auto' (on resume: the checkpoint's)
 # AdamW optimizer
 learning_rate = 6e-4            # max learning rate
 max_iters = 600000              # total optimizer steps
@@ -122,7 +124,8 @@ def check_settings():
     if compile not in (None, True, False):
         raise UserError(f"compile must be None (auto), True or False, got {compile!r}")
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
-              dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state)  # its own checks
+              dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state,
+              kernels=kernels or 'auto')  # its own checks
 
 
 check_settings()
@@ -228,15 +231,16 @@ iter_num = 0
 best_val_loss = 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head,
-                  head_dim=head_dim, d_state=d_state)
+                  head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto')
 checkpoint = None
 if init_from == 'resume':
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     print0(f"Resuming training from {ckpt_path}")
     checkpoint = load_checkpoint(ckpt_path, map_location=device)
-    # the architecture comes from the checkpoint (dropout may be changed on resume): say what it overrides
+    # the architecture comes from the checkpoint (dropout may be changed on resume, and kernels when given; checkpoints
+    # older than the kernels key run 'auto'): say what it overrides
     for k, v in checkpoint['model_args'].items():
-        if k != 'dropout' and model_args.get(k) != v:
+        if k != 'dropout' and not (k == 'kernels' and kernels) and model_args.get(k) != v:
             print0(f"resume: {k} = {v!r} from the checkpoint (the config asked for {model_args.get(k)!r})")
             model_args[k] = v
     model = GPT(GPTConfig(**model_args))

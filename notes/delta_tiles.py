@@ -3,10 +3,12 @@ Tile / warp settings of the delta-rule kernels by measurement (GPU): every setti
 recurrence by test_kernels.triton_check in its own process, all in parallel (this also compiles them; Triton's disk
 cache is shared and T, B, H are not specialised), then the settings that passed timed one after another, alone.
 Triton 3.6 miscompiles some settings on Hopper (wrong gradients or an illegal memory access), hence the checks.
-kernels.STATE_TILE, WY_GRADS_TILE and KDA_KEY_TILE hold the defaults; this script is how they are chosen.
+kernels.STATE_TILE, WY_GRADS_TILE, KDA_KEY_TILE, KDA_GRAMS_TILE and INVERSE_WARPS hold the defaults; this script is
+how they are chosen.
 
 $ python notes/delta_tiles.py                       # every setting below, DeltaNet, GDN, KDA at B8 T4096 H16 D128
 $ python notes/delta_tiles.py --variants deltanet   # time a subset (the checks run every setting)
+$ python notes/delta_tiles.py --only kda_grams      # check and time one knob's settings
 """
 import argparse
 import os
@@ -22,16 +24,23 @@ import kernels  # noqa: E402
 # one knob at a time: (kernels attribute, value, the variants it affects)
 WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
       for v, w in ((64, 8), (64, 16), (32, 8))]
-STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": w}, ("deltanet", "gdn", "kda"))
-         for v, w in ((64, 8), (32, 4), (32, 8), (64, 4))]
+STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": kw, "min_v": m}, ("deltanet", "gdn", "kda"))
+         for v, w, kw, m in ((64, 8, 8, 32), (32, 4, 4, 32), (32, 8, 8, 32), (64, 4, 4, 32), (64, 4, 8, 32),
+                             (64, 4, 8, 16))]  # min_v: the smallest V-tile at small B*H (--shape 2,16384,16,128)
 KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((64, 8), (32, 8), (64, 4))]
-SETTINGS = WY + STATE + KDA
+GRAMS = [("KDA_GRAMS_TILE", {"k": k, "warps": w, "split": s}, ("kda",))
+         for k, w, s in ((128, 8, False), (64, 8, False), (64, 4, False), (128, 16, False),
+                         (128, 8, True), (64, 8, True), (64, 4, True), (32, 4, True))]
+INVERSE = [("INVERSE_WARPS", w, ("deltanet", "kda")) for w in (2, 1, 4)]
+SETTINGS = WY + STATE + KDA + GRAMS + INVERSE
+ATTRS = ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE", "KDA_GRAMS_TILE", "INVERSE_WARPS")
 CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
 
 
 def name(i):
     attr, value, _ = SETTINGS[i]
-    return f"{attr.split('_')[0].lower()} {'/'.join(map(str, value.values()))}"
+    what = '/'.join(map(str, value.values())) if isinstance(value, dict) else str(value)
+    return f"{attr.lower().replace('_tile', '')} {what}"
 
 
 def check(i):
@@ -52,7 +61,7 @@ def rel(a, b):
 
 def time_setting(i, shape, variants, base=()):
     B, T, H, D = shape
-    defaults = {a: getattr(kernels, a) for a in ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE")}
+    defaults = {a: getattr(kernels, a) for a in ATTRS}
     for attr, value in list(base) + [SETTINGS[i][:2]]:
         setattr(kernels, attr, value)
     out = {}
@@ -73,7 +82,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="deltanet,gdn,kda")
     ap.add_argument("--shape", default="8,4096,16,128")
-    ap.add_argument("--only", default="", help="time only the settings whose name starts with this, e.g. 'state'")
+    ap.add_argument("--only", default="", help="time only the settings whose name starts with one of these (comma-separated), e.g. 'state'")
     ap.add_argument("--no_checks", action="store_true", help="skip the checks (settings that passed them before)")
     ap.add_argument("--check", type=int, default=None, help=argparse.SUPPRESS)  # internal: one setting (subprocess)
     args = ap.parse_args()
@@ -84,7 +93,7 @@ def main():
             check(args.check)
         return
     variants = args.variants.split(",")
-    chosen = [i for i in range(len(SETTINGS)) if name(i).startswith(args.only)]
+    chosen = [i for i in range(len(SETTINGS)) if any(name(i).startswith(p) for p in args.only.split(","))]
     cmd = [sys.executable, __file__, "--check"] if not args.no_checks else \
         [sys.executable, __file__, "--variants", args.variants, "--shape", "1,1000,2," + args.shape.split(",")[3],
          "--only", "", "--no_checks", "--check"]  # only compiles (a tiny shape, no comparison)

@@ -71,7 +71,10 @@ def la_launches(DK, DV, dt, DECAY):
             ("output_fwd", kernels._la_output_fwd_kernel, dt, {}, 8, 3),
             ("state_bwd", kernels._la_state_bwd_kernel, dt, dict(HAS_DHT=True, STORE_DH0=True), 8, 2),
             ("dv_bwd", kernels._la_dv_bwd_kernel, "*fp32", {}, 8, 1),
-            ("dqkg_bwd", kernels._la_dqkg_bwd_kernel, "*fp32", {}, 8, 1)):
+            ("dqkg_bwd", kernels._la_dqkg_bwd_kernel, "*fp32", dict(GROUP=1), 8, 1),
+            # grouped q/k (Mamba2, 32 heads on one B/C head): key tiles of 32, 2 stages at one V-tile
+            ("dqkg_bwd(G32)", kernels._la_dqkg_bwd_kernel, "*fp32", dict(GROUP=32, BK=min(DK, 32)), 8,
+             2 if DV <= 64 else 1)):
         out.append((name, fn, ptr(fn.arg_names, h) | f32, common | c, warps, stages))
     return out
 
