@@ -415,3 +415,14 @@ def test_shared_tiktoken_cache_layouts(tmp_path):
         clone = tmp_path / 'elsewhere' / f'clone{len(origin)}'
         subprocess.run(git + ['clone', '-q', origin, str(clone)], cwd=tmp_path / 'elsewhere', check=True)
         assert os.path.samefile(shared_tiktoken_cache(str(clone)), work / 'shared' / 'tiktoken'), origin
+
+
+def test_pystdlib_document_order_is_seeded_and_mixed():
+    # the shards' document order: a permutation fixed by the seed (not by the listing's order), and packages mixed
+    # (in sorted order a package's files came in a row and every training curve showed a bump per package)
+    paths = [f'{pkg}/m{i:03d}.py' for pkg in ('asyncio', 'email', 'json') for i in range(100)]
+    order = pystdlib_prepare.shuffled(paths, 1337)
+    assert sorted(order) == sorted(paths) and order != sorted(paths)
+    assert pystdlib_prepare.shuffled(list(reversed(paths)), 1337) == order
+    assert pystdlib_prepare.shuffled(paths, 1) != order
+    assert {p.split('/')[0] for p in order[:30]} == {'asyncio', 'email', 'json'}

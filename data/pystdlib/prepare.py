@@ -5,9 +5,10 @@ GPT-2 BPE. Every Python install carries it, so the quick start and the tests nee
     python data/pystdlib/prepare.py                  # from the repo root; ~10 s on 2 cores
 
 Writes pystdlib_train_000000.bin and pystdlib_val_000000.bin (llm.c shards, see dataloader.py)
-next to this file. One document per file, EOT (50256) prepended, files in sorted order of their
-path relative to the stdlib root. A file goes to val when a stable hash of that relative path
-falls in the lowest ~2%, so the split does not depend on the machine or on the file order.
+next to this file. One document per file, EOT (50256) prepended, in a seeded shuffled order (--seed):
+in sorted path order, whole packages (asyncio, email, ...) came in a row and every training curve
+showed their bumps. A file goes to val when a stable hash of its path relative to the stdlib root
+falls in the lowest ~2%, so the split does not depend on the machine, the order or the seed.
 Excluded: site-packages (not the stdlib), test suites (directories test/, tests/, idle_test/:
 large and full of deliberately odd code and data), build-specific files (_sysconfigdata_*,
 config-*/), files over 500 KB (pydoc_data/topics.py, a generated text blob) and files that are
@@ -69,6 +70,12 @@ def split_files(relpaths):
     return train, val
 
 
+def shuffled(relpaths, seed):
+    """relpaths in a seeded random order, the same on every machine (numpy's PCG64 from the sorted list)."""
+    order = np.random.default_rng(seed).permutation(len(relpaths))
+    return [sorted(relpaths)[i] for i in order]
+
+
 def tokenize(path):
     """One document: EOT then the GPT-2 BPE tokens of the file's text, as uint16."""
     with open(path, encoding='utf-8') as f:
@@ -80,12 +87,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--out_dir', default=os.path.dirname(os.path.abspath(__file__)), help='where the shards go')
     parser.add_argument('--num_proc', type=int, default=2, help='tokenizer processes')
+    parser.add_argument('--seed', type=int, default=1337, help='seed of the document order')
     args = parser.parse_args()
     gpt2_encoding()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
 
     root = sysconfig.get_paths()['stdlib']
     relpaths = list_files(root)
-    train, val = split_files(relpaths)
+    train, val = (shuffled(files, args.seed) for files in split_files(relpaths))
     print(f"Python {sys.version.split()[0]} stdlib at {root}: {len(relpaths):,} files "
           f"({len(train):,} train, {len(val):,} val)")
     os.makedirs(args.out_dir, exist_ok=True)
@@ -93,7 +101,7 @@ def main():
         for split, files in [('val', val), ('train', train)]:
             writer = ShardWriter(args.out_dir, 'pystdlib', split)
             paths = [os.path.join(root, p) for p in files]
-            # imap keeps the sorted order, so the shards are the same on every run
+            # imap keeps the (seeded) order, so the shards are the same on every run
             for tokens in tqdm(pool.imap(tokenize, paths, chunksize=8), total=len(paths), desc=split, unit='files'):
                 writer.add(tokens)
             for path in writer.close():
