@@ -10,7 +10,7 @@ $ python notes/ptxas_check.py --quick    # bf16 only, fewer tilings
 $ python notes/ptxas_check.py --la       # the scalar-decay _la_ kernels as kernels.py launches them (la_launches),
                                          # Dk = Dv = 128 and Dk = 128 / Dv = 64 (Mamba2), Mamba2's gate, bf16 and fp32
 Spill bytes are not time: they ranked KDA's backward key tile 16 above 32, and the GPU measured the opposite
-(notes/perf.md, 2026-11-23 (c); time candidates with notes/bwd_tiles.py before choosing).
+(notes/perf.md, 2026-11-23 (c); check and time candidates with notes/delta_tiles.py before choosing).
 Before the split (2026-11-23, one kernel _grads_bwd): 255 registers, spill stores 1612 B DeltaNet / 6076 B KDA.
 """
 import itertools
