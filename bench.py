@@ -25,6 +25,7 @@ category per mixer and context.
     python bench.py --train    # whole-model training of the 124M models, every mixer x T = 1024, 4096, 8192, 16384
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
+    python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
 A cold run (empty Triton cache) spends minutes compiling before it measures anything: on an H200 (Triton 3.6),
 the first shape of the full run got through SDPA, DeltaNet (ours, fla) and GDN (ours) in about 4.5 minutes, with our
 kernels already compiled by the tests and fla's chunk_kda backward still compiling.
@@ -41,6 +42,8 @@ kernel category (torch.profiler over 3 more steps; the rules are kernel_category
 time and can be below ms/step; outside mixer+attn = that sum less the linear-mixer and attention kernels, and
 ÷ softmax's = it over the softmax row's at that T (the target: <= 1.15 at T=4096). Under the table: each
 cell's top 5 unfused and fused-elementwise kernels, and which path kernels.py took. On CPU: eager fp32, no profile.
+--documents: every mixer also runs with GPTConfig.documents on (row '<mixer> +docs'; its tokens hold an EOT at random
+positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = its tokens/s over the same mixer's without.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -577,6 +580,7 @@ TRAIN_CONFIGS = {"softmax": "owt", "kda*3,softmax": "kda_hybrid", "kda": "owt", 
 TRAIN_CONTEXTS = "1024,4096,8192,16384"
 CATEGORIES = ("linear mixer", "attention", "matmul", "conv", "fused elem", "unfused", "optimizer")
 WARM_STEPS, WARMUP_STEPS, PROFILE_STEPS = 2, 3, 3  # steps of the --warm run; before the timing; under the profiler
+DOC_LEN = 1100  # --documents: mean tokens per document (OpenWebText: ~9.0B GPT-2 tokens in ~8.0M documents)
 # the Triton functions of kernels.py (KernelInterface: also what triton.jit returns under TRITON_INTERPRET=1)
 MIXER_KERNELS = frozenset(n for n, o in vars(kernels).items() if isinstance(o, triton.runtime.jit.KernelInterface))
 
@@ -585,6 +589,7 @@ def kernel_category(name, mixer_kernels=MIXER_KERNELS):
     """The category of one CUDA profiler event name (a kernel, memcpy or memset); the first rule that matches wins,
     case-insensitively (the order matters: Inductor names its kernels after the ops they fuse, 'short_conv_bwd'
     included; cuDNN's sdpa kernels also hold 'sm90_', fmha kernels 'cutlass'):
+      attention     'flex_attention' (FlexAttention's kernels, which Inductor generates: --documents)
       fused elem    Inductor's generated Triton kernels: 'triton_' (triton_poi_, triton_red_, triton_per_)
       conv          our short-conv Triton kernels (the name holds 'short_conv')
       linear mixer  the other Triton kernels of kernels.py: a name starting with one of mixer_kernels (the function
@@ -597,6 +602,8 @@ def kernel_category(name, mixer_kernels=MIXER_KERNELS):
       matmul        'gemm', 'gemv', 'cutlass', 'nvjet', 'xmma', 'cublas', 'sm80_', 'sm90_', 'splitkreduce'
       unfused       everything else: ATen elementwise / reduce / copy / fill / cat / index kernels, memcpy, memset"""
     low = name.lower()
+    if "flex_attention" in low:
+        return "attention"
     if low.startswith("triton_"):
         return "fused elem"
     if "short_conv" in low:
@@ -618,10 +625,10 @@ def short_kernel_name(name, n=80):
     return s if len(s) <= n else s[:n - 3] + "..."
 
 
-def train_model_config(mixer, T, tiny=False):
+def train_model_config(mixer, T, tiny=False, documents=False):
     """GPTConfig of the 124M config file for this mixer pattern (TRAIN_CONFIGS; a pattern not there uses
     config/owt.py), run with that mixer (its rules read it: head_dim), block_size T, vocab 50304 (train.py's default: GPT-2's 50257 padded to a multiple of 64).
-    tiny: 4 layers x 64 (the hybrid's pattern tiles 4), vocab 256, for a CPU smoke run."""
+    tiny: 4 layers x 64 (the hybrid's pattern tiles 4), vocab 256 (EOT 0), for a CPU smoke run. documents: GPTConfig's."""
     import dataclasses
     from model import GPTConfig
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config",
@@ -630,33 +637,36 @@ def train_model_config(mixer, T, tiny=False):
     with open(path) as f:
         exec(f.read(), g)
     args = {f.name: g[f.name] for f in dataclasses.fields(GPTConfig) if f.name in g}
-    args.update(mixer=mixer, block_size=T, vocab_size=50304)
+    args.update(mixer=mixer, block_size=T, vocab_size=50304, documents=documents)
     if tiny:
-        args.update(n_layer=4, n_head=2, n_embd=64, head_dim=32, d_state=16, vocab_size=256)
+        args.update(n_layer=4, n_head=2, n_embd=64, head_dim=32, d_state=16, vocab_size=256, eot_token=0)
     return GPTConfig(**args)
 
 
-def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False):
+def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False):
     """One (mixer, T) cell, in its own process: build the model, torch.compile it on CUDA (eager on CPU), then train
     on fixed random tokens with train.py's step (bf16 autocast and TF32 on CUDA, fp32 on CPU; forward, backward,
     clip_grad_norm_ at 1.0, the finiteness check of loss and gradient norm, which syncs, fused AdamW, zero_grad),
     one micro-step per optimizer step. warm: WARM_STEPS steps and return (fills the compile caches). Otherwise
     WARMUP_STEPS steps, then `steps` timed ones (CUDA events around each step; the median), peak memory over them,
     then PROFILE_STEPS under torch.profiler (CUDA only): GPU ms per step by kernel_category. -> dict for the JSON
-    line."""
+    line. documents: GPTConfig.documents on, and an EOT at random positions (one in DOC_LEN) of the tokens."""
     from model import GPT
     cuda = device.startswith("cuda")
     B = max(1, tokens // T)
-    out = dict(mixer=mixer, T=T, B=B)
+    out = dict(mixer=mixer, T=T, B=B, documents=documents)
     torch.backends.cuda.matmul.allow_tf32 = True  # as train.py
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
-    raw = GPT(train_model_config(mixer, T, tiny)).to(device)
+    raw = GPT(train_model_config(mixer, T, tiny, documents)).to(device)
     out["params"] = raw.get_num_params()
     optimizer = raw.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda" if cuda else "cpu")  # fused AdamW on CUDA
     model = torch.compile(raw) if cuda else raw
     ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else nullcontext()
     seq = torch.randint(0, raw.config.vocab_size, (B, T + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    if documents:  # documents of DOC_LEN tokens on average (the eot_token the data would hold)
+        eot = torch.rand(B, T + 1, generator=torch.Generator().manual_seed(1)) < 1 / DOC_LEN
+        seq = seq.masked_fill(eot.to(device), raw.config.eot_token)
     X, Y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as the loader's; the loss values do not matter
 
     def step():
@@ -721,17 +731,18 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False):
     return out
 
 
-def run_cell(mixer, T, args, warm):
+def run_cell(mixer, T, args, warm, documents=False):
     """Run train_cell in a fresh `python bench.py --train_cell` process -> its dict, or {'error': first line}.
     Also keeps the 'kernels: ...' lines (which path each mixer took) of its output."""
     cmd = [sys.executable, os.path.abspath(__file__), "--train_cell", mixer, str(T), "--tokens", str(args.tokens),
-           "--steps", str(args.steps), "--device", args.device] + ["--tiny"] * args.tiny + ["--warm"] * warm
+           "--steps", str(args.steps), "--device", args.device] + ["--tiny"] * args.tiny + ["--warm"] * warm + [
+           "--documents"] * documents
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = p.stdout.splitlines()
     cell = next((json.loads(s[5:]) for s in reversed(lines) if s.startswith("CELL ")), None)
     if cell is None:  # died without a word (a crash, killed for memory): the last line it wrote to stderr
         err = [s for s in p.stderr.splitlines() if s.strip()]
-        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T),
+        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents,
                     error=err[-1] if err else f"exit code {p.returncode}")
     cell["paths"] = sorted({s for s in lines if s.startswith("kernels: ")})
     return cell
@@ -743,27 +754,31 @@ def train_bench(args, mixers, contexts):
     the GPU) is measured anyway. Phase 2 (measure): each cell alone, one after the other. Then the table."""
     from concurrent.futures import ThreadPoolExecutor
     mixers = ["softmax"] + [m for m in mixers if m != "softmax"]  # every row is a ratio to softmax at its T
-    cells = [(m, T) for T in contexts for m in mixers]
+    cells = [(m, T, d) for T in contexts for m in mixers for d in ((False, True) if args.documents else (False,))]
+    label = lambda r: r["mixer"] + (" +docs" if r.get("documents") else "")
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        for w in pool.map(lambda c: run_cell(*c, args, warm=True), cells):
+        for w in pool.map(lambda c: run_cell(c[0], c[1], args, True, c[2]), cells):
             status = f"error: {w['error']}" if "error" in w else f"{WARM_STEPS} steps in {w['warm_s']:.0f} s, compiling included"
-            print(f"warm {w['mixer']} T={w['T']} B={w['B']}: {status} ({time.perf_counter() - t0:.0f} s in)",
+            print(f"warm {label(w)} T={w['T']} B={w['B']}: {status} ({time.perf_counter() - t0:.0f} s in)",
                   flush=True)
     results = []
-    for m, T in cells:
-        r = run_cell(m, T, args, warm=False)
+    for m, T, d in cells:
+        r = run_cell(m, T, args, False, d)
         status = f"error: {r['error']}" if "error" in r else f"{r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s"
-        print(f"measure {m} T={T} B={r['B']}: {status} ({time.perf_counter() - t0:.0f} s in)", flush=True)
+        print(f"measure {label(r)} T={T} B={r['B']}: {status} ({time.perf_counter() - t0:.0f} s in)", flush=True)
         results.append(r)
 
     def outside(r):  # GPU ms per step outside the linear-mixer and attention kernels
         c = r.get("categories")
         return r["gpu_ms"] - c["linear mixer"] - c["attention"] if c else None
 
-    soft = {r["T"]: r for r in results if r["mixer"] == "softmax" and "error" not in r}
+    soft = {r["T"]: r for r in results if r["mixer"] == "softmax" and not r.get("documents") and "error" not in r}
+    off = {(r["mixer"], r["T"]): r for r in results if not r.get("documents") and "error" not in r}
     for r in results:
         s = soft.get(r["T"])
+        if r.get("documents") and "error" not in r and (r["mixer"], r["T"]) in off:
+            r["x_off"] = r["tokens_per_s"] / off[r["mixer"], r["T"]]["tokens_per_s"]  # documents on ÷ off
         if "error" not in r and s:
             r["x_softmax"] = r["tokens_per_s"] / s["tokens_per_s"]
             if outside(r) is not None:
@@ -775,23 +790,25 @@ def train_bench(args, mixers, contexts):
     print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps; categories: GPU ms "
           f"per step from the kernels of {PROFILE_STEPS} profiled steps (ms/step: median wall time of a step)\n")
     f = lambda x, spec: "" if x is None else format(x, spec)
-    print("| mixer | T (B) | tokens/s | × softmax | MFU | peak MiB | ms/step | " + " | ".join(CATEGORIES)
-          + " | outside mixer+attn | ÷ softmax's |")
-    print("|---" * (9 + len(CATEGORIES)) + "|")
+    docs = args.documents  # one more column: ÷ off
+    print("| mixer | T (B) | tokens/s | × softmax | " + "÷ off | " * docs + "MFU | peak MiB | ms/step | "
+          + " | ".join(CATEGORIES) + " | outside mixer+attn | ÷ softmax's |")
+    print("|---" * (9 + docs + len(CATEGORIES)) + "|")
     for r in results:
-        head = f"| {r['mixer']} | {r['T']} ({r['B']}) | "
+        head = f"| {label(r)} | {r['T']} ({r['B']}) | "
         if "error" in r:
-            print(head + f"error: {r['error'][:100]} |" + " |" * (6 + len(CATEGORIES)))
+            print(head + f"error: {r['error'][:100]} |" + " |" * (6 + docs + len(CATEGORIES)))
             continue
         c = r.get("categories", {})
-        print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f"),
-                                 f(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
-                                 f(r.get("peak_mib"), ",.0f"), f(r["ms"], ".1f")]
+        print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f")]
+                                + [f(r.get("x_off"), ".2f")] * docs
+                                + [f(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
+                                   f(r.get("peak_mib"), ",.0f"), f(r["ms"], ".1f")]
                                 + [f(c.get(k), ".2f") for k in CATEGORIES]
                                 + [f(r.get("outside_ms"), ".2f"), f(r.get("outside_vs_softmax"), ".2f")]) + " |")
     for r in results:
         for category, top in r.get("top", {}).items():
-            print(f"\n{r['mixer']} T={r['T']}: top {category} kernels, ms/step")
+            print(f"\n{label(r)} T={r['T']}: top {category} kernels, ms/step")
             for name, ms in top:
                 print(f"  {ms:7.3f}  {name[:80]}")
     paths = sorted({p for r in results for p in r["paths"]})
@@ -831,6 +848,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="--train: cells compiled at once in the warm phase")
     ap.add_argument("--json", default="", help="--train: also write the results to this JSON file")
     ap.add_argument("--tiny", action="store_true", help="--train: a 4-layer x 64 model (CPU smoke run)")
+    ap.add_argument("--documents", action="store_true",
+                    help="--train: every mixer also with documents=True (EOTs in its tokens): a row '+docs', ÷ off")
     ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
     ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)  # internal: --train_cell's warm phase
     ap.add_argument("--variants", default=",".join(VARIANTS),
@@ -848,11 +867,12 @@ def main():
     if args.train_cell:  # one cell of --train, in its own process: one JSON line for the parent
         mixer, T = args.train_cell[0], int(args.train_cell[1])
         try:
-            cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm)
+            cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm, args.documents)
         except Exception as e:  # noqa: BLE001 (out of memory, a compile error: the table reports it)
             import traceback
             traceback.print_exc()
-            cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), error=first_line(e, 200))
+            cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=args.documents,
+                        error=first_line(e, 200))
         print("CELL " + json.dumps(cell), flush=True)
         return
     if args.train:  # runs on CPU too (--tiny)

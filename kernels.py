@@ -305,7 +305,7 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # - token offsets are int64 (B*T*H*D can pass 2^31).
 # T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
 # head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
-# TODO (speed; where it stands: notes/perf.md): slower than fla's kernels. KDA's dyadic gated Gram (_grams_fwd,
+# TODO (speed; where it stands: notes/perf.md): slower than fla's kernels. KDA's gated Grams (_grams_block,
 # _grams_bwd) and the fp32 intermediates between eight kernels limit; the backward recomputes W, h, Delta (and P, A
 # except for KDA).
 
@@ -340,54 +340,9 @@ def _dot(a, b, PREC: tl.constexpr):
         return tl.dot(a, b, input_precision=PREC)
 
 @triton.jit
-def _grams(q, k, Gm, g_ptr, sg, n, GATE: tl.constexpr, C: tl.constexpr,
-           DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, DO_P: tl.constexpr = True,
-           DO_K: tl.constexpr = True):
-    # q, k [C, DK] fp32 (rows >= n are 0); Gm [C, DG] chunk-local cumsum (rows >= n are 0);
-    # g_ptr/sg: row 0 of this chunk's G and its row stride (KDA reference rows are gathered).
-    # Returns the two decayed Grams of the chunk, [C, C] each:
-    #   P[r, i] = sum_c q_rc k_ic exp(G_rc - G_ic) for i <= r,   K[r, i] = the same with k_r for i < r.
-    # Computed together because the key-side factor k_i exp(nu - G_i) is shared (KDA: one exp per level); DO_P /
-    # DO_K: only one of them (the other comes back as zeros), for a kernel that forms them in separate programs.
-    r = tl.arange(0, C)[:, None]
-    i = tl.arange(0, C)[None, :]
-    if GATE == 2:
-        valid = r < n
-        cols = tl.arange(0, DK)[None, :]
-        if DO_P:
-            P = tl.where(r == i, tl.sum(q * k, 1)[:, None], 0.)  # the diagonal, factor 1
-        else:
-            P = tl.zeros([C, C], dtype=tl.float32)
-        K = tl.zeros([C, C], dtype=tl.float32)
-        for lvl in tl.static_range(LOG2C):
-            s = 1 << lvl  # half-block size of this level (compile-time)
-            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)  # last row of the left half
-            nu = tl.load(g_ptr + ref * sg + cols)                       # [C, DK]
-            right = (r % (2 * s)) >= s
-            # one exp for both factors: exp(G_r - nu) on the right halves, exp(nu - G_i) on the left, both <= 1
-            e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))
-            up = tl.where(right, e, 0.)
-            kl = k * tl.where(right, 0., e)                             # k_i exp(nu - G_i)
-            same = (r // (2 * s)) == (i // (2 * s))                     # only pairs of this level
-            if DO_P:
-                P += tl.where(same, _dot(q * up, tl.trans(kl), PREC), 0.)
-            if DO_K:
-                K += tl.where(same, _dot(k * up, tl.trans(kl), PREC), 0.)
-    else:
-        P = _dot(q, tl.trans(k), PREC)
-        K = _dot(k, tl.trans(k), PREC)
-        if GATE == 1:
-            decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
-            P = P * decay
-            K = K * decay
-        P = tl.where((i <= r) & (r < n), P, 0.)
-        K = tl.where((i < r) & (r < n), K, 0.)
-    return P, K
-
-@triton.jit
 def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
-               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
-    # Backward of P = _grams' P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, GDN: tl.constexpr = 0):
+    # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
     # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
     # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
     #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
@@ -432,19 +387,39 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
             dP = dP * decay
             dL = dL * decay
             dLb = dLb * decay
-        m = _dot(dP, k, PREC)
-        dq += m
-        dG += q * m
-        m = _dot(tl.trans(dP), q, PREC)
-        dk += m
-        dG -= k * m
-        m = _dot(dL, k, PREC)
-        dk += beta[:, None] * m
-        dG += beta[:, None] * k * m
-        dbeta += tl.sum(m * k, 1)
-        m = _dot(tl.trans(dLb), k, PREC)
-        dk += m
-        dG -= k * m
+        if GDN == 0:
+            m = _dot(dP, k, PREC)
+            dq += m
+            dG += q * m
+            m = _dot(tl.trans(dP), q, PREC)
+            dk += m
+            dG -= k * m
+            m = _dot(dL, k, PREC)
+            dk += beta[:, None] * m
+            dG += beta[:, None] * k * m
+            dbeta += tl.sum(m * k, 1)
+            m = _dot(tl.trans(dLb), k, PREC)
+            dk += m
+            dG -= k * m
+        else:
+            # GDN's row-sum forms (GDN 1 'rows', 2 'rows_dq'; _wy_grads_bwd_kernel): dG is a [C] vector of row sums,
+            # the terms q M, -k N, -k N' summed over channels where they are formed (beta k M' is beta times dbeta's
+            # part, added by the caller; 'rows_dq' takes q M from rowsum(q dq) at the end). Each product is used
+            # twice, so Triton does not fold `dk += dot` into a chain of dots (a dot whose result feeds another dot
+            # gets all 8 warps along its 64 rows: a doubled accumulator and [C, Dk] layout conversions, as DeltaNet's)
+            m = _dot(dP, k, PREC)
+            dq += m
+            if GDN == 1:
+                dG += tl.sum(q * m, 1)
+            m = _dot(tl.trans(dP), q, PREC)
+            dk += m
+            dG -= tl.sum(k * m, 1)
+            m = _dot(dL, k, PREC)
+            dk += beta[:, None] * m
+            dbeta += tl.sum(m * k, 1)
+            m = _dot(tl.trans(dLb), k, PREC)
+            dk += m
+            dG -= tl.sum(k * m, 1)
     return dq, dk, dG, dbeta
 
 @triton.jit
@@ -459,19 +434,19 @@ def _inv16(Lb, IPREC: tl.constexpr):
     return X
 
 @triton.jit
-def _block_ptrs(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
+def _block_ptrs(ptr, tok0, H, n, i, j):
     # pointers and row mask of the 16x16 block (i, j) of this chunk's [C=64, C] matrix (row r at token tok0 + r H)
     a = tl.arange(0, 16)
     rows = 16 * i + a
     return ptr + (tok0 + rows[:, None] * H) * 64 + 16 * j + a[None, :], (rows < n)[:, None]
 
 @triton.jit
-def _ld(ptr, tok0, H, n, i: tl.constexpr, j: tl.constexpr):
+def _ld(ptr, tok0, H, n, i, j):
     p, m = _block_ptrs(ptr, tok0, H, n, i, j)
     return tl.load(p, mask=m, other=0.).to(tl.float32)
 
 @triton.jit
-def _st(ptr, tok0, H, n, x, i: tl.constexpr, j: tl.constexpr):
+def _st(ptr, tok0, H, n, x, i, j):
     p, m = _block_ptrs(ptr, tok0, H, n, i, j)
     tl.store(p, x.to(ptr.dtype.element_ty), mask=m)
 
@@ -498,7 +473,7 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 #   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
 #   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
 #   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (parallel)
-# Kernels: _chunk_cumsum (G), _grams_fwd (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
+# Kernels: _chunk_cumsum (G), _grams_block (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
 # _state_fwd (snapshots h[c] = S, Delta), _output_fwd (O, from the stored P_qk).
 
 @triton.jit(do_not_specialize=["T", "H"])
@@ -514,65 +489,128 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
     g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
-@triton.jit(do_not_specialize=["T", "H"])
-def _grams_fwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
-                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-                      SPLIT: tl.constexpr):
-    # P_qk (with its diagonal) and L = StrictTril(Diag(beta) K K^T), both decayed, as fp32 rows [B, T, H, C].
-    # Its own kernel, summed over key tiles of BK channels: with the inverse in the same kernel, or whole Dk = 128
-    # rows, the live tiles spilled registers (notes/perf.md). SPLIT: P and L in two programs (program_id(2) 0 / 1),
-    # each holding one [C, C] accumulator and, for L, no q tile.
-    if SPLIT:
-        if tl.program_id(2) == 0:
-            _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK, BK, DG, C, LOG2C, GATE, PREC,
-                            True, False)
-        else:
-            _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK, BK, DG, C, LOG2C, GATE, PREC,
-                            False, True)
-    else:
-        _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK, BK, DG, C, LOG2C, GATE, PREC,
-                        True, True)
+# -----------------------------------------------------------------------------
+# The Grams by 16 x 16 blocks (every gate kind)
+#
+# A chunk's rows fall into four sub-chunks of 16, the [C, C] matrices P_qk and L into 16 x 16 blocks (j, i), j >= i,
+# one program per block. Block (j, i) of a decayed Gram is sum_c a[r, c] b[s, c] exp(G[r, c] - G[s, c]) for rows r
+# of sub-chunk j and s of sub-chunk i:
+# - below the diagonal (j > i, every s < r): KDA splits the decay at the first row nu of sub-chunk j,
+#   exp(G_r - G_nu) exp(G_nu - G_s), both factors <= 1 (s < nu <= r), so the block is one plain tensor-core dot of
+#   the rescaled rows; a scalar gate (GDN) multiplies the plain dot by exp(G_r - G_s) afterwards;
+# - on the diagonal, KDA's pairs inside 16 rows take the dyadic split of _grams_bwd's comment (levels 1, 2, 4, 8:
+#   four [16, BK] dots, each masked to its pairs), exact for any gate.
+# Against one program per chunk with [C, C] tiles (the former _grams_fwd: six dyadic levels of [C, C] dots for KDA, twelve
+# [64, 64, 64] dots per key tile where the pairs need two, and spills) the work is the pairs' own, spread over ten
+# small programs per chunk. The inverse stays its own kernel (_inverse): inside one program per chunk, after the
+# Grams, it was slower (notes/perf.md 2026-11-24 (i)).
 
 @triton.jit
-def _grams_fwd_part(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
-                    DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-                    DO_P: tl.constexpr, DO_K: tl.constexpr):
-    c = tl.program_id(0).to(tl.int64)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
-    rows = tl.arange(0, C)
-    t = c * C + rows
-    valid = t < T
-    n = tl.minimum(T - c * C, C)
-    tok = (b * T + t) * H + h                       # [C] int64 token-head index
-    tok0 = (b * T + c * C) * H + h
-    P = tl.zeros([C, C], dtype=tl.float32)
-    K = tl.zeros([C, C], dtype=tl.float32)
-    for kt in tl.static_range(DK // BK):
+def _sub_rows(ptr, tok0, H, n, j, cols, D: tl.constexpr):
+    # rows 16j .. 16j + 15 of this chunk of a [B, T, H, D] tensor, columns `cols`, fp32, 0 on padded rows
+    rows = 16 * j + tl.arange(0, 16)
+    return tl.load(ptr + (tok0 + rows[:, None] * H) * D + cols[None, :], mask=(rows < n)[:, None],
+                   other=0.).to(tl.float32)
+
+@triton.jit
+def _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, j, i, DK: tl.constexpr,
+               BK: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # blocks (j, i), j > i, of P_qk and of K K^T, both decayed, [16, 16] fp32 (rows >= n are 0)
+    a = tl.arange(0, 16)
+    vj = (16 * j + a < n)[:, None]
+    vi = (16 * i + a < n)[:, None]
+    P = tl.zeros([16, 16], dtype=tl.float32)
+    K = tl.zeros([16, 16], dtype=tl.float32)
+    for kt in range(DK // BK):  # a loop, not unrolled: its tiles stay local to it
         ck = kt * BK + tl.arange(0, BK)
-        if DO_P:
-            qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        else:
-            qq = tl.zeros([C, BK], dtype=tl.float32)  # unused
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        qj = _sub_rows(q_ptr, tok0, H, n, j, ck, DK)
+        kj = _sub_rows(k_ptr, tok0, H, n, j, ck, DK)
+        ki = _sub_rows(k_ptr, tok0, H, n, i, ck, DK)
         if GATE == 2:
-            g_tile = G_ptr + kt * BK                # KDA: this tile's gate channels
-            Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
+            nu = tl.load(G_ptr + (tok0 + tl.minimum(16 * j, n - 1) * H) * DK + ck)[None, :]
+            Gj = _sub_rows(G_ptr, tok0, H, n, j, ck, DK)
+            Gi = _sub_rows(G_ptr, tok0, H, n, i, ck, DK)
+            ej = tl.exp(tl.where(vj, Gj - nu, float('-inf')))     # exp(G_r - G_nu) <= 1
+            ki = ki * tl.exp(tl.where(vi, nu - Gi, float('-inf')))  # exp(G_nu - G_s) <= 1
+            qj = qj * ej
+            kj = kj * ej
+        P += _dot(qj, tl.trans(ki), PREC)
+        K += _dot(kj, tl.trans(ki), PREC)
+    if GATE == 1:
+        gj = tl.load(G_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.)
+        gi = tl.load(G_ptr + tok0 + (16 * i + a) * H, mask=16 * i + a < n, other=0.)
+        decay = tl.exp(tl.where(vj, gj[:, None] - gi[None, :], float('-inf')))
+        P = P * decay
+        K = K * decay
+    return P, K
+
+@triton.jit
+def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.constexpr,
+               GATE: tl.constexpr, PREC: tl.constexpr):
+    # diagonal blocks (j, j) of P_qk (lower, with its diagonal) and of K K^T (strictly lower), decayed
+    a = tl.arange(0, 16)
+    r = a[:, None]
+    s = a[None, :]
+    vj = (16 * j + a < n)[:, None]
+    P = tl.zeros([16, 16], dtype=tl.float32)
+    K = tl.zeros([16, 16], dtype=tl.float32)
+    for kt in range(DK // BK):  # a loop, not unrolled: its tiles stay local to it
+        ck = kt * BK + tl.arange(0, BK)
+        qj = _sub_rows(q_ptr, tok0, H, n, j, ck, DK)
+        kj = _sub_rows(k_ptr, tok0, H, n, j, ck, DK)
+        if GATE == 2:
+            Gj = _sub_rows(G_ptr, tok0, H, n, j, ck, DK)
+            P += tl.where(r == s, tl.sum(qj * kj, 1)[:, None], 0.)  # the diagonal, factor 1
+            for lvl in tl.static_range(4):
+                half = 1 << lvl  # pairs in one block of 2 half, in different halves
+                ref = tl.minimum(16 * j + (a // (2 * half)) * (2 * half) + half - 1, n - 1)  # last row of the left half
+                nu = tl.load(G_ptr + (tok0 + ref[:, None] * H) * DK + ck[None, :])
+                right = ((a % (2 * half)) >= half)[:, None]
+                e = tl.exp(tl.where(vj, tl.where(right, Gj - nu, nu - Gj), float('-inf')))  # both <= 1
+                up = tl.where(right, e, 0.)
+                kl = kj * tl.where(right, 0., e)
+                same = (r // (2 * half)) == (s // (2 * half))
+                P += tl.where(same, _dot(qj * up, tl.trans(kl), PREC), 0.)
+                K += tl.where(same, _dot(kj * up, tl.trans(kl), PREC), 0.)
         else:
-            g_tile = G_ptr
-            Gm, _, _ = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        Pt, Kt = _grams(qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, GATE, C, BK, LOG2C, PREC, DO_P, DO_K)
-        P += Pt
-        K += Kt
-    if DO_P:
-        tl.store(P_ptr + tok[:, None] * C + rows[None, :], P.to(P_ptr.dtype.element_ty), mask=valid[:, None])
-    if DO_K:
-        beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-        tl.store(L_ptr + tok[:, None] * C + rows[None, :], K * beta[:, None], mask=valid[:, None])
+            P += _dot(qj, tl.trans(kj), PREC)
+            K += _dot(kj, tl.trans(kj), PREC)
+    if GATE == 1:
+        gj = tl.load(G_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.)
+        decay = tl.exp(tl.where(vj & (s <= r), gj[:, None] - gj[None, :], float('-inf')))
+        P = P * decay
+        K = K * decay
+    P = tl.where(s <= r, P, 0.)
+    K = tl.where(s < r, K, 0.)
+    return P, K
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
+                        GATE: tl.constexpr, PREC: tl.constexpr):
+    # One 16 x 16 block (j, i), j >= i, of a chunk per program (grid: chunks, 10 blocks, B H): P_qk's block into P_ptr
+    # (the intermediates' dtype; a diagonal program also writes the zero blocks right of it), L's (fp32) into L_ptr.
+    c = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)                            # blocks in row order: (0,0) (1,0) (1,1) (2,0) (2,1) (2,2) (3,0) ...
+    j = (p >= 1).to(tl.int32) + (p >= 3).to(tl.int32) + (p >= 6).to(tl.int32)
+    i = p - j * (j + 1) // 2
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    n = tl.minimum(T - c * 64, 64)
+    tok0 = (b * T + c * 64) * H + h
+    if i == j:
+        P, K = _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK, BK, GATE, PREC)
+        for z in range(j + 1, 4):
+            _st(P_ptr, tok0, H, n, tl.zeros([16, 16], dtype=tl.float32), j, z)
+    else:
+        P, K = _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, j, i, DK, BK, GATE, PREC)
+    _st(P_ptr, tok0, H, n, P, j, i)
+    a = tl.arange(0, 16)
+    beta = tl.load(beta_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.).to(tl.float32)
+    _st(L_ptr, tok0, H, n, K * beta[:, None], j, i)
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
-    # A = (I + L)^-1 from L (fp32, from _grams_fwd) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, docs/mixers.md §4.3.3): the four diagonal
+    # A = (I + L)^-1 from L (fp32, from _grams_block) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, docs/mixers.md §4.3.3): the four diagonal
     # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
     # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
     # many programs per SM hide the latency (inside _wy_fwd one 255-register program per SM was slower: notes/perf.md).
@@ -804,29 +842,51 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
 @triton.jit
-def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid):
+def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN: tl.constexpr = 0):
     # The per-channel terms of the gradients that do not involve the Grams (see above): W = A (beta exp(G) K),
     # Qg = Q exp(G), Kd = K exp(G_n - G). -> dq, dk, dbeta, dG (without the Gram parts) and dG_n [1, BK].
+    # GDN (scalar gate only, Gm [C, 1]; _wy_grads_bwd_kernel's GDN 1 'rows', 2 'rows_dq'; 0 'tile' for every other
+    # caller): no [C, Dk] dG. With eg = exp(G_r) a row factor, rowsum(Y kb) = beta dbeta (the caller adds beta times
+    # the whole K part of dbeta), so dG comes back as a [C] vector of the other row sums ('rows_dq': without the
+    # dQg term, which the caller takes from rowsum(q dq)) and dG_n as one number.
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
-    kb = kk * eg * beta[:, None]
-    dk = Y * eg * beta[:, None]
-    dbeta = tl.sum(Y * eg * kk, 1)
-    dG = Y * kb
-    kd = kk * egn
-    dq = dqg * eg
-    dG += dqg * qq * eg
-    dk += dkd * egn
-    dG -= dkd * kd
-    dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]  # G_n: state decay exp(G_n) S and Kd
+    if GDN != 0:
+        dq = dqg * eg
+        dk = Y * (eg * beta[:, None]) + dkd * egn
+        egv = tl.sum(eg, 1)
+        dbeta = egv * tl.sum(Y * kk, 1)
+        sdk = tl.sum(egn, 1) * tl.sum(dkd * kk, 1)                      # rowsum(dKd Kd)
+        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(sdk)
+        dG = -sdk
+        if GDN == 1:
+            dG += egv * tl.sum(dqg * qq, 1)
+    else:
+        kb = kk * eg * beta[:, None]
+        dk = Y * eg * beta[:, None]
+        dbeta = tl.sum(Y * eg * kk, 1)
+        dG = Y * kb
+        kd = kk * egn
+        dq = dqg * eg
+        dG += dqg * qq * eg
+        dk += dkd * egn
+        dG -= dkd * kd
+        dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]  # G_n: state decay exp(G_n) S and Kd
     return dq, dk, dbeta, dG, dGn
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                          dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                          H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, GDN: tl.constexpr = 0):
     # DeltaNet / GDN: one program per (chunk, b h), whole Dk rows -> dq, dk, dv, dbeta, GDN's dg [B, T, H].
+    # GDN: how GDN forms dg, which needs only the row sums of dG (WY_GRADS_TILE['gdn'] by name; 0 for DeltaNet):
+    # 0 'tile': a [C, Dk] dG tile through _gate_grads and _grams_bwd, summed over channels at the end;
+    # 1 'rows': a [C] vector instead, each [C, Dk] term summed where it is formed; with eg = exp(G_r) a row factor
+    #   rowsum(Y beta eg K) + beta rowsum(K M') = beta dbeta_K (dbeta_K: dbeta less rowsum(X V)), one product;
+    # 2 'rows_dq': 'rows' with the two q-side terms (eg dQg, M) taken together as rowsum(Q dq) from the final dq;
+    # 3 'order': 'rows_dq' written out so that fewer [C, Dk] tiles are live at once: dk's gate terms first (Y and
+    #   dKd die), then dq whole and stored, then dk's Gram products (q dies after the first).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -875,18 +935,59 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     dqg = dqg * scale
 
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, 1, 1)
-    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
-    dbeta += db
-    dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
-                                   GATE, C, DK, LOG2C, PREC)
-    tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
-    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+    if GDN == 3:
+        # 'order' (GDN only): _gate_grads' and _grams_bwd's GDN 2 lines in another order, each product used twice
+        # except M, which goes only to dq (a fold into dq's accumulator: no dot follows it)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # [C, 1], as in _gate_grads
+        egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
+        db = tl.sum(eg, 1) * tl.sum(Y * kk, 1)                              # dbeta_K, W's part
+        sdk = tl.sum(egn, 1) * tl.sum(dkd * kk, 1)                          # rowsum(dKd Kd)
+        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(sdk)
+        dk = Y * (eg * beta[:, None]) + dkd * egn
+        decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
+        dP = dP * decay
+        dL = dL * decay
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        dq = dqg * eg + _dot(dP, kk, PREC)
+        dG = tl.sum(qq * dq, 1) - sdk
+        tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+        m = _dot(tl.trans(dP), qq, PREC)
+        dk += m
+        dG -= tl.sum(kk * m, 1)
+        m = _dot(tl.trans(dL * beta[:, None]), kk, PREC)
+        dk += m
+        dG -= tl.sum(kk * m, 1)
+        m = _dot(dL, kk, PREC)
+        dk += beta[:, None] * m
+        db += tl.sum(m * kk, 1)
+        dG += beta * db
+        dbeta += db
+        tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+    else:
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN)
+        if GDN == 0:
+            dbeta += db
+            dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
+                                           GATE, C, DK, LOG2C, PREC)
+        else:
+            dq, dk, dG, db = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, db,
+                                        GATE, C, DK, LOG2C, PREC, GDN)
+            dG += beta * db                                             # beta dbeta_K (see above)
+            if GDN == 2:
+                dG += tl.sum(qq * dq, 1)
+            dbeta += db
+        tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dbeta_ptr + tok, dbeta, mask=valid)
     if GATE == 1:
-        dG += tl.where(r2 == n - 1, dGn, 0.)
-        dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)             # G = cumsum(g) => reverse
+        if GDN == 0:
+            dG += tl.where(r2 == n - 1, dGn, 0.)
+            dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)         # G = cumsum(g) => reverse
+        else:
+            dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
         tl.store(dg_ptr + tok, dg, mask=valid)
 
 @triton.jit(do_not_specialize=["T", "H"])
@@ -1393,7 +1494,7 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
 # -----------------------------------------------------------------------------
 # the Triton path as custom ops, and the public calls
 #
-# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_fwd) -> A (_inverse) -> W, U
+# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_block) -> A (_inverse) -> W, U
 # (_wy_fwd) -> h[c], Delta, final state (_state_fwd) -> O (_output_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
 # state; the backward (kernels::delta_rule_bwd) recomputes W, h, Delta (_wy_fwd, _state_fwd), then runs _state_bwd
 # (reverse over chunks) and _wy_grads_bwd (DeltaNet, GDN) or _wy_bwd and _grads_bwd (KDA). Both are torch.library
@@ -1430,9 +1531,9 @@ def _storage(prec):
 # miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
 STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32}
-WY_GRADS_TILE = {'v': 64, 'warps': 8}
+WY_GRADS_TILE = {'v': 64, 'warps': 8, 'gdn': 'tile'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
-KDA_GRAMS_TILE = {'k': 64, 'warps': 8, 'split': False}  # KDA's _grams_fwd: key tile, warps, P and L in two programs
+GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
 INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
 
 def _state_tile(DK, DV, GATE, backward, BH, device):
@@ -1459,19 +1560,13 @@ def _grams_inverse(q, k, beta, G, GATE, DG):
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
     idt = _storage(prec)
-    L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
     P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
+    iprec = 'ieee' if prec == 'ieee' else 'tf32x3'
+    L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
-    # key tile and warps of _grams_fwd by measurement (notes/perf.md): DeltaNet 64-channel tiles with 4 warps (whole
-    # rows with 8 warps were slower); KDA KDA_GRAMS_TILE (64-channel tiles with 8 warps; with 4 they spill its six
-    # gate levels and took twice as long)
-    if GATE == 2:
-        BK, nw, split = min(DK, KDA_GRAMS_TILE['k']), KDA_GRAMS_TILE['warps'], KDA_GRAMS_TILE['split']
-    else:
-        BK, nw, split = min(DK, 64), 4, False
-    _grams_fwd_kernel[(NT, B * H, 2 if split else 1)](q, k, beta, Gp, P, L, T, H, DK, BK, DG, C, int(math.log2(C)),
-                                                      GATE, prec, split, num_warps=nw)
-    _inverse_kernel[(NT, B * H)](L, A, T, H, 'ieee' if prec == 'ieee' else 'tf32x3', num_warps=INVERSE_WARPS)
+    BK = min(DK, GRAMS_TILE['kda_k'] if GATE == 2 else GRAMS_TILE['k'])
+    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, num_warps=GRAMS_TILE['warps'])
+    _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=INVERSE_WARPS)
     return P, A
 
 def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG):
@@ -1564,6 +1659,8 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == 1 else dbeta
         _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
                                           T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,
+                                          ('tile', 'rows', 'rows_dq', 'order').index(WY_GRADS_TILE.get('gdn', 'tile'))
+                                          if GATE == 1 else 0,
                                           num_warps=WY_GRADS_TILE['warps'], num_stages=1)
         return dq, dk, dv, dbeta, (dg if GATE == 1 else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device))
@@ -1893,19 +1990,30 @@ def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
 #   backward: dy = r (dout - r^2 (y . dout) y) with r = (|y|^2 + eps)^-1/2 (norm), dp_t = dy_t silu'(p_t),
 #             dx_t = w3 dp_t + w2 dp_{t+1} + w1 dp_{t+2} + w0 dp_{t+3},  dw_j = sum_t dp_t x_{t-3+j},  db = sum_t dp_t
 #   decode:   the last 3 raw inputs are the state; one token shifts it by one
+#   documents (doc_pos [B, T], the token's position inside its document, clipped at 3 or not): tap x_{t-j} is used
+#             only if j <= doc_pos_t (x_{t-j} of an earlier document counts as 0, as before the sequence start), so
+#             p_t = b + [pos>=3] w0 x_{t-3} + [pos>=2] w1 x_{t-2} + [pos>=1] w2 x_{t-1} + w3 x_t; the backward masks
+#             the same products: dx_{t-j} gets w_{3-j} dp_t and dw_{3-j} gets dp_t x_{t-j} only where j <= doc_pos_t
 # The torch version runs F.conv1d over a [B, D, T] transpose; the Triton kernels read [B, T, D] as it is (channels
 # contiguous), fuse the SiLU (and the norm), and recompute p in the backward instead of saving it: the convs are
 # memory-bound, so the floor is one read of x and one write of y forward, two reads (x, dy) and one write backward.
 
 NORM_EPS = 1e-6  # of the l2 norm of q and k (as model.l2norm)
 
-def short_conv_torch(x, weight, bias=None, norm=0):
+def short_conv_torch(x, weight, bias=None, norm=0, doc_pos=None):
     """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype; norm G > 0:
-    then divided by its l2 norm over each group of G channels (in fp32)."""
+    then divided by its l2 norm over each group of G channels (in fp32). doc_pos [B, T] (integers, the position of
+    each token inside its document) | None: tap x_{t-j} only where j <= doc_pos_t (W masked products, not F.conv1d)."""
     D, W = weight.shape
-    xx = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, D, W-1+T]: zeros before the start
     b = None if bias is None else bias.to(x.dtype)
-    y = F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
+    if doc_pos is None:
+        xx = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, D, W-1+T]: zeros before the start
+        y = F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
+    else:
+        T, w = x.shape[1], weight.to(x.dtype)
+        xx = F.pad(x, (0, 0, W - 1, 0))  # [B, W-1+T, D]: zeros before the start
+        p = sum(torch.where((doc_pos >= W - 1 - j)[..., None], w[:, j] * xx[:, j:j + T], 0) for j in range(W))
+        y = F.silu(p if b is None else p + b)
     if norm:
         yf = y.float().unflatten(-1, (D // norm, norm))
         y = (yf * torch.rsqrt(yf.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2).to(x.dtype)
@@ -1952,6 +2060,14 @@ def _conv_weights(w_ptr, b_ptr, d, dm, BIAS: tl.constexpr):
     return w0, w1, w2, w3, bias
 
 @triton.jit
+def _conv_pos(pos_ptr, b, t, hi, T, POS: tl.constexpr):
+    """doc_pos of row t (0 from hi on) with documents (POS), else 3: every tap of the window is used."""
+    if POS:
+        return tl.load(pos_ptr + b * T + t, mask=t < hi, other=0).to(tl.int32)
+    else:
+        return 3
+
+@triton.jit
 def _conv_cols(idd, D, BD: tl.constexpr, G: tl.constexpr):
     """The program's BD channels as [BD // G, G], one row per norm group (G = BD without the norm), and their mask."""
     d = idd * BD + tl.arange(0, BD // G)[:, None] * G + tl.arange(0, G)[None, :]
@@ -1963,11 +2079,12 @@ def _conv_cols(idd, D, BD: tl.constexpr, G: tl.constexpr):
 # iteration), so only about one row is in flight; unrolled by a multiple of AHEAD the copies vanish.
 
 @triton.jit
-def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, L: tl.constexpr, BD: tl.constexpr,
-                           BIAS: tl.constexpr, NORM: tl.constexpr, G: tl.constexpr, AHEAD: tl.constexpr,
-                           UNROLL: tl.constexpr):
+def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, T, D, sxb, sxt, eps, L: tl.constexpr,
+                           BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, G: tl.constexpr,
+                           AHEAD: tl.constexpr, UNROLL: tl.constexpr, POS: tl.constexpr):
     # One program: BD channels of L consecutive rows, walked one row at a time with the window (x_{t-3}, x_{t-2},
     # x_{t-1}) in registers, so that every x is read once; the next AHEAD (4 or 8) rows are loaded ahead.
+    # POS (documents): the row's doc_pos [B, T] masks the taps that reach into an earlier document.
     idd, b, seg = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     d, dm = _conv_cols(idd, D, BD, G)
     xb, yb = x_ptr + b * sxb, y_ptr + b * T * D
@@ -1987,7 +2104,12 @@ def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, L: t
         else:
             n1, n2, n3 = n2, n3, n4
             n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
-        y = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
+        if POS:
+            ps = _conv_pos(pos_ptr, b, t, hi, T, POS)
+            y = bias + w0 * tl.where(ps >= 3, xa, 0.) + w1 * tl.where(ps >= 2, xm, 0.) + w2 * tl.where(ps >= 1, xc, 0.) \
+                + w3 * x0
+        else:
+            y = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
         y = y * tl.sigmoid(y)
         if NORM:  # each row of the [BD // G, G] tile is one group
             y = y * tl.rsqrt(tl.sum(y * y, 1)[:, None] + eps)
@@ -1995,10 +2117,13 @@ def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, T, D, sxb, sxt, eps, L: t
         xa, xm, xc = xm, xc, x0
 
 @triton.jit
-def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t, t0, T, D, d, dm,
-                  NORM: tl.constexpr):
+def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t, t0, T, D, d, dm, ps,
+                  NORM: tl.constexpr, POS: tl.constexpr):
     """Row t of the backward: dp_t from x_t, dy_t and the window; stores dx_{t-3} = q3 + w0 dp_t (complete now)
-    when t0 <= t-3 < T. -> dp, and the partial sums of dx shifted by one row (q1, q2, q3)."""
+    when t0 <= t-3 < T. -> dp, dp masked to the taps of lag 1, 2, 3 (d1, d2, d3: dp itself without POS; with it 0
+    where the lag exceeds the row's doc_pos ps), and the partial sums of dx shifted by one row (q1, q2, q3)."""
+    if POS:
+        xa, xm, xc = tl.where(ps >= 3, xa, 0.), tl.where(ps >= 2, xm, 0.), tl.where(ps >= 1, xc, 0.)
     p = bias + w0 * xa + w1 * xm + w2 * xc + w3 * x0
     sg = tl.sigmoid(p)
     if NORM:  # dy <- r dy - r^3 (y . dy) y, r = (|y|^2 + eps)^-1/2, per row of the [BD // G, G] tile
@@ -2006,13 +2131,18 @@ def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb
         r = tl.rsqrt(tl.sum(y * y, 1)[:, None] + eps)
         dy = r * dy - (r * r * r) * tl.sum(y * dy, 1)[:, None] * y
     dp = dy * sg * (1 + p * (1 - sg))   # silu'(p) = sigmoid(p) (1 + p (1 - sigmoid(p))); dy = 0 past the end
-    tl.store(dxb + (t - 3) * D + d, (q3 + w0 * dp).to(dxb.dtype.element_ty),
+    if POS:
+        d1, d2, d3 = tl.where(ps >= 1, dp, 0.), tl.where(ps >= 2, dp, 0.), tl.where(ps >= 3, dp, 0.)
+    else:
+        d1, d2, d3 = dp, dp, dp
+    tl.store(dxb + (t - 3) * D + d, (q3 + w0 * d3).to(dxb.dtype.element_ty),
              mask=dm & ((t - 3 + d * 0) >= t0) & ((t - 3 + d * 0) < T))
-    return dp, w3 * dp, q1 + w2 * dp, q2 + w1 * dp
+    return dp, d1, d2, d3, w3 * dp, q1 + w2 * d1, q2 + w1 * d2
 
 @triton.jit
-def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2, w3, bias, a0, a1, a2, a3, ab,
-                   L: tl.constexpr, NORM: tl.constexpr, AHEAD: tl.constexpr, UNROLL: tl.constexpr):
+def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2, w3, bias, a0, a1, a2,
+                   a3, ab, L: tl.constexpr, NORM: tl.constexpr, AHEAD: tl.constexpr, UNROLL: tl.constexpr,
+                   POS: tl.constexpr):
     """Work item j = (b, segment) of the backward (see _short_conv_bwd_kernel) -> the partial sums a0..a3, ab of
     dw, db with its rows added."""
     zero = tl.zeros_like(w0)
@@ -2039,30 +2169,34 @@ def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0,
             n1, n2, n3, g1, g2, g3 = n2, n3, n4, g2, g3, g4
             n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
             g4 = _conv_ld(dyb, t + 4, D, 0, hi, d, dm)
-        dp, q1, q2, q3 = _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t, t0, T, D,
-                                       d, dm, NORM)
-        a0 += dp * xa
-        a1 += dp * xm
-        a2 += dp * xc
+        ps = _conv_pos(pos_ptr, b, t, hi, T, POS)
+        dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t,
+                                                   t0, T, D, d, dm, ps, NORM, POS)
+        a0 += d3 * xa
+        a1 += d2 * xm
+        a2 += d1 * xc
         a3 += dp * x0
         ab += dp
         xa, xm, xc = xm, xc, x0
     # rows t0+L .. t0+L+2 (already loaded, zeros from T on): complete dx of the item's last three rows
     x0 = n1.to(tl.float32)
-    dp, q1, q2, q3 = _conv_bwd_row(x0, g1.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb,
-                                   t0 + L, t0, T, D, d, dm, NORM)
+    ps = _conv_pos(pos_ptr, b, t0 + L, hi, T, POS)
+    dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, g1.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias,
+                                               eps, dxb, t0 + L, t0, T, D, d, dm, ps, NORM, POS)
     xa, xm, xc = xm, xc, x0
     x0 = n2.to(tl.float32)
-    dp, q1, q2, q3 = _conv_bwd_row(x0, g2.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb,
-                                   t0 + L + 1, t0, T, D, d, dm, NORM)
-    dp, q1, q2, q3 = _conv_bwd_row(n3.to(tl.float32), g3.to(tl.float32), xm, xc, x0, q1, q2, q3, w0, w1, w2, w3, bias,
-                                   eps, dxb, t0 + L + 2, t0, T, D, d, dm, NORM)
+    ps = _conv_pos(pos_ptr, b, t0 + L + 1, hi, T, POS)
+    dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, g2.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias,
+                                               eps, dxb, t0 + L + 1, t0, T, D, d, dm, ps, NORM, POS)
+    ps = _conv_pos(pos_ptr, b, t0 + L + 2, hi, T, POS)
+    dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(n3.to(tl.float32), g3.to(tl.float32), xm, xc, x0, q1, q2, q3, w0, w1,
+                                               w2, w3, bias, eps, dxb, t0 + L + 2, t0, T, D, d, dm, ps, NORM, POS)
     return a0, a1, a2, a3, ab
 
 @triton.jit
-def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, D, sxb, sxt, eps, NS, NW,
+def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, pos_ptr, T, D, sxb, sxt, eps, NS, NW,
                            L: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, G: tl.constexpr,
-                           AHEAD: tl.constexpr, UNROLL: tl.constexpr, PERSIST: tl.constexpr):
+                           AHEAD: tl.constexpr, UNROLL: tl.constexpr, PERSIST: tl.constexpr, POS: tl.constexpr):
     # Work items: the NW = B * NS segments (b, L rows from t0) of every sequence. Without PERSIST program j of the
     # grid's second axis takes item j; with it, items j, j + NP, j + 2 NP, ... (NP = that axis' size < NW: fewer dw
     # partial sums, longer programs; the loop over items costs registers, hence the switch). An item walks rows
@@ -2070,7 +2204,8 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     # with the next AHEAD loaded ahead. After dp_tau: dx_{tau-3} = q3 + w0 dp_tau is complete (stored when it is one
     # of the item's rows), and the partial sums shift: q3 <- q2 + w1 dp, q2 <- q1 + w2 dp, q1 <- w3 dp.
     # dw_j += dp_tau x_{tau-3+j} and db += dp_tau over the item's own rows (dp = 0 past T, so the L-row loop needs no
-    # mask); one partial sum per program, summed by the caller (deterministic, no atomics).
+    # mask); one partial sum per program, summed by the caller (deterministic, no atomics). POS (documents): each
+    # row's doc_pos masks its taps (_conv_bwd_row), in dp's products with the window and with the weights alike.
     idd, pid = tl.program_id(0), tl.program_id(1)
     d, dm = _conv_cols(idd, D, BD, G)
     w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
@@ -2078,11 +2213,11 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     a1, a2, a3, ab = a0, a0, a0, a0
     if PERSIST:
         for j in range(pid, NW, tl.num_programs(1)):
-            a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2,
-                                                w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL)
+            a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0,
+                                                w1, w2, w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL, POS)
     else:
-        a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pid, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2, w3,
-                                            bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL)
+        a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, pid, NS, T, D, sxb, sxt, eps, d, dm, w0, w1,
+                                            w2, w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL, POS)
     tl.store(dw_ptr + pid * 4 * D + d, a0, mask=dm)
     tl.store(dw_ptr + pid * 4 * D + D + d, a1, mask=dm)
     tl.store(dw_ptr + pid * 4 * D + 2 * D + d, a2, mask=dm)
@@ -2158,14 +2293,16 @@ def _conv_cfg(cfg, T, D, norm):
         num_warps=cfg['warps'])
 
 @torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
-def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int) -> torch.Tensor:
+def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int,
+                    doc_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
     y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_FWD, T, D, norm)
     _short_conv_fwd_kernel[(triton.cdiv(D, BD), B, triton.cdiv(T, L))](
-        x, weight.contiguous(), bias if bias is not None else weight, y, T, D, sxb, sxt, NORM_EPS, L, BD,
-        bias is not None, norm > 0, G, *ahead_unroll, **opts)
+        x, weight.contiguous(), bias if bias is not None else weight, y,
+        doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, NORM_EPS, L, BD,
+        bias is not None, norm > 0, G, *ahead_unroll, doc_pos is not None, **opts)
     return y
 
 def _conv_partial_sums(part, D, J, red):
@@ -2178,12 +2315,12 @@ def _conv_partial_sums(part, D, J, red):
     return out
 
 @_short_conv_fwd.register_fake
-def _(x, weight, bias, norm):
+def _(x, weight, bias, norm, doc_pos=None):
     return x.new_empty(x.shape)
 
 @torch.library.custom_op("kernels::short_conv_bwd", mutates_args=())
-def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int, dy: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int, dy: torch.Tensor,
+                    doc_pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> dx (x's dtype), dw fp32 [D, 4], db fp32 [D] (empty without a bias)."""
     B, T, D = x.shape
     x, sxb, sxt = _conv_rows(x)
@@ -2196,27 +2333,28 @@ def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     dw = torch.empty(NP, 4, D, device=x.device, dtype=torch.float32)
     db = torch.empty(NP, D, device=x.device, dtype=torch.float32) if bias is not None else dw
     _short_conv_bwd_kernel[(triton.cdiv(D, BD), NP)](
-        x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db, T, D, sxb, sxt, NORM_EPS,
-        NS, NW, L, BD, bias is not None, norm > 0, G, *ahead_unroll, NP < NW, **opts)
+        x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db,
+        doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, NORM_EPS,
+        NS, NW, L, BD, bias is not None, norm > 0, G, *ahead_unroll, NP < NW, doc_pos is not None, **opts)
     red = _CONV_BWD['red']
     db = _conv_partial_sums(db, D, 1, red) if bias is not None else torch.empty(0, device=x.device)
     return dx, _conv_partial_sums(dw, D, 4, red), db
 
 @_short_conv_bwd.register_fake
-def _(x, weight, bias, norm, dy):
+def _(x, weight, bias, norm, dy, doc_pos=None):
     f32 = torch.float32
     return x.new_empty(x.shape), weight.new_empty(weight.shape, dtype=f32), x.new_empty(
         (0,) if bias is None else bias.shape, dtype=f32)
 
 def _short_conv_setup(ctx, inputs, output):
-    x, weight, bias, norm = inputs
-    ctx.save_for_backward(x, weight, bias)
+    x, weight, bias, norm, doc_pos = inputs
+    ctx.save_for_backward(x, weight, bias, doc_pos)
     ctx.norm = norm
 
 def _short_conv_backward(ctx, dy):
-    x, weight, bias = ctx.saved_tensors
-    dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.norm, dy)
-    return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None
+    x, weight, bias, doc_pos = ctx.saved_tensors
+    dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.norm, dy, doc_pos)
+    return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None, None
 
 _short_conv_fwd.register_autograd(_short_conv_backward, setup_context=_short_conv_setup)
 
@@ -2251,22 +2389,32 @@ def _conv_path(x, weight, path="auto"):
         return "torch", f" (the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype})"
     return "triton", ""
 
-def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto"):
+def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto", doc_pos=None):
     """silu(causal depthwise conv) over x [B, T, D] with weight [D, 4], bias [D] | None; initial [B, 3, D] | None
     holds the raw inputs before x (zeros when None); norm G > 0 divides each group of G channels by its l2 norm.
-    -> y [B, T, D] in x's dtype. path 'auto': Triton on CUDA, torch elsewhere; 'triton' forces the kernels,
-    'torch' and 'recurrent' the torch version; differentiable in x, weight, bias (and initial)."""
+    doc_pos [B, T] | None (documents): each token's position inside its document, any integer dtype (uint8 with
+    values clipped at W-1 is enough); tap x_{t-j} is used only where j <= doc_pos_t, so no window reaches into an
+    earlier document (None: every tap, the plain kernels). -> y [B, T, D] in x's dtype. path 'auto': Triton on
+    CUDA, torch elsewhere; 'triton' forces the kernels, 'torch' and 'recurrent' the torch version; differentiable in
+    x, weight, bias (and initial)."""
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
         _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
     if norm and (x.shape[-1] % norm or norm & (norm - 1) or not 16 <= norm <= 256):
         _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={x.shape[-1]}, got {norm}")
+    if doc_pos is not None and (_shape(doc_pos) != _shape(x)[:2] or doc_pos.is_floating_point()):
+        _fail("short_conv", f"doc_pos must be integers [B, T] = {_shape(x)[:2]}, got {doc_pos.dtype} {_shape(doc_pos)}")
     path, note = _conv_path(x, weight, path)
     _log_path("short_conv", path, note, x)
     P = 0
     if initial is not None:  # prefill after earlier tokens: run over (initial, x) and drop the first W-1 outputs
         P = initial.shape[1]
         x = torch.cat([initial.to(x.dtype), x], dim=1)
-    y = _short_conv_fwd(x, weight, bias, norm) if path == "triton" else short_conv_torch(x, weight, bias, norm)
+        if doc_pos is not None:  # the initial rows' outputs are dropped; x's rows keep their positions
+            doc_pos = torch.cat([doc_pos.new_full((x.shape[0], P), P), doc_pos], dim=1)
+    if path == "triton":
+        y = _short_conv_fwd(x, weight, bias, norm, doc_pos)
+    else:
+        y = short_conv_torch(x, weight, bias, norm, doc_pos)
     return y[:, P:] if P else y
 
 def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):

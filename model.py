@@ -8,16 +8,19 @@ Reading order: config → mixer pattern → shared pieces (RMSNorm, RoPE, short 
 through a replayed CUDA graph). Each mixer's math, and the kernels behind it: docs/mixers.md.
 
 Every mixer is built as Mixer(config) and has the same interface:
-    forward(x, cache=None) -> y          x, y: [B, T, C]
+    forward(x, cache=None, docs=None) -> y          x, y: [B, T, C]
     - cache is None: training / plain forward over the whole sequence.
     - cache is a dict (start with {}): the mixer continues from what the dict holds and updates it in
       place — prefill is a call with T > 1 tokens, decode a call with T = 1. Softmax keeps K/V (grows
       with the context); the linear mixers keep a fixed-size fp32 state plus their short-conv inputs.
+    - docs (config.documents, training and plain forwards only; GPT.documents builds it once per forward): where
+      the documents of the packed rows start; the mixer then treats each document as its own sequence.
     core_flops_per_token(T) -> forward FLOPs of the sequence-mixing core (projections are counted
     from the parameter count), used for MFU.
 """
 import contextlib
 import copy
+import functools
 import itertools
 import math
 import os
@@ -31,6 +34,10 @@ import torch.nn.functional as F
 
 import kernels
 from configurator import UserError
+try:
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+except ImportError:  # torch < 2.5: documents=True attends through SDPA with a dense mask
+    BlockMask = flex_attention = None
 
 
 
@@ -50,6 +57,12 @@ class GPTConfig:
     d_state: int = 128         # Mamba2: state size N per head (the d_k of its recurrence)
     kernels: str = 'auto'      # path of the linear mixers' kernels.py calls: 'auto' (Triton on CUDA, chunked torch
                                # elsewhere) | 'torch' (chunked) | 'recurrent' (the slow reference) | 'triton'
+    documents: bool = False    # each document of a packed row is its own sequence: no state, conv window or attention
+                               # crosses a document start (GPT.documents). Off by default: nanoGPT's behaviour, and
+                               # faster (per-token gates, masked convs, masked attention; measured by bench.py --train
+                               # --documents); checkpoints from before the key load with it off
+    eot_token: int = 50256     # with documents: the token that starts a document (GPT-2's <|endoftext|>, which
+                               # data/*/prepare.py writes before every document)
 
     def __post_init__(self):
         """Refuse, naming the field, any setting that cannot build a model that trains (a UserError: one line)."""
@@ -61,6 +74,11 @@ class GPTConfig:
             raise UserError(f"dropout={self.dropout!r} must be in [0, 1)")
         if not isinstance(self.kernels, str) or self.kernels not in kernels.PATHS:
             raise UserError(f"kernels={self.kernels!r} must be one of {', '.join(map(repr, kernels.PATHS))}")
+        if not isinstance(self.documents, bool):
+            raise UserError(f"documents={self.documents!r} must be True or False")
+        if self.documents and not (isinstance(self.eot_token, int) and 0 <= self.eot_token < self.vocab_size):
+            raise UserError(f"eot_token={self.eot_token!r} must be a token id below vocab_size={self.vocab_size} with "
+                            f"documents=True (no other token marks where a document starts)")
         mixers = set(parse_mixer_pattern(self.mixer, self.n_layer))
         C, nh, hd = self.n_embd, self.n_head, self.head_dim
         if 'softmax' in mixers and (C % nh or (C // nh) % 2):
@@ -207,22 +225,24 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(conv.weight.detach().squeeze(1))  # [dim, W]
         self.bias = nn.Parameter(conv.bias.detach()) if bias else None
 
-    def forward(self, x, cache=None, split=None):
+    def forward(self, x, cache=None, split=None, doc_pos=None):
         """x [B, T, D] -> y [B, T, D]; with split (channel counts summing to D), one contiguous y per part, each
-        convolved straight from its column slice of x (no copy of the parts for the kernels that read them)."""
+        convolved straight from its column slice of x (no copy of the parts for the kernels that read them).
+        doc_pos [B, T] (documents: GPT.documents' conv_pos) | None: no tap reaches into an earlier document."""
         prev = None if cache is None else cache.get(self.name)
         if prev is not None and x.size(1) == 1:
             y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm, path=self.path)[:, None]
             return y if split is None else y.split(split, dim=-1)
         if split is None:
-            y = kernels.short_conv(x, self.weight, self.bias, initial=prev, norm=self.norm, path=self.path)
+            y = kernels.short_conv(x, self.weight, self.bias, initial=prev, norm=self.norm, path=self.path,
+                                   doc_pos=doc_pos)
         else:
             y, c0 = [], 0
             for c1 in itertools.accumulate(split):
                 part = slice(c0, c1)
                 y.append(kernels.short_conv(x[..., part], self.weight[part], None if self.bias is None else self.bias[part],
                                             initial=None if prev is None else prev[..., part], norm=self.norm,
-                                            path=self.path))
+                                            path=self.path, doc_pos=doc_pos))
                 c0 = c1
         if cache is not None:  # the last W−1 raw inputs (zeros before the start), kept for the next call
             W1 = self.width - 1
@@ -240,6 +260,53 @@ def init_decay_rates(n, dt_min=1e-3, dt_max=0.1, a_min=1.0, a_max=16.0):
     A_log, dt_bias = nn.Parameter(A_log), nn.Parameter(dt_bias)
     A_log._no_weight_decay = dt_bias._no_weight_decay = True
     return A_log, dt_bias
+
+
+# Documents (GPTConfig.documents). A log-gate of RESET_GATE at a document's first token empties the state: exp(-1000)
+# is exactly 0 in fp32 (and bf16). Not -inf: the kernels sum the gates over a chunk, and -inf - (-inf) = NaN there;
+# kernels.py forms its decays as segment sums, exact after such a gate (test_kernels.py: gates at -1000).
+RESET_GATE = -1000.0
+
+
+def reset_gate(g, docs):
+    """Log-decays g [B, T, H] (or [B, T, H, Dk]: every key channel) with RESET_GATE at each document start after
+    position 0 (docs['reset']; at position 0 the state is the initial one anyway); docs None: g as it is."""
+    if docs is None:
+        return g
+    reset = docs['reset']
+    return g.masked_fill(reset.view(reset.shape + (1,) * (g.dim() - 2)), RESET_GATE)
+
+
+def document_block_mask(doc, block=128):
+    """flex_attention's BlockMask of causal attention within each document, from document ids doc [B, T] (int32,
+    nondecreasing along T). Built from the first and last id of every block of `block` tokens, O((T/block)^2) per
+    row, not from a dense [T, T] mask (modded-nanogpt's way): key block j of query block i is skipped unless j <= i
+    and their ids overlap, full (no mask_mod) when j < i and every id of both is the same, partial otherwise."""
+    B, T = doc.shape
+    n = -(-T // block)
+    doc = torch.cat([doc, doc[:, -1:].expand(B, n * block - T)], dim=1)  # padded: mask_mod may read past T
+    first, last = doc[:, ::block], doc[:, block - 1::block]               # [B, n] each
+    i = torch.arange(n, device=doc.device)
+    causal = i[:, None] >= i[None, :]                                     # [n (query block), n (key block)]
+    full = (i[:, None] > i[None, :]) & (first[:, None, :] == last[:, :, None])       # [B, n, n]
+    partial = causal & (first[:, :, None] <= last[:, None, :]) & ~full  # j <= i: ids overlap iff q's first <= k's last
+
+    def ordered(m):  # -> counts [B, 1, n], indices [B, 1, n, n] of the True blocks first (what BlockMask takes)
+        idx = torch.argsort(m.to(torch.uint8), dim=-1, descending=True, stable=True).to(torch.int32)
+        return m.sum(-1, dtype=torch.int32)[:, None], idx[:, None]
+
+    def same_document(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (doc[b, q_idx] == doc[b, kv_idx])
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=same_document,
+                                    seq_lengths=(T, T))
+
+
+@functools.cache
+def compiled_flex_attention():
+    """flex_attention compiled on its own, for eager models (uncompiled it runs an unfused reference, slow and
+    O(T^2) in memory); inside a torch.compile'd model the plain function is traced and fused instead."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto'):
@@ -291,7 +358,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.rope = Rotary(self.hs, config.rope_base, config.block_size)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.n_head * self.hs, self.n_kv_head * self.hs, self.n_kv_head * self.hs], dim=2)
         q = q.view(B, T, self.n_head, self.hs)
@@ -306,7 +373,17 @@ class CausalSelfAttention(nn.Module):
             if past:
                 k, v = torch.cat([cache['k'], k], dim=2), torch.cat([cache['v'], v], dim=2)
             cache['k'], cache['v'] = k, v
-        if past and T > 1:
+        if docs is not None:
+            # each query sees the keys of its own document only. RoPE positions do not restart per document: a RoPE
+            # score q_m·k_n depends on the offset m − n alone, so restarting them would change nothing but rounding
+            gqa = self.n_kv_head != self.n_head
+            if 'block_mask' in docs:  # CUDA: FlexAttention, skipping the blocks outside every document
+                flex = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+                y = flex(q, k, v, block_mask=docs['block_mask'], enable_gqa=gqa)
+            else:  # SDPA with a dense mask [B, 1, T, T] (CPU, torch < 2.5, or attention dropout)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=docs['mask'],
+                                                   dropout_p=self.dropout if self.training else 0.0, enable_gqa=gqa)
+        elif past and T > 1:
             # prefill after earlier tokens: query i sees keys j <= past + i (is_causal would align top-left)
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv_head != self.n_head)
@@ -371,13 +448,15 @@ class RetNet(nn.Module):
                              persistent=False)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
         past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
         q, k, v, gate = linears(self, x, self.projections)
-        q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)
-        o = scan(cache, q, k, v.view(shape), g=self.log_gamma, path=self.kernels)
+        q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)  # not restarted per document (as softmax)
+        # documents: the constant decay becomes a gate per token [B, T, H], RESET_GATE at the document starts
+        g = self.log_gamma if docs is None else reset_gate(self.log_gamma.expand(B, T, self.H), docs)
+        o = scan(cache, q, k, v.view(shape), g=g, path=self.kernels)
         if cache is not None and not torch.is_tensor(past):
             cache['pos'] = past + T  # RoPE position of the next token
         o = self.o_norm(o) * F.silu(gate.view(shape))
@@ -414,12 +493,13 @@ class Mamba2(nn.Module):
         self.c_proj.residual_out = True
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
         z, xBC, dt = self.in_proj(x).split([self.d_inner, self.d_inner + 2 * self.N, self.H], dim=-1)
-        xs, Bm, Cm = self.conv(xBC, cache, split=[self.d_inner, self.N, self.N])
+        xs, Bm, Cm = self.conv(xBC, cache, split=[self.d_inner, self.N, self.N],
+                               doc_pos=None if docs is None else docs['conv_pos'])
         dt = F.softplus(dt.float() + self.dt_bias)                   # Δ, [B, T, H], fp32
-        g = -torch.exp(self.A_log.float()) * dt                      # log-decay Δ·A ≤ 0
+        g = reset_gate(-torch.exp(self.A_log.float()) * dt, docs)    # log-decay Δ·A ≤ 0
         xs = xs.view(B, T, self.H, self.P)
         v = (xs.float() * dt[..., None]).to(xs.dtype)                # Δ·x, [B, T, H, P]
         y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), v, g=g, scale=1.0, path=self.kernels)
@@ -462,14 +542,18 @@ class DeltaNet(nn.Module):
     def output_gate(self, p, o):
         return o
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
         p = dict(zip(self.projections, linears(self, x, self.projections)))  # name -> that Linear of x
-        q = self.q_conv(p['q_proj'], cache).view(B, T, self.H, self.dk)
-        k = self.k_conv(p['k_proj'], cache).view(B, T, self.H, self.dk)
-        v = self.v_conv(p['v_proj'], cache).view(B, T, self.H, self.dv)
+        pos = None if docs is None else docs['conv_pos']
+        q = self.q_conv(p['q_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dk)
+        k = self.k_conv(p['k_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dk)
+        v = self.v_conv(p['v_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dv)
         beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
-        o = scan(cache, q, k, v, g=self.decay(p), beta=beta, path=self.kernels)
+        g = self.decay(p)
+        if docs is not None and g is None:  # DeltaNet with documents: a gate of 0 but at the document starts, which
+            g = beta.new_zeros(B, T, self.H)  # runs the Gated DeltaNet kernels (a little slower: they also form dg)
+        o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels)
         o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
@@ -552,8 +636,8 @@ class Block(nn.Module):
         self.ln_2 = RMSNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, cache=None):
-        x = x + self.mixer(self.ln_1(x), cache)
+    def forward(self, x, cache=None, docs=None):
+        x = x + self.mixer(self.ln_1(x), cache, docs)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -603,10 +687,12 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, caches=None):
         """idx [B, T] → logits [B, T, V] (and the mean cross-entropy if targets is given; -1 targets
         are ignored; the logits then come back detached). With caches (a list from new_caches), only the last position's logits are
-        returned and the caches advance by T tokens."""
+        returned and the caches advance by T tokens. config.documents: each document of a row is its own sequence
+        (see documents); not with caches: a prompt, and what is decoded after it, is one document."""
+        docs = self.documents(idx) if self.config.documents and caches is None else None
         x = self.transformer.drop(self.transformer.wte(idx))
         for i, block in enumerate(self.transformer.h):
-            x = block(x, None if caches is None else caches[i])
+            x = block(x, None if caches is None else caches[i], docs)
         x = self.transformer.ln_f(x)
         if caches is not None and torch.is_tensor(caches[0].get('pos')):
             caches[0]['pos'] += idx.size(1)  # static caches: one position tensor shared by every layer
@@ -619,6 +705,29 @@ class GPT(nn.Module):
         if caches is not None:
             return self.lm_head(x[:, -1:, :]), None  # generation needs only the next-token logits
         return self.lm_head(x), None
+
+    def documents(self, idx):
+        """Where the documents of the rows idx [B, T] start, for every layer of one forward (config.documents). A
+        token starts a document if it is the row's first or the end-of-text token (config.eot_token): prepare.py
+        writes EOT *before* each document, so a document is [EOT, its tokens], its EOT predicts the first token from
+        nothing earlier (as a sample.py prompt of '<|endoftext|>' does), and two EOTs in a row make a document of
+        one token. No pass over the data: one comparison of the batch. -> dict of
+          reset     [B, T] bool, the starts after position 0: the linear mixers' gates become RESET_GATE there
+          conv_pos  [B, T] uint8, the position inside the document clipped at 3: the short convs' doc_pos
+          and with softmax layers block_mask (CUDA, flex_attention; document_block_mask) or mask [B, 1, T, T] bool
+          (SDPA: CPU, torch < 2.5, or attention dropout while training)."""
+        B, T = idx.shape
+        t = torch.arange(T, device=idx.device)
+        start = (idx == self.config.eot_token) | (t == 0)
+        first = torch.where(start, t, 0).cummax(dim=1).values        # [B, T] the position of each token's document start
+        docs = dict(reset=start & (t > 0), conv_pos=(t - first).clamp(max=3).to(torch.uint8))
+        if 'softmax' in self.mixers:
+            doc = start.cumsum(dim=1, dtype=torch.int32)             # [B, T] document ids, nondecreasing
+            if idx.is_cuda and flex_attention is not None and not (self.training and self.config.dropout > 0):
+                docs['block_mask'] = document_block_mask(doc)
+            else:
+                docs['mask'] = ((doc[:, :, None] == doc[:, None, :]) & (t[:, None] >= t[None, :]))[:, None]
+        return docs
 
     # --- decoding -------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 
 import bench
 
-MIXER = frozenset({'_grads_bwd_kernel', '_grams_fwd_kernel', '_la_state_fwd_kernel', '_st', '_short_conv_bwd_kernel'})
+MIXER = frozenset({'_grads_bwd_kernel', '_grams_block_kernel', '_la_state_fwd_kernel', '_st', '_short_conv_bwd_kernel'})
 
 
 @pytest.mark.parametrize('name,category', [
@@ -53,7 +53,7 @@ def test_kernel_category(name, category):
 
 def test_mixer_kernels_are_collected_from_kernels_py():
     assert {'_grads_bwd_kernel', '_la_state_fwd_kernel'} <= bench.MIXER_KERNELS
-    assert bench.kernel_category('_grams_fwd_kernel') == 'linear mixer'
+    assert bench.kernel_category('_grams_block_kernel') == 'linear mixer'
 
 
 def test_model_config_per_mixer():
@@ -100,13 +100,14 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
              ('softmax', 4096): dict(ms=100.0, tokens_per_s=300.0, gpu_ms=90.0, categories=cats(0.0, 30.0, 60.0))}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm):
+    def fake_run_cell(mixer, T, args, warm, documents=False):
         calls.append((mixer, T, warm))
         r = dict(mixer=mixer, T=T, B=args.tokens // T, paths=[], device_name='test GPU', mfu=None, peak_mib=1.0)
         return dict(r, warm_s=1.0) if warm else dict(r, **given[mixer, T])
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
-    args = argparse.Namespace(tokens=8192, steps=3, jobs=2, device='cuda', tiny=False, json=str(tmp_path / 'r.json'))
+    args = argparse.Namespace(tokens=8192, steps=3, jobs=2, device='cuda', tiny=False, json=str(tmp_path / 'r.json'),
+                              documents=False)
     bench.train_bench(args, ['kda'], [1024, 4096])
     assert [c for c in calls if not c[2]] == [('softmax', 1024, False), ('kda', 1024, False), ('softmax', 4096, False),
                                              ('kda', 4096, False)]
@@ -118,3 +119,25 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
     assert 'OutOfMemoryError' in rows[5]
     saved = json.load(open(tmp_path / 'r.json'))
     assert saved['cells'][1]['outside_vs_softmax'] == pytest.approx(1.15)
+
+
+def test_train_table_documents_column(monkeypatch, capsys):
+    """--documents: every mixer twice, off then on ('<mixer> +docs'); '÷ off' = on's tokens/s over off's, × softmax
+    against softmax with documents off."""
+    speed = {('softmax', False): 300.0, ('softmax', True): 240.0, ('kda', False): 200.0, ('kda', True): 190.0}
+    calls = []
+
+    def fake_run_cell(mixer, T, args, warm, documents=False):
+        calls.append((mixer, documents))
+        r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None)
+        return dict(r, warm_s=1.0) if warm else dict(r, ms=1.0, tokens_per_s=speed[mixer, documents])
+
+    monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
+    args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=True)
+    bench.train_bench(args, ['kda'], [1024])
+    assert calls[4:] == [('softmax', False), ('softmax', True), ('kda', False), ('kda', True)]
+    rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
+            if s.startswith('|')]
+    assert rows[0][3:5] == ['× softmax', '÷ off'] and len({len(r) for r in rows}) == 1
+    assert [r[0] for r in rows[2:]] == ['softmax', 'softmax +docs', 'kda', 'kda +docs']
+    assert rows[3][3:5] == ['0.80', '0.80'] and rows[4][3:5] == ['0.67', ''] and rows[5][3:5] == ['0.63', '0.95']

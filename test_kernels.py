@@ -593,14 +593,15 @@ def test_triton_without_state(gate, strength):
     D = 64 if CUDA else 16
     triton_check(1, 70, 2, D, D, gate, strength, F32, with_state=False)
 
-@pytest.mark.parametrize("bk,split", [(None, True), ("half", False), ("half", True)])
-def test_triton_kda_grams_tiles(bk, split, monkeypatch):
-    # KDA's forward Gram in the settings notes/delta_tiles.py times: P and L in separate programs, key tiles of Dk / 2
+@pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "strong"), ("kda", "strong")])
+@pytest.mark.parametrize("bk", ["whole", "half"])
+def test_triton_grams_tiles(gate, strength, bk, monkeypatch):
+    # the Grams by 16 x 16 blocks with whole key rows and with two key tiles (the loop over them), as
+    # notes/delta_tiles.py times them; T = 130: a partial last chunk whose last sub-chunks are empty
     D = 128 if CUDA else 32
-    monkeypatch.setattr(kernels, "KDA_GRAMS_TILE", dict(kernels.KDA_GRAMS_TILE, split=split,
-                                                        k=D // 2 if bk == "half" else D))
-    triton_check(2 if CUDA else 1, 130, 2, D, D if CUDA else 16, "kda", "strong",
-                 torch.bfloat16 if CUDA else F32)
+    k = D if bk == "whole" else D // 2
+    monkeypatch.setattr(kernels, "GRAMS_TILE", dict(kernels.GRAMS_TILE, k=k, kda_k=k))
+    triton_check(2 if CUDA else 1, 130, 2, D, D if CUDA else 16, gate, strength, torch.bfloat16 if CUDA else F32)
 
 @pytest.mark.skipif(not CUDA, reason="the grid-size rule only applies on a GPU (the interpreter has one 'SM')")
 @pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "mild"), ("kda", "strong")])
@@ -915,3 +916,110 @@ def test_short_conv_compiles():
     y2 = torch.compile(kernels.short_conv_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(
         x[:, 3, :24], s2, w, b, path="triton")
     assert rms_err(y2, y1) < 1e-6 and torch.equal(s1, s2)
+
+# -----------------------------------------------------------------------------
+# documents (model.py's GPTConfig.documents): a packed row gives every document the outputs and gradients it gets
+# alone. Both families take a log-gate of -1000 (model.RESET_GATE) at each document start (a constant [H] gate
+# becomes one per token; DeltaNet gets a gate of 0 elsewhere); the short convs take doc_pos. Rows of 130 tokens
+# (70 for the interpreter), documents of one token, starts at chunk edges (64: Triton and the torch path's chunk;
+# 16, 48, 128: KDA's torch chunk of 16) and inside chunks; references: each document alone, fp64, no initial state
+# (convs: F.conv1d).
+
+DOC_STARTS = ([0, 5, 6, 7, 64, 100], [0, 16, 48, 49, 128])  # per row; a document starts at each (those below T)
+
+def doc_segments(T, starts=DOC_STARTS):
+    """[(row, first, end)] of every document of the rows."""
+    starts = [[s for s in st if s < T] for st in starts]
+    return [(r, a, e) for r, st in enumerate(starts) for a, e in zip(st, st[1:] + [T])]
+
+def doc_reset(T, starts=DOC_STARTS):
+    """[B, T] bool: the document starts after position 0 (where the gates become -1000)."""
+    reset = torch.zeros(len(starts), T, dtype=torch.bool)
+    for r, a, _ in doc_segments(T, starts):
+        reset[r, a] = a > 0
+    return reset
+
+def doc_inputs(family, gate, T, dtype, dv):
+    gen = torch.Generator().manual_seed(7)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, dtype=F64)
+    nb = len(DOC_STARTS)
+    x = dict(q=F.normalize(rnd(nb, T, H, DK), dim=-1), k=F.normalize(rnd(nb, T, H, DK), dim=-1), v=rnd(nb, T, H, dv))
+    if family == "delta":
+        x["beta"] = torch.sigmoid(rnd(nb, T, H))
+    shape = {"none": None, "const": (H,), "token": (nb, T, H), "scalar": (nb, T, H), "channel": (nb, T, H, DK)}[gate]
+    x["g"] = None if shape is None else F.logsigmoid(rnd(*shape)) / 4
+    return {n: None if t is None else t.to(DEV, dtype) for n, t in x.items()}
+
+@pytest.mark.parametrize("path", ["recurrent", "torch", "triton"])
+@pytest.mark.parametrize("family,gate", [("linear", "const"), ("linear", "token"), ("delta", "none"),
+                                         ("delta", "scalar"), ("delta", "channel")])
+def test_document_resets_match_documents_run_alone(family, gate, path):
+    if path == "triton" and not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    T, dtype = (70 if path == "triton" and not CUDA else 130), (F32 if path == "triton" else F64)
+    x = doc_inputs(family, gate, T, dtype, dv=16)
+    fn, ref_fn = ((kernels.linear_attn, kernels.linear_attn_recurrent) if family == "linear"
+                  else (kernels.delta_rule, kernels.delta_rule_recurrent))
+    names = [n for n, t in x.items() if differentiable(n, t)]
+    leaves = {n: (t.detach().clone().requires_grad_() if n in names else t) for n, t in x.items()}
+    g, (nb, _, nh) = leaves["g"], x["v"].shape[:3]
+    g = torch.zeros(nb, T, nh, device=DEV, dtype=dtype) if g is None else (g.expand(nb, T, nh) if g.dim() == 1 else g)
+    reset = doc_reset(T).to(DEV)
+    g = g.masked_fill(reset.view(nb, T, *[1] * (g.dim() - 2)), -1000.0)
+    o, _ = fn(**dict(leaves, g=g), path=path)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(8), dtype=F64).to(DEV)
+    grads = dict(zip(names, torch.autograd.grad((o.double() * do).sum(), [leaves[n] for n in names])))
+    ref_leaves = {n: (None if t is None else t.detach().double().requires_grad_(n in names)) for n, t in x.items()}
+    o_ref = torch.zeros_like(o, dtype=F64)
+    for r, a, e in doc_segments(T):
+        seg = {n: (t if t is None or (n == "g" and t.dim() == 1) else t[r:r + 1, a:e]) for n, t in ref_leaves.items()}
+        o_ref[r:r + 1, a:e] = ref_fn(**seg)[0]
+    ref = dict(zip(names, torch.autograd.grad((o_ref * do).sum(), [ref_leaves[n] for n in names])))
+    errs = {"o": rms_err(o, o_ref)} | {n: rms_err(grads[n], ref[n]) for n in names}
+    bad = {n: e for n, e in errs.items() if not e < (TRITON_TOL[n][1] if dtype == F32 else 1e-10)}  # fp32: as above
+    assert not bad, f"errors over tolerance: {bad}"
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+@pytest.mark.parametrize("D,bias,norm,wide,pos_dtype", [(5, False, 0, False, torch.uint8), (24, True, 0, True, torch.int32),
+                                                        (32, False, 16, False, torch.int64)])
+def test_short_conv_documents_match_documents_run_alone(D, bias, norm, wide, pos_dtype, path, monkeypatch):
+    # doc_pos (clipped at 3 in uint8, as the model gives it; unclipped otherwise) against F.conv1d over each document
+    # alone (short_conv_torch, fp64), forward and dx, dw, db. Starts at and next to the Triton row kernels' program
+    # edges (Lf-row programs forward, Lb-row work items backward; on CPU smaller ones than the GPU's 32 and 128, for
+    # the interpreter's time), documents of one token.
+    if path == "triton" and not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    if not CUDA:
+        monkeypatch.setattr(kernels, "_CONV_FWD", dict(kernels._CONV_FWD, L=16))
+        monkeypatch.setattr(kernels, "_CONV_BWD", dict(kernels._CONV_BWD, L=32))
+    Lf, Lb = kernels._CONV_FWD["L"], kernels._CONV_BWD["L"]
+    T = Lb + 22
+    starts = ([0, 1, 2, Lf - 1, Lf, Lf + 1, Lb - 1, Lb, T - 10], [0, Lf + 2, Lf + 3, Lb + 1])
+    xw, w, b, dy = conv_inputs(2, T, D, 4, F64, bias, wide=wide)
+    pos = torch.zeros(2, T, dtype=torch.int64)
+    for r, a, e in doc_segments(T, starts):
+        pos[r, a:e] = torch.arange(e - a)
+    pos = (pos.clamp(max=3) if pos_dtype == torch.uint8 else pos).to(pos_dtype)
+    ref_in = [t.clone().requires_grad_() for t in (xw[..., :D], w) + ((b,) if bias else ())]
+    ref = torch.zeros(2, T, D, dtype=F64)
+    for r, a, e in doc_segments(T, starts):
+        ref[r:r + 1, a:e] = kernels.short_conv_torch(ref_in[0][r:r + 1, a:e], ref_in[1], ref_in[2] if bias else None,
+                                                     norm)
+    ref.backward(dy)
+    dtype = F64 if path == "torch" else F32
+    xt = xw.to(DEV, dtype).requires_grad_()
+    wt = w.to(DEV, dtype).requires_grad_()
+    bt = b.to(DEV, dtype).requires_grad_() if bias else None
+    y = kernels.short_conv(xt[..., :D], wt, bt, norm=norm, path=path, doc_pos=pos.to(DEV))
+    y.backward(dy.to(DEV, dtype))
+    tol = 2e-5 if dtype == F32 else (1e-6 if norm else 1e-12)  # the norm computes in fp32
+    close(y.detach().cpu().double(), ref, tol, "y")
+    close(xt.grad[..., :D].cpu().double(), ref_in[0].grad, tol, "dx")
+    close(wt.grad.cpu().double(), ref_in[1].grad, tol, "dw")
+    if bias:
+        close(bt.grad.cpu().double(), ref_in[2].grad, tol, "db")
+    # continuing from a window (prefill after earlier tokens): x's rows keep their positions
+    P = Lf + 2
+    y1 = kernels.short_conv(xt[:, P:, :D], wt, bt, initial=xt[:, P - 3:P, :D], norm=norm, path=path,
+                            doc_pos=pos[:, P:].to(DEV))
+    close(y1.detach().cpu().double(), ref[:, P:], tol, "y with initial")

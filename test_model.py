@@ -311,3 +311,172 @@ def test_param_budget(mixer, n_embd, head_dim):
     layer = MIXERS[mixer](GPTConfig(n_embd=n_embd, n_head=n_embd // 64, head_dim=head_dim, mixer=mixer))
     n = sum(p.numel() for p in layer.parameters())
     assert 0.8 <= n / (4 * n_embd ** 2) <= 1.2, (mixer, n)
+
+
+# ------------------------------------------------------------------------------------------------
+# documents (GPTConfig.documents): each document of a packed row is its own sequence. On CPU the chunked torch paths
+# and SDPA with a dense mask; with CUDA the Triton kernels and FlexAttention (the kernels alone: test_kernels.py).
+
+DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
+DOC_EOT = 0  # the tiny models' end-of-text token (GPT-2's 50256 is past their vocabulary)
+# where documents start in two rows of 100 tokens. Row 0 begins inside a document (no EOT at 0); EOTs at 64 and 65
+# make an empty document (its EOT alone) at the chunk edge 64, 65..66 a document of one token (EOT, token), 5 and 67
+# start inside a chunk, 80 at an edge of KDA's torch chunk of 16; row 1 begins with an EOT, another empty one at 40.
+DOC_ROWS = ([5, 64, 65, 67, 80], [0, 40, 41])
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()  # tiny tensors: a second OpenMP thread only adds overhead on a busy CI core
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def packed_rows(T=100, seed=1):
+    """(idx [2, T] with DOC_EOT at DOC_ROWS and no other, [(row, first, end)] of every document)."""
+    idx = torch.randint(1, 97, (len(DOC_ROWS), T), generator=torch.Generator().manual_seed(seed))
+    segments = []
+    for r, starts in enumerate(DOC_ROWS):
+        idx[r, starts] = DOC_EOT
+        bounds = sorted({0, *starts, T})
+        segments += [(r, a, e) for a, e in zip(bounds[:-1], bounds[1:])]
+    return idx, segments
+
+
+def rms_err(a, ref):
+    return ((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.usefixtures('one_thread')
+@pytest.mark.parametrize('mixer', PATTERNS)
+def test_documents_packed_row_equals_documents_run_alone(mixer):
+    """documents=True: the logits of two packed rows, and the gradients of every parameter for a loss over them, equal
+    those of each document run alone (one right-padded batch row per document, documents=False)."""
+    on = make(mixer, documents=True, eot_token=DOC_EOT, block_size=128).to(DEV)
+    off = make(mixer, block_size=128).to(DEV)
+    idx, segments = packed_rows()
+    cot = torch.randn(*idx.shape, 97, generator=torch.Generator().manual_seed(2))  # d loss / d logits
+    L = max(e - a for _, a, e in segments)
+    alone, alone_cot = torch.ones(len(segments), L, dtype=torch.long), torch.zeros(len(segments), L, 97)
+    for i, (r, a, e) in enumerate(segments):  # padded after each document with token 1: no earlier output sees it
+        alone[i, :e - a], alone_cot[i, :e - a] = idx[r, a:e], cot[r, a:e]
+    logits, _ = on(idx.to(DEV))
+    (logits * cot.to(DEV)).sum().backward()
+    ref, _ = off(alone.to(DEV))
+    (ref * alone_cot.to(DEV)).sum().backward()
+    ref_packed = torch.zeros_like(logits)
+    for i, (r, a, e) in enumerate(segments):
+        ref_packed[r, a:e] = ref[i, :e - a]
+    tol = 1e-5 if DEV == 'cpu' else 2e-3  # CUDA: Triton's and flex's own rounding
+    assert rms_err(logits, ref_packed) < tol, rms_err(logits, ref_packed)
+    errs = {n: rms_err(p.grad, q.grad) for (n, p), q in zip(on.named_parameters(), off.parameters())}
+    assert all(e < tol for e in errs.values()), {n: e for n, e in errs.items() if not e < tol}
+
+
+@pytest.mark.usefixtures('one_thread')
+@pytest.mark.parametrize('mixer', ['softmax', 'mamba2', 'kda*3,softmax'])
+def test_documents_switch_changes_nothing_within_one_document(mixer):
+    """Rows holding no EOT but at position 0 are one document each: documents=True gives documents=False's logits
+    (to rounding: other kernels, a per-token gate, masked convs, a mask), and generation ignores the switch (a
+    prompt and what follows it is one document: token for token the same, EOTs in the prompt included)."""
+    on, off = make(mixer, documents=True, eot_token=DOC_EOT), make(mixer)
+    idx = torch.randint(1, 97, (2, 50), generator=torch.Generator().manual_seed(3))
+    idx[:, 0] = DOC_EOT
+    with torch.no_grad():
+        torch.testing.assert_close(on(idx)[0], off(idx)[0], rtol=1e-4, atol=1e-5)
+    idx[:, 20] = DOC_EOT
+    assert torch.equal(on.generate(idx[:, :30], 8, temperature=0)[0], off.generate(idx[:, :30], 8, temperature=0)[0])
+
+
+@pytest.mark.usefixtures('one_thread')
+def test_documents_off_builds_nothing(monkeypatch):
+    """documents=False (the default) is today's model: GPT.documents is never called, so every mixer gets docs=None
+    and runs the code it ran before the switch existed (training forward and backward, and generation)."""
+    def refuse(self, idx):
+        raise AssertionError('GPT.documents called with documents=False')
+    monkeypatch.setattr(GPT, 'documents', refuse)
+    model = make('kda*3,softmax')
+    assert model.config.documents is False
+    idx = torch.randint(0, 97, (2, 20))
+    idx[:, 7] = DOC_EOT
+    model(idx, idx)[1].backward()
+    model.generate(idx[:, :5], 3)
+
+
+def test_documents_masks_and_checks():
+    """GPT.documents: starts at position 0 and at every EOT; the conv positions restart there and stop at 3; the
+    softmax mask (CPU: dense) is causal within each document; the gate resets leave position 0 alone. Switch and
+    token are checked."""
+    model = make('kda*3,softmax', documents=True, eot_token=DOC_EOT)
+    idx = torch.tensor([[5, 6, DOC_EOT, DOC_EOT, 7, 8, 9, 10, 11]])
+    docs = model.documents(idx)
+    assert docs['reset'].tolist() == [[False, False, True, True, False, False, False, False, False]]
+    assert docs['conv_pos'].tolist() == [[0, 1, 0, 0, 1, 2, 3, 3, 3]] and docs['conv_pos'].dtype == torch.uint8
+    doc = torch.tensor([0, 0, 1, 2, 2, 2, 2, 2, 2])
+    want = (doc[:, None] == doc[None, :]) & torch.ones(9, 9, dtype=torch.bool).tril()
+    assert torch.equal(docs['mask'], want[None, None])
+    with pytest.raises(ValueError, match=r'eot_token=50256 must be a token id below vocab_size=97'):
+        tiny('kda', documents=True)
+    with pytest.raises(ValueError, match=r"documents='yes' must be True or False"):
+        tiny('kda', documents='yes')
+
+
+@pytest.mark.filterwarnings('ignore:flex_attention called without torch.compile')
+def test_documents_block_mask_and_flex_equal_the_dense_mask(monkeypatch):
+    """The FlexAttention path (CUDA): document_block_mask equals create_block_mask of the same mask (every partial and
+    full block, 3 blocks of 128 with a padded last one, starts at and next to block edges), and softmax attention
+    through it gives the SDPA-with-dense-mask path's output and gradients (GQA; on CPU flex_attention eager, its
+    unfused reference, and the output only: it has no backward on CPU)."""
+    from model import CausalSelfAttention, document_block_mask, flex_attention
+    if flex_attention is None:
+        pytest.skip('torch < 2.5: no flex_attention')
+    from torch.nn.attention.flex_attention import create_block_mask
+    T = 300
+    start = torch.zeros(2, T, dtype=torch.bool)
+    start[:, 0] = True
+    start[0, [127, 128, 129, 255, 256]] = True
+    start[1, [200]] = True
+    doc = start.cumsum(1, dtype=torch.int32).to(DEV)
+    bm = document_block_mask(doc)
+    ref = create_block_mask(lambda b, h, q, kv: (q >= kv) & (doc[b, q] == doc[b, kv]), 2, None, T, T, device=DEV)
+
+    def dense(num, ind):  # [B, 1, n, n] bool of the blocks listed
+        out = torch.zeros(ind.shape, dtype=torch.bool)
+        for b in range(ind.shape[0]):
+            for i in range(ind.shape[2]):
+                out[b, 0, i, ind[b, 0, i, :num[b, 0, i]].long().cpu()] = True
+        return out
+    for kind in ('kv', 'full_kv', 'q', 'full_q'):
+        got = dense(getattr(bm, f'{kind}_num_blocks'), getattr(bm, f'{kind}_indices'))
+        assert torch.equal(got, dense(getattr(ref, f'{kind}_num_blocks'), getattr(ref, f'{kind}_indices'))), kind
+    if DEV == 'cpu':  # eager flex_attention (its unfused reference): no C++ compile on CPU
+        monkeypatch.setattr('model.compiled_flex_attention', lambda: flex_attention)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(tiny('softmax', n_kv_head=2, block_size=T)).to(DEV)
+    x = torch.randn(2, T, 64, device=DEV)
+    t = torch.arange(T, device=DEV)
+    masks = [{'block_mask': bm}, {'mask': ((doc[:, :, None] == doc[:, None, :]) & (t[:, None] >= t[None, :]))[:, None]}]
+    outs = []
+    for docs in masks:
+        if DEV == 'cpu':
+            with torch.no_grad():
+                outs.append([attn(x, docs=docs)])
+            continue
+        xx = x.clone().requires_grad_()
+        y = attn(xx, docs=docs)
+        grads = torch.autograd.grad((y * x).sum(), [xx] + list(attn.parameters()))
+        outs.append([y] + list(grads))
+    for a, b in zip(*outs):
+        assert rms_err(a, b) < 1e-5, rms_err(a, b)
+
+
+def test_documents_key_round_trips_through_a_checkpoint(tmp_path):
+    """documents and eot_token are saved with the model args and come back; a checkpoint from before them loads off."""
+    model = make('gdn', documents=True, eot_token=DOC_EOT)
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': model.state_dict(), 'model_args': dict(model.config.__dict__)}, path)
+    args = load_checkpoint(path)['model_args']
+    assert args['documents'] is True and args['eot_token'] == DOC_EOT and GPT(GPTConfig(**args)).config.documents
+    old = {k: v for k, v in args.items() if k not in ('documents', 'eot_token')}
+    assert GPT(GPTConfig(**old)).config.documents is False

@@ -78,6 +78,9 @@ bias = False                    # bias in Linear layers
 vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64
 kernels = ''                    # path of the linear mixers' kernels.py calls: 'auto' (Triton on CUDA, chunked torch elsewhere),
                                 # 'torch', 'recurrent' (the slow reference) or 'triton'; '' = 'auto' (on resume: the checkpoint's)
+documents = False               # each EOT-separated document of a row is its own sequence (no state, conv or attention
+                                # across a document start; model.GPT.documents); off = nanoGPT's way, a little faster
+eot_token = 50256               # with documents: the token that starts a document (GPT-2's <|endoftext|>)
 # AdamW optimizer
 learning_rate = 6e-4            # max learning rate
 max_iters = 600000              # total optimizer steps
@@ -125,7 +128,7 @@ def check_settings():
         raise UserError(f"compile must be None (auto), True or False, got {compile!r}")
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
               dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state,
-              kernels=kernels or 'auto')  # its own checks
+              kernels=kernels or 'auto', documents=documents, eot_token=eot_token)  # its own checks
 
 
 check_settings()
@@ -231,7 +234,7 @@ iter_num = 0
 best_val_loss = 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head,
-                  head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto')
+                  head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto', documents=documents, eot_token=eot_token)
 checkpoint = None
 if init_from == 'resume':
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')

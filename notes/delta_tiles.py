@@ -3,12 +3,14 @@ Tile / warp settings of the delta-rule kernels by measurement (GPU): every setti
 recurrence by test_kernels.triton_check in its own process, all in parallel (this also compiles them; Triton's disk
 cache is shared and T, B, H are not specialised), then the settings that passed timed one after another, alone.
 Triton 3.6 miscompiles some settings on Hopper (wrong gradients or an illegal memory access), hence the checks.
-kernels.STATE_TILE, WY_GRADS_TILE, KDA_KEY_TILE, KDA_GRAMS_TILE and INVERSE_WARPS hold the defaults; this script is
+kernels.STATE_TILE, WY_GRADS_TILE, KDA_KEY_TILE, GRAMS_TILE and INVERSE_WARPS hold the defaults; this script is
 how they are chosen.
 
 $ python notes/delta_tiles.py                       # every setting below, DeltaNet, GDN, KDA at B8 T4096 H16 D128
 $ python notes/delta_tiles.py --variants deltanet   # time a subset (the checks run every setting)
-$ python notes/delta_tiles.py --only kda_grams      # check and time one knob's settings
+$ python notes/delta_tiles.py --only grams          # check and time one knob's settings
+$ python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,12,64
+                                                    # GDN's dg forms at the three shapes, GDN / DeltaNet at the end
 """
 import argparse
 import os
@@ -28,17 +30,30 @@ STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": kw, "min_v": m}, (
          for v, w, kw, m in ((64, 8, 8, 32), (32, 4, 4, 32), (32, 8, 8, 32), (64, 4, 4, 32), (64, 4, 8, 32),
                              (64, 4, 8, 16))]  # min_v: the smallest V-tile at small B*H (--shape 2,16384,16,128)
 KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((64, 8), (32, 8), (64, 4))]
-GRAMS = [("KDA_GRAMS_TILE", {"k": k, "warps": w, "split": s}, ("kda",))
-         for k, w, s in ((128, 8, False), (64, 8, False), (64, 4, False), (128, 16, False),
-                         (128, 8, True), (64, 8, True), (64, 4, True), (32, 4, True))]
 INVERSE = [("INVERSE_WARPS", w, ("deltanet", "kda")) for w in (2, 1, 4)]
+# the Grams by 16 x 16 blocks (_grams_block_kernel): key tile of DeltaNet / GDN, of KDA, warps
+GRAMS = [("GRAMS_TILE", {"k": k, "kda_k": kk, "warps": w}, ("deltanet", "gdn", "kda"))
+         for k, kk, w in ((64, 16, 1), (64, 32, 1), (32, 16, 2), (128, 16, 1))]
 SETTINGS = WY + STATE + KDA + GRAMS + INVERSE
-ATTRS = ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE", "KDA_GRAMS_TILE", "INVERSE_WARPS")
+ATTRS = ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE", "GRAMS_TILE", "INVERSE_WARPS")
 CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
+# GDN's dg forms in _wy_grads_bwd (WY_GRADS_TILE['gdn'], kernels.py's comment at the kernel), named 'gdn_bwd FORM':
+# checked on GDN at mild and strong gates, timed on GDN and on DeltaNet, which they do not change
+# (its repeats beside each form show the noise; the summary divides by the DeltaNet timed beside the form):
+#   python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,12,64
+GDN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn=f), ("deltanet", "gdn"))
+           for f in ("tile", "rows", "rows_dq", "order")]
+SETTINGS += GDN_BWD
+
+
+def is_gdn_bwd(i):
+    return isinstance(SETTINGS[i][1], dict) and "gdn" in SETTINGS[i][1]
 
 
 def name(i):
     attr, value, _ = SETTINGS[i]
+    if is_gdn_bwd(i):
+        return f"gdn_bwd {value['gdn']}"
     what = '/'.join(map(str, value.values())) if isinstance(value, dict) else str(value)
     return f"{attr.lower().replace('_tile', '')} {what}"
 
@@ -49,6 +64,12 @@ def check(i):
     import test_kernels as tk
     attr, value, variants = SETTINGS[i]
     setattr(kernels, attr, value)
+    if is_gdn_bwd(i):  # GDN's dg forms: DeltaNet takes none of them; strong gates (a tenth at -1000) and fp32 at T 1000
+        for strength in ("mild", "strong"):
+            for T, D, dtype in ((1000, 128, torch.bfloat16), (65, 64, torch.bfloat16), (65, 128, torch.float32),
+                                (1000, 64, torch.float32)):
+                tk.triton_check(2, T, 2, D, D, "gdn", strength, dtype)
+        return
     for variant in variants:
         gate, strength = CHECKS[variant]
         for T, D, dtype in ((1000, 128, torch.bfloat16), (65, 64, torch.bfloat16), (65, 128, torch.float32)):
@@ -72,7 +93,7 @@ def time_setting(i, shape, variants, base=()):
         leaves = ["q", "k", "v", "beta", "g"]
         f, fb, peak = bench.measure(lambda x: bench.run_chunk("ours", variant, x), x, leaves)
         out[variant] = fb
-        print(f"  {variant:8s} {name(i):16s} {f:6.3f} / {fb:6.3f} ms  {peak:6.0f} MiB", flush=True)
+        print(f"  {variant:8s} {name(i):20s} {B}x{T}x{H}x{D}  {f:6.3f} / {fb:6.3f} ms  {peak:6.0f} MiB", flush=True)
     for a, v in defaults.items():
         setattr(kernels, a, v)
     return out
@@ -82,6 +103,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="deltanet,gdn,kda")
     ap.add_argument("--shape", default="8,4096,16,128")
+    ap.add_argument("--shapes", default="", help="time at each of these B,T,H,D (colon-separated) instead of --shape")
     ap.add_argument("--only", default="", help="time only the settings whose name starts with one of these (comma-separated), e.g. 'state'")
     ap.add_argument("--no_checks", action="store_true", help="skip the checks (settings that passed them before)")
     ap.add_argument("--check", type=int, default=None, help=argparse.SUPPRESS)  # internal: one setting (subprocess)
@@ -106,20 +128,33 @@ def main():
         why = "" if ok[i] else " ".join(err.strip().splitlines()[-1:])[:110]
         print(f"{'compile' if args.no_checks else 'check'} {name(i):16s} {'ok' if ok[i] else 'FAILED ' + why}",
               flush=True)
-    shape = tuple(map(int, args.shape.split(",")))
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; shape {args.shape}; fwd / fwd+bwd ms "
-          "(do_bench medians), peak MiB; settings that passed their checks only", flush=True)
+    shapes = [tuple(map(int, s.split(","))) for s in (args.shapes or args.shape).split(":")]
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; shapes {args.shapes or args.shape}; "
+          "fwd / fwd+bwd ms (do_bench medians), peak MiB; settings that passed their checks only", flush=True)
     best_wy = None
+    results = {}
     for i, (attr, value, _) in enumerate(SETTINGS):
         if not ok[i]:
             continue
         if args.no_checks and i not in procs:
             continue
         base = [("WY_GRADS_TILE", best_wy)] if (attr != "WY_GRADS_TILE" and best_wy) else []
-        fb = time_setting(i, shape, variants, base)
-        if attr == "WY_GRADS_TILE" and "deltanet" in fb and (best_wy is None or fb["deltanet"] < best_fb):
-            best_wy, best_fb = value, fb["deltanet"]
+        for shape in shapes:
+            fb = results[i, shape] = time_setting(i, shape, variants, base)
+            if shape == shapes[0] and attr == "WY_GRADS_TILE" and not is_gdn_bwd(i) and "deltanet" in fb and \
+                    (best_wy is None or fb["deltanet"] < best_fb):
+                best_wy, best_fb = value, fb["deltanet"]
     print("fastest wy_grads setting (deltanet fwd+bwd), used under the state and kda settings:", best_wy)
+    gdn = [i for i in range(len(SETTINGS)) if is_gdn_bwd(i) and (i, shapes[0]) in results]
+    if gdn:
+        print("GDN fwd+bwd / DeltaNet fwd+bwd timed beside it = ratio (target <= 1.1), by GDN's dg form:")
+        print(f"  {'':20s} " + " | ".join(f"{'x'.join(map(str, s)):23s}" for s in shapes))
+        for i in gdn:
+            cells = []
+            for s in shapes:
+                g, d = results[i, s].get("gdn"), results[i, s].get("deltanet")
+                cells.append(f"{g:.3f} / {d:.3f} = {g / d:.3f}" if g and d else f"{'-':23s}")
+            print(f"  {name(i):20s} " + " | ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ $ python notes/ptxas_check.py --la       # the scalar-decay _la_ kernels as kern
 Spill bytes are not time: they ranked KDA's backward key tile 16 above 32, and the GPU measured the opposite
 (notes/perf.md, 2026-11-23 (c); check and time candidates with notes/delta_tiles.py before choosing).
 Before the split (2026-11-23, one kernel _grads_bwd): 255 registers, spill stores 1612 B DeltaNet / 6076 B KDA.
+Counts before ptxas_report's `aligned` (pointer arguments 16-byte aligned, as at a launch) came from scalar 2-byte
+global accesses and are not comparable: _wy_grads_bwd at Dk = 128, bf16, 8 warps, Triton 3.6, spill stores DeltaNet
+1948 -> 428 B, GDN 3614 -> 792 B with it.
 """
 import itertools
 import os
@@ -32,12 +35,17 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 SHARED_LIMIT_KB = 227  # Hopper's shared memory per block
 
 
-def ptxas_report(fn, types, constexprs, num_warps, num_stages=1):
+def ptxas_report(fn, types, constexprs, num_warps, num_stages=1, aligned=True):
     """-> (registers, spill-store bytes, shared KB) of fn compiled for sm_90a. types: {arg: '*bf16' | 'fp32' | ...}
-    for the runtime arguments (the rest default to i32); constexprs: {arg: value}."""
+    for the runtime arguments (the rest default to i32); constexprs: {arg: value}. aligned: pointer arguments 16-byte
+    aligned, as Triton specialises them at a launch on torch tensors (without it, every global load and store is a
+    scalar 2- or 4-byte access with its own address registers, and the counts are far from the GPU's)."""
     names = fn.arg_names
+    # constexpr parameters left out take their defaults (e.g. _wy_grads_bwd_kernel's GDN)
+    constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | constexprs
     sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if aligned and sig[n].startswith("*")}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "k.ptx"), "w") as f:
