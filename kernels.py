@@ -1531,7 +1531,7 @@ def _storage(prec):
 # miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
 STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32}
-WY_GRADS_TILE = {'v': 64, 'warps': 8, 'gdn': 'tile'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
+WY_GRADS_TILE = {'v': 64, 'warps': 8, 'gdn': 'order'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
 INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency

@@ -35,9 +35,9 @@ import torch.nn.functional as F
 import kernels
 from configurator import UserError
 try:
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # torch < 2.5: documents=True attends through SDPA with a dense mask
-    BlockMask = flex_attention = None
+    create_block_mask = flex_attention = None
 
 
 
@@ -279,27 +279,16 @@ def reset_gate(g, docs):
 
 def document_block_mask(doc, block=128):
     """flex_attention's BlockMask of causal attention within each document, from document ids doc [B, T] (int32,
-    nondecreasing along T). Built from the first and last id of every block of `block` tokens, O((T/block)^2) per
-    row, not from a dense [T, T] mask (modded-nanogpt's way): key block j of query block i is skipped unless j <= i
-    and their ids overlap, full (no mask_mod) when j < i and every id of both is the same, partial otherwise."""
+    nondecreasing along T), by create_block_mask: it evaluates the mask on every (query, key) pair once per forward
+    (B T^2 comparisons, no [T, T] tensor kept). A mask assembled from each block's first and last id
+    (BlockMask.from_kv_blocks) had the same blocks but gave wrong gradients inside a torch.compile'd model (torch
+    2.11, H100: notes/doc_mask_check.py), so this one is built the documented way."""
     B, T = doc.shape
-    n = -(-T // block)
-    doc = torch.cat([doc, doc[:, -1:].expand(B, n * block - T)], dim=1)  # padded: mask_mod may read past T
-    first, last = doc[:, ::block], doc[:, block - 1::block]               # [B, n] each
-    i = torch.arange(n, device=doc.device)
-    causal = i[:, None] >= i[None, :]                                     # [n (query block), n (key block)]
-    full = (i[:, None] > i[None, :]) & (first[:, None, :] == last[:, :, None])       # [B, n, n]
-    partial = causal & (first[:, :, None] <= last[:, None, :]) & ~full  # j <= i: ids overlap iff q's first <= k's last
-
-    def ordered(m):  # -> counts [B, 1, n], indices [B, 1, n, n] of the True blocks first (what BlockMask takes)
-        idx = torch.argsort(m.to(torch.uint8), dim=-1, descending=True, stable=True).to(torch.int32)
-        return m.sum(-1, dtype=torch.int32)[:, None], idx[:, None]
 
     def same_document(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (doc[b, q_idx] == doc[b, kv_idx])
 
-    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block, mask_mod=same_document,
-                                    seq_lengths=(T, T))
+    return create_block_mask(same_document, B, None, T, T, device=doc.device, BLOCK_SIZE=block)
 
 
 @functools.cache
