@@ -322,7 +322,8 @@ TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 
 # instead: for a pair i < r take the smallest block size 2s (s = 1, 2, 4, ... C/2) with r and i in
 # the same 2s-block but different halves; nu = G at the last row of the left half. Then
 # r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
-# free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1.
+# free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1. The backward (_grams_bwd)
+# applies it to the whole chunk; the forward (_grams_block_kernel) only inside its 16 x 16 diagonal blocks.
 
 _DOT_WIDEN = tl.constexpr(_INTERPRETING)
 
