@@ -77,7 +77,7 @@ from triton.testing import do_bench
 
 import kernels
 
-SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 12, 64)]  # B, T, H, D (Dk = Dv = D)
+SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 16, 64)]  # B, T, H, D (Dk = Dv = D): the three
 QUICK_SHAPES = [(2, 4096, 16, 128)]
 VARIANTS = ("kda", "deltanet", "gdn")  # KDA first (the headline target); DeltaNet before GDN, whose row is also
                                        # divided by our DeltaNet's at the same shape
@@ -827,6 +827,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
     ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours")
+    ap.add_argument("--shape", default="", help="--profile: the delta-rule variants at this B,T,H,D (default the first "
+                    "of SHAPES)")
     ap.add_argument("--chunks", default="", help="retnet/mamba2: time our kernels at these chunk sizes, e.g. 32,64,128")
     ap.add_argument("--model_decode", action="store_true",
                     help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
@@ -889,7 +891,7 @@ def main():
     print("command: python " + " ".join(sys.argv), flush=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.profile:
-        return profile(delta + scalar, fla)
+        return profile(delta + scalar, fla, tuple(map(int, args.shape.split(","))) if args.shape else SHAPES[0])
     if args.chunks:
         return chunk_sweep([int(c) for c in args.chunks.split(",")], scalar)
     if delta:

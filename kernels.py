@@ -338,7 +338,7 @@ def _dot(a, b, PREC: tl.constexpr):
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision='ieee')
         return tl.dot(a, b)
     else:
-        return tl.dot(a, b, input_precision=PREC)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
 
 @triton.jit
 def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
@@ -473,9 +473,9 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 #   L   = StrictTril(Diag(beta) (K K^T decayed by exp(G_r - G_i)))      A = (I + L)^-1
 #   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
 #   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
-#   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (parallel)
+#   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (with S, in the same pass)
 # Kernels: _chunk_cumsum (G), _grams_block (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
-# _state_fwd (snapshots h[c] = S, Delta), _output_fwd (O, from the stored P_qk).
+# _state_fwd (O; in the backward's recompute the snapshots h[c] = S and Delta instead).
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
@@ -664,7 +664,7 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd
                    H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
                    C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, DECAYED: tl.constexpr):
     # W = A (beta exp(G) K), U = A (beta V) with A = (I + L)^-1 from _inverse. DECAYED (KDA): also Kd = K exp(G_n - G)
-    # and Qg = Q exp(G), so that the sequential state passes and the output read them instead of a [C, Dk] fp32 gate
+    # and Qg = Q exp(G), so that the sequential state passes read them instead of a [C, Dk] fp32 gate
     # tile and its exps (stored in k's dtype: their readers round them to it as dot operands anyway).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
@@ -694,12 +694,17 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd
         tl.store(qg_ptr + tok[:, None] * DK + ck[None, :], (qq * eg).to(qg_ptr.dtype.element_ty), mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
-def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, T, NT,
+def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, q_ptr, P_ptr, o_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr):
-    # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers.
-    # DECAYED: k_ptr holds Kd = K exp(G_n - G) (from _wy_fwd), and only G_n is read from G.
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr):
+    # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
+    # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
+    # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
+    # output's rows rather than K and Q. DECAYED: k_ptr holds Kd = K exp(G_n - G) and q_ptr Qg = Q exp(G) (from _wy_fwd), and only G_n is read from G.
+    # OUTPUT (the forward): O = scale (Qg S + P_qk Delta) formed here from the state in registers, and neither the
+    # snapshots h nor Delta are written (the pass is bound by bandwidth, and h is its largest write: [Dk, Dv] per
+    # chunk, twice a [C, Dk] tile at C = 64). Without it (the backward's recompute): h[c] and Delta stored.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -717,55 +722,35 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
-        tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
-        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        if not OUTPUT:
+            tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
+        if DECAYED:
+            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
+        else:
+            Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
         # when the state already predicts v: docs/mixers.md §7 item 8)
         d = uu - _dot(ww, S, PREC)
-        tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        if DECAYED:
-            kd = kk
-            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
-        else:
-            Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-            kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # K * exp(G_n - G)
+        if not OUTPUT:
+            tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
+        if OUTPUT:
+            qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+            Pq = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+            qs = _dot(qq, S, PREC)
+            if GATE == 1:
+                qs = qs * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp(G)) S, a row factor
+            o = scale * (qs + _dot(Pq, d, PREC))
+            tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        if GATE == 1:
+            d = d * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G))^T Delta
         if GATE > 0:
             S = S * tl.exp(Gn_col)
-        S += _dot(tl.trans(kd), d, PREC)
+        S += _dot(tl.trans(kk), d, PREC)
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
-
-@triton.jit(do_not_specialize=["T", "NT", "H"])
-def _output_fwd_kernel(q_ptr, P_ptr, G_ptr, h_ptr, vn_ptr, o_ptr, scale, T, NT,
-                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                       DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, GATE: tl.constexpr,
-                       PREC: tl.constexpr, DECAYED: tl.constexpr):
-    # DECAYED: q_ptr holds Qg = Q exp(G) (from _wy_fwd)
-    iv = tl.program_id(0)
-    c = tl.program_id(1).to(tl.int64)
-    bh = tl.program_id(2).to(tl.int64)
-    b, h = bh // H, bh % H
-    rows = tl.arange(0, C)
-    t = c * C + rows
-    valid = t < T
-    n = tl.minimum(T - c * C, C)
-    tok = (b * T + t) * H + h
-    tok0 = (b * T + c * C) * H + h
-    ck = tl.arange(0, DK)
-    cv = iv * BV + tl.arange(0, BV)
-    qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + ck[:, None] * DV + cv[None, :]).to(tl.float32)
-    d = tl.load(vn_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    if DECAYED:
-        qg = qq
-    else:
-        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
-    o = scale * (_dot(qg, S, PREC) + _dot(P, d, PREC))
-    tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # -----------------------------------------------------------------------------
 # Triton backward (docs/mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels)
@@ -819,26 +804,25 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
-        dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         if DECAYED:
-            kd = kk
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         else:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-            kd = kk * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
-        dd = scale * _dot(tl.trans(P), dO, PREC) + _dot(kd, dS, PREC)
+        dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        kds = _dot(kk, dS, PREC)
+        if GATE == 1:
+            kds = kds * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G)) dS'
+        dd = scale * _dot(tl.trans(P), dO, PREC) + kds
         tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd.to(dvn_ptr.dtype.element_ty), mask=valid[:, None])
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        if DECAYED:
-            qg = qq
-        else:
-            qg = qq * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        if GATE == 1:
+            dO = dO.to(tl.float32) * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp G)^T dO = Q^T (exp(G) dO)
         if GATE > 0:
             dS = dS * tl.exp(Gn_col)
-        dS += scale * _dot(tl.trans(qg), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
+        dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
@@ -1099,7 +1083,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
 #   O     = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V)          _la_output_fwd: parallel over chunks
 # These are the delta-rule state pass and output with Delta = V: no W, no (I + L)^-1. They are small kernels of
-# their own rather than flags on _state_fwd / _output_fwd because q, k are indexed per group (below) and P = Q K^T ⊙ D
+# their own rather than flags on _state_fwd because q, k are indexed per group (below) and P = Q K^T ⊙ D
 # is formed in the output kernel instead of being loaded; they share the rules: exp only of a number <= 0 (masked
 # with a select before the exp), fp32 state and accumulation, int64 token offsets, any T (a partial last chunk is
 # masked). Unlike the delta-rule kernels they read the raw gates and form every decay exponent between two positions
@@ -1496,7 +1480,7 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
 # the Triton path as custom ops, and the public calls
 #
 # Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_block) -> A (_inverse) -> W, U
-# (_wy_fwd) -> h[c], Delta, final state (_state_fwd) -> O (_output_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
+# (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
 # state; the backward (kernels::delta_rule_bwd) recomputes W, h, Delta (_wy_fwd, _state_fwd), then runs _state_bwd
 # (reverse over chunks) and _wy_grads_bwd (DeltaNet, GDN) or _wy_bwd and _grads_bwd (KDA). Both are torch.library
 # custom ops with fake (shape) functions and the backward registered as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
@@ -1531,7 +1515,7 @@ def _storage(prec):
 # warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd. Triton 3.6
 # miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
-STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32}
+STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4}  # out_warps: the forward's pass
 WY_GRADS_TILE = {'v': 64, 'warps': 8, 'gdn': 'order'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
@@ -1570,9 +1554,10 @@ def _grams_inverse(q, k, beta, G, GATE, DG):
     _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=INVERSE_WARPS)
     return P, A
 
-def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG):
-    """W, U from A, then the sequential pass: W, state snapshots h[c] (k's dtype), Delta, final state (fp32), and for
-    KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
+def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0):
+    """W, U from A, then the sequential pass. The forward (P = P_qk given): -> the output O (v's dtype), formed in the
+    pass, and the final state (fp32; None unless asked for). The backward's recompute (P None): -> W, the state
+    snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
     B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
@@ -1582,14 +1567,18 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG):
     kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
     _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H, DK, DV,
                                 DG, C, GATE, prec, decayed, num_warps=_warps(DK, DV))
-    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
-    vn = torch.empty_like(v)
+    output = P is not None
+    vn = torch.empty_like(v)  # the output in the forward, Delta in the recompute
+    h = vn if output else torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
+    if output:
+        nw = STATE_TILE['out_warps']
     _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
-                                         ht if ht is not None else h, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
-                                         h0 is not None, ht is not None, decayed, num_warps=nw, num_stages=2)
-    return w, h, vn, ht, kd, qg
+                                         ht if ht is not None else h, qg if decayed else q, P if output else h,
+                                         vn, scale, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
+                                         h0 is not None, ht is not None, decayed, output, num_warps=nw, num_stages=2)
+    return (vn, ht) if output else (w, h, vn, kd, qg)
 
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
@@ -1608,12 +1597,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if GATE > 0 else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
-    w, h, vn, ht, kd, qg = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG)
-    del w, kd
-    o = torch.empty_like(v)
-    _output_fwd_kernel[(DV // BV, NT, B * H)](qg if GATE == 2 else q, P, G if GATE > 0 else k, h, vn, o, scale, T, NT,
-                                              H, DK, DV, BV, DG, TRITON_CHUNK, int(math.log2(TRITON_CHUNK)), GATE,
-                                              prec, GATE == 2, num_warps=_warps(DK, DV))
+    o, ht = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG, P, scale)
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
 
 @_delta_rule_fwd.register_fake
@@ -1641,7 +1625,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if G is not None else k
     idt = _storage(prec)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    w, h, vn, _, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
+    w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None

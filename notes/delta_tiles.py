@@ -9,7 +9,8 @@ how they are chosen.
 $ python notes/delta_tiles.py                       # every setting below, DeltaNet, GDN, KDA at B8 T4096 H16 D128
 $ python notes/delta_tiles.py --variants deltanet   # time a subset (the checks run every setting)
 $ python notes/delta_tiles.py --only grams          # check and time one knob's settings
-$ python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,12,64
+$ python notes/delta_tiles.py --only "state 64/4/8/32/8" --shapes 8,4096,16,128:2,16384,16,128:8,4096,16,64
+$ python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,16,64
                                                     # GDN's dg forms at the three shapes, GDN / DeltaNet at the end
 """
 import argparse
@@ -26,7 +27,7 @@ import kernels  # noqa: E402
 # one knob at a time: (kernels attribute, value, the variants it affects)
 WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
       for v, w in ((64, 8), (64, 16), (32, 8))]
-STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": kw, "min_v": m}, ("deltanet", "gdn", "kda"))
+STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": kw, "min_v": m, "out_warps": 4}, ("deltanet", "gdn", "kda"))
          for v, w, kw, m in ((64, 8, 8, 32), (32, 4, 4, 32), (32, 8, 8, 32), (64, 4, 4, 32), (64, 4, 8, 32),
                              (64, 4, 8, 16))]  # min_v: the smallest V-tile at small B*H (--shape 2,16384,16,128)
 KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((64, 8), (32, 8), (64, 4))]
@@ -34,13 +35,15 @@ INVERSE = [("INVERSE_WARPS", w, ("deltanet", "kda")) for w in (2, 1, 4)]
 # the Grams by 16 x 16 blocks (_grams_block_kernel): key tile of DeltaNet / GDN, of KDA, warps
 GRAMS = [("GRAMS_TILE", {"k": k, "kda_k": kk, "warps": w}, ("deltanet", "gdn", "kda"))
          for k, kk, w in ((64, 16, 1), (64, 32, 1), (32, 16, 2), (128, 16, 1))]
+# warps of the forward's state pass, which forms the output (STATE_TILE['out_warps'])
+STATE += [("STATE_TILE", dict(kernels.STATE_TILE, out_warps=w), ("deltanet", "gdn", "kda")) for w in (8,)]
 SETTINGS = WY + STATE + KDA + GRAMS + INVERSE
 ATTRS = ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE", "GRAMS_TILE", "INVERSE_WARPS")
 CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
 # GDN's dg forms in _wy_grads_bwd (WY_GRADS_TILE['gdn'], kernels.py's comment at the kernel), named 'gdn_bwd FORM':
 # checked on GDN at mild and strong gates, timed on GDN and on DeltaNet, which they do not change
 # (its repeats beside each form show the noise; the summary divides by the DeltaNet timed beside the form):
-#   python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,12,64
+#   python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,16,64
 GDN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn=f), ("deltanet", "gdn"))
            for f in ("tile", "rows", "rows_dq", "order")]
 SETTINGS += GDN_BWD
