@@ -1515,7 +1515,8 @@ def _storage(prec):
 # warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd. Triton 3.6
 # miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
-STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4}  # out_warps: the forward's pass
+STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4,  # out_warps: the forward's pass
+              'stages': 2, 'bwd_stages': 2}  # software pipelining of the forward / backward passes' loads
 WY_GRADS_TILE = {'v': 64, 'warps': 8, 'gdn': 'order'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
@@ -1577,7 +1578,8 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
                                          ht if ht is not None else h, qg if decayed else q, P if output else h,
                                          vn, scale, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
-                                         h0 is not None, ht is not None, decayed, output, num_warps=nw, num_stages=2)
+                                         h0 is not None, ht is not None, decayed, output, num_warps=nw,
+                                         num_stages=STATE_TILE['stages'])
     return (vn, ht) if output else (w, h, vn, kd, qg)
 
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
@@ -1636,7 +1638,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
                                          dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         num_warps=nw, num_stages=2)
+                                         num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE < 2:

@@ -27,7 +27,7 @@ import kernels  # noqa: E402
 # one knob at a time: (kernels attribute, value, the variants it affects)
 WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
       for v, w in ((64, 8), (64, 16), (32, 8))]
-STATE = [("STATE_TILE", {"v": v, "warps": w, "kda_bwd_warps": kw, "min_v": m, "out_warps": 4}, ("deltanet", "gdn", "kda"))
+STATE = [("STATE_TILE", dict(kernels.STATE_TILE, v=v, warps=w, kda_bwd_warps=kw, min_v=m), ("deltanet", "gdn", "kda"))
          for v, w, kw, m in ((64, 8, 8, 32), (32, 4, 4, 32), (32, 8, 8, 32), (64, 4, 4, 32), (64, 4, 8, 32),
                              (64, 4, 8, 16))]  # min_v: the smallest V-tile at small B*H (--shape 2,16384,16,128)
 KDA = [("KDA_KEY_TILE", {"k": k, "warps": w}, ("kda",)) for k, w in ((64, 8), (32, 8), (64, 4))]
@@ -35,8 +35,10 @@ INVERSE = [("INVERSE_WARPS", w, ("deltanet", "kda")) for w in (2, 1, 4)]
 # the Grams by 16 x 16 blocks (_grams_block_kernel): key tile of DeltaNet / GDN, of KDA, warps
 GRAMS = [("GRAMS_TILE", {"k": k, "kda_k": kk, "warps": w}, ("deltanet", "gdn", "kda"))
          for k, kk, w in ((64, 16, 1), (64, 32, 1), (32, 16, 2), (128, 16, 1))]
-# warps of the forward's state pass, which forms the output (STATE_TILE['out_warps'])
-STATE += [("STATE_TILE", dict(kernels.STATE_TILE, out_warps=w), ("deltanet", "gdn", "kda")) for w in (8,)]
+# warps of the forward's state pass, which forms the output (out_warps), software pipelining (stages, bwd_stages)
+STATE += [("STATE_TILE", dict(kernels.STATE_TILE, **kw), ("deltanet", "gdn", "kda"))
+          for kw in (dict(out_warps=8), dict(stages=3, bwd_stages=3), dict(stages=4), dict(warps=2, out_warps=2),
+                     dict(warps=2, stages=3, bwd_stages=3))]
 SETTINGS = WY + STATE + KDA + GRAMS + INVERSE
 ATTRS = ("STATE_TILE", "WY_GRADS_TILE", "KDA_KEY_TILE", "GRAMS_TILE", "INVERSE_WARPS")
 CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "strong")}
