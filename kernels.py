@@ -885,9 +885,10 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     tok0 = (b * T + c * C) * H + h
     ck = tl.arange(0, DK)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
 
-    # every contraction over the value dimension, one V-tile at a time
+    # every contraction over the value dimension, one V-tile at a time; the tiles stay in the dtype they are stored
+    # in (they are dot operands: _dot takes them as they are) except where a product of two is summed
     dP = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)                              # rowsum(X V)
@@ -899,12 +900,12 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
-        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.)
+        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.)
+        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
         vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
-        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]).to(tl.float32)
+        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
         X = _dot(tl.trans(A), dd, PREC)                                 # A^T dDelta [C, BV]
         dP += _dot(dO, tl.trans(d), PREC)
         dL -= _dot(X, tl.trans(d), PREC)
@@ -914,7 +915,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dkd += _dot(d, tl.trans(dS), PREC)
         Y -= _dot(X, tl.trans(S), PREC)
         if GATE > 0:
-            sds += tl.sum(S * dS, 1)
+            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
     dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
     dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
     dqg = dqg * scale
@@ -923,7 +924,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     if GDN == 3:
         # 'order' (GDN only): _gate_grads' and _grams_bwd's GDN 2 lines in another order, each product used twice
         # except M, which goes only to dq (a fold into dq's accumulator: no dot follows it)
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # [C, 1], as in _gate_grads
         egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
         db = tl.sum(eg, 1) * tl.sum(Y * kk, 1)                              # dbeta_K, W's part
@@ -933,7 +934,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
         dP = dP * decay
         dL = dL * decay
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         dq = dqg * eg + _dot(dP, kk, PREC)
         dG = tl.sum(qq * dq, 1) - sdk
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
@@ -950,8 +951,8 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dbeta += db
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     else:
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN)
         if GDN == 0:
             dbeta += db

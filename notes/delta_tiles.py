@@ -25,8 +25,8 @@ import bench  # noqa: E402
 import kernels  # noqa: E402
 
 # one knob at a time: (kernels attribute, value, the variants it affects)
-WY = [("WY_GRADS_TILE", {"v": v, "warps": w}, ("deltanet", "gdn"))
-      for v, w in ((64, 8), (64, 16), (32, 8))]
+WY = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, v=v, warps=w), ("deltanet", "gdn"))
+      for v, w in ((64, 8), (64, 16), (32, 8), (64, 4))]
 STATE = [("STATE_TILE", dict(kernels.STATE_TILE, v=v, warps=w, kda_bwd_warps=kw, min_v=m), ("deltanet", "gdn", "kda"))
          for v, w, kw, m in ((64, 8, 8, 32), (32, 4, 4, 32), (32, 8, 8, 32), (64, 4, 4, 32), (64, 4, 8, 32),
                              (64, 4, 8, 16))]  # min_v: the smallest V-tile at small B*H (--shape 2,16384,16,128)
@@ -52,7 +52,7 @@ SETTINGS += GDN_BWD
 
 
 def is_gdn_bwd(i):
-    return isinstance(SETTINGS[i][1], dict) and "gdn" in SETTINGS[i][1]
+    return any(SETTINGS[i] is g for g in GDN_BWD)
 
 
 def name(i):
