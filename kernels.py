@@ -827,6 +827,13 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
 @triton.jit
+def _f32_if(x, F32: tl.constexpr):
+    # a loaded tile in fp32 (F32) or in the dtype it was stored in
+    if F32:
+        return x.to(tl.float32)
+    return x
+
+@triton.jit
 def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN: tl.constexpr = 0):
     # The per-channel terms of the gradients that do not involve the Grams (see above): W = A (beta exp(G) K),
     # Qg = Q exp(G), Kd = K exp(G_n - G). -> dq, dk, dbeta, dG (without the Gram parts) and dG_n [1, BK].
@@ -885,10 +892,11 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     tok0 = (b * T + c * C) * H + h
     ck = tl.arange(0, DK)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+    A = _f32_if(tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.), GATE == 1)
 
-    # every contraction over the value dimension, one V-tile at a time; the tiles stay in the dtype they are stored
-    # in (they are dot operands: _dot takes them as they are) except where a product of two is summed
+    # every contraction over the value dimension, one V-tile at a time. DeltaNet keeps the tiles in the dtype they
+    # are stored in (dot operands: _dot takes them as they are); GDN takes them in fp32, which its many row sums of
+    # products made faster at Dk = 128 (notes/perf.md 2026-11-24 (j))
     dP = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)                              # rowsum(X V)
@@ -900,12 +908,12 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
-        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.)
-        dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.)
-        dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
+        d = _f32_if(tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == 1)
+        dO = _f32_if(tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.), GATE == 1)
+        dd = _f32_if(tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == 1)
         vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
-        dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
+        S = _f32_if(tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == 1)
+        dS = _f32_if(tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == 1)
         X = _dot(tl.trans(A), dd, PREC)                                 # A^T dDelta [C, BV]
         dP += _dot(dO, tl.trans(d), PREC)
         dL -= _dot(X, tl.trans(d), PREC)
@@ -915,7 +923,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dkd += _dot(d, tl.trans(dS), PREC)
         Y -= _dot(X, tl.trans(S), PREC)
         if GATE > 0:
-            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
+            sds += tl.sum(S * dS, 1)
     dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
     dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
     dqg = dqg * scale
@@ -924,7 +932,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     if GDN == 3:
         # 'order' (GDN only): _gate_grads' and _grams_bwd's GDN 2 lines in another order, each product used twice
         # except M, which goes only to dq (a fold into dq's accumulator: no dot follows it)
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
         eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # [C, 1], as in _gate_grads
         egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
         db = tl.sum(eg, 1) * tl.sum(Y * kk, 1)                              # dbeta_K, W's part
@@ -934,7 +942,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
         dP = dP * decay
         dL = dL * decay
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        qq = _f32_if(tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
         dq = dqg * eg + _dot(dP, kk, PREC)
         dG = tl.sum(qq * dq, 1) - sdk
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
@@ -951,8 +959,8 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dbeta += db
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     else:
-        qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        qq = _f32_if(tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
+        kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
         dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN)
         if GDN == 0:
             dbeta += db
@@ -1518,7 +1526,8 @@ def _storage(prec):
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
 STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4,  # out_warps: the forward's pass
               'stages': 2, 'bwd_stages': 2}  # software pipelining of the forward / backward passes' loads
-WY_GRADS_TILE = {'v': 64, 'warps': 8, 'gdn': 'order'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
+WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 8},  # warps_d64: by gate kind (DeltaNet, GDN) at Dk <= 64
+                 'gdn': 'order'}  # 'gdn': GDN's dg form, 'tile' | 'rows' | 'rows_dq' | 'order'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
 INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
@@ -1649,7 +1658,8 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
                                           T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,
                                           ('tile', 'rows', 'rows_dq', 'order').index(WY_GRADS_TILE.get('gdn', 'tile'))
                                           if GATE == 1 else 0,
-                                          num_warps=WY_GRADS_TILE['warps'], num_stages=1)
+                                          num_warps=WY_GRADS_TILE['warps'] if DK > 64 else
+                                          WY_GRADS_TILE['warps_d64'][GATE], num_stages=1)
         return dq, dk, dv, dbeta, (dg if GATE == 1 else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device))
     BK, NK = min(DK, KDA_KEY_TILE['k']), DK // min(DK, KDA_KEY_TILE['k'])

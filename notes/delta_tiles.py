@@ -27,6 +27,9 @@ import kernels  # noqa: E402
 # one knob at a time: (kernels attribute, value, the variants it affects)
 WY = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, v=v, warps=w), ("deltanet", "gdn"))
       for v, w in ((64, 8), (64, 16), (32, 8), (64, 4))]
+# at Dk <= 64 (warps_d64 by gate kind, 0 DeltaNet, 1 GDN) with GDN's dg forms: --shapes 8,4096,16,64
+WY += [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, warps_d64={0: 4, 1: w}, gdn=f), ("deltanet", "gdn"))
+       for w, f in ((4, "order"), (4, "rows_dq"), (4, "tile"))]
 STATE = [("STATE_TILE", dict(kernels.STATE_TILE, v=v, warps=w, kda_bwd_warps=kw, min_v=m), ("deltanet", "gdn", "kda"))
          for v, w, kw, m in ((64, 8, 8, 32), (32, 4, 4, 32), (32, 8, 8, 32), (64, 4, 4, 32), (64, 4, 8, 32),
                              (64, 4, 8, 16))]  # min_v: the smallest V-tile at small B*H (--shape 2,16384,16,128)
@@ -59,7 +62,8 @@ def name(i):
     attr, value, _ = SETTINGS[i]
     if is_gdn_bwd(i):
         return f"gdn_bwd {value['gdn']}"
-    what = '/'.join(map(str, value.values())) if isinstance(value, dict) else str(value)
+    what = '/'.join('.'.join(map(str, x.values())) if isinstance(x, dict) else str(x) for x in value.values()) \
+        if isinstance(value, dict) else str(value)
     return f"{attr.lower().replace('_tile', '')} {what}"
 
 
