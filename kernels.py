@@ -829,8 +829,8 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
 @triton.jit
 def _f32_if(x, F32: tl.constexpr):
     # a loaded tile in fp32 (F32) or in the dtype it was stored in
-    if F32:
-        return x.to(tl.float32)
+    if F32:  # a compile-time branch: one return, whose type Triton fixes per specialisation
+        x = x.to(tl.float32)
     return x
 
 @triton.jit

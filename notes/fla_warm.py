@@ -2,7 +2,8 @@
 Compile flash-linear-attention's chunk kernels (fwd + bwd) at bench.py's shapes without timing anything, so that a
 device call can fill Triton's disk cache while the GPU tests compile ours, then time both with a warm cache.
 
-$ PYTHONPATH=/tmp/site python notes/fla_warm.py
+$ PYTHONPATH=/tmp/site python notes/fla_warm.py            # every variant
+$ PYTHONPATH=/tmp/site python notes/fla_warm.py kda        # one (run one process per variant to compile in parallel)
 """
 import os
 import sys
@@ -15,7 +16,7 @@ import bench  # noqa: E402
 fla, version = bench.load_fla()
 print("fla", version)
 for B, T, H, D in bench.SHAPES:
-    for variant in bench.VARIANTS:
+    for variant in sys.argv[1:] or bench.VARIANTS:
         fn = fla[variant][0]
         if isinstance(fn, str):
             print(variant, fn)
