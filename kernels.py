@@ -1547,8 +1547,9 @@ def _state_tile(DK, DV, GATE, backward, BH, device):
 def _sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
 
-# The two sequential kernels run with num_stages=2: the default 3 buffers three chunks of q, k, w in shared memory
-# and passes Hopper's 227 KB at Dk = 128 (measured with Triton 3.6).
+# The two sequential kernels run with num_stages=STATE_TILE['stages'] / ['bwd_stages'] = 2: 3 buffers three chunks of
+# their tiles in shared memory and passes Hopper's 227 KB at Dk = 128 (the forward, which also loads Q and P_qk, needs
+# 262 KB; measured with Triton 3.6).
 
 def _grams_inverse(q, k, beta, G, GATE, DG):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype."""
