@@ -103,7 +103,7 @@ def types_for(dtype):
     intermediates (P_qk, A, dP, dL, dh, dDelta, X) in kernels._storage's dtype (bf16 for bf16 inputs); the rest fp32"""
     inter = "*bf16" if dtype == "bf16" else "*fp32"
     t = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "v_ptr", "beta_ptr", "h_ptr", "vn_ptr", "do_ptr", "w_ptr", "u_ptr",
-                                  "dq_ptr", "dk_ptr", "dv_ptr")}
+                                  "dq_ptr", "dk_ptr", "dv_ptr", "o_ptr")}
     t |= {n: inter for n in ("P_ptr", "A_ptr", "dvn_ptr", "dh_ptr", "dP_ptr", "dL_ptr", "x_ptr")}
     f32 = ("G_ptr", "dbeta_ptr", "dg_ptr", "h0_ptr", "ht_ptr", "dht_ptr", "dh0_ptr")
     return t | {n: "*fp32" for n in f32} | {"scale": "fp32"}
@@ -128,10 +128,12 @@ if __name__ == "__main__":
         for gate in (0, 1, 2):
             base = dict(DK=128, DV=128, DG=128 if gate == 2 else 1, C=64, GATE=gate, PREC=prec)
             for BV, warps in [(32, 4), (64, 8)] if quick else [(32, 4), (32, 8), (64, 4), (64, 8)]:
-                for fn, c in ((kernels._state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True)),
-                              (kernels._state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True))):
-                    res = ptxas_report(fn, types_for(dtype), base | c | dict(BV=BV), warps, 2)
-                    line(fn.__name__[1:-7], gate, f"BV={BV}", warps, dtype, res)
+                for name, fn, c in (
+                        ("state_fwd+o", kernels._state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, OUTPUT=True)),
+                        ("state_fwd", kernels._state_fwd_kernel, dict(HAS_H0=True, STORE_HT=False, OUTPUT=False)),
+                        ("state_bwd", kernels._state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True))):
+                    res = ptxas_report(fn, types_for(dtype), base | c | dict(BV=BV, DECAYED=gate == 2), warps, 2)
+                    line(name, gate, f"BV={BV}", warps, dtype, res)
             if gate < 2:
                 for BV, warps in [(32, 8), (32, 16)] if quick else [(32, 4), (32, 8), (32, 16), (64, 8), (16, 8)]:
                     c = {k: v for k, v in base.items() if k != "DG"} | dict(BV=BV, LOG2C=6)
