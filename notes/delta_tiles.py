@@ -49,9 +49,15 @@ CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "str
 # checked on GDN at mild and strong gates, timed on GDN and on DeltaNet, which they do not change
 # (its repeats beside each form show the noise; the summary divides by the DeltaNet timed beside the form):
 #   python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,16,64
-GDN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn=f), ("deltanet", "gdn"))
-           for f in ("tile", "rows", "rows_dq", "order")]
+# 'phased' / 'phased_fold' (_wy_grads_bwd_phased_kernel) also with the warps at Dk <= 64: 'gdn_bwd FORM/WARPS'
+GDN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn=f, warps_d64={0: 4, 1: w}), ("deltanet", "gdn"))
+           for f, w in (("tile", 8), ("rows", 8), ("rows_dq", 8), ("order", 8), ("phased", 4), ("phased", 8),
+                        ("phased_fold", 4), ("phased_fold", 8))]
 SETTINGS += GDN_BWD
+# DeltaNet's form (WY_GRADS_TILE['deltanet']) and its warps at Dk <= 64: 'dn_bwd FORM/WARPS'
+DN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, deltanet=f, warps_d64={0: w, 1: 8}), ("deltanet",))
+          for f, w in (("phased", 4), ("phased", 8), ("phased_fold", 4), ("phased_fold", 8))]
+SETTINGS += DN_BWD
 
 
 def is_gdn_bwd(i):
@@ -61,7 +67,9 @@ def is_gdn_bwd(i):
 def name(i):
     attr, value, _ = SETTINGS[i]
     if is_gdn_bwd(i):
-        return f"gdn_bwd {value['gdn']}"
+        return f"gdn_bwd {value['gdn']}/{value['warps_d64'][1]}"
+    if any(SETTINGS[i] is g for g in DN_BWD):
+        return f"dn_bwd {value['deltanet']}/{value['warps_d64'][0]}"
     what = '/'.join('.'.join(map(str, x.values())) if isinstance(x, dict) else str(x) for x in value.values()) \
         if isinstance(value, dict) else str(value)
     return f"{attr.lower().replace('_tile', '')} {what}"
@@ -150,7 +158,8 @@ def main():
         base = [("WY_GRADS_TILE", best_wy)] if (attr != "WY_GRADS_TILE" and best_wy) else []
         for shape in shapes:
             fb = results[i, shape] = time_setting(i, shape, variants, base)
-            if shape == shapes[0] and attr == "WY_GRADS_TILE" and not is_gdn_bwd(i) and "deltanet" in fb and \
+            if shape == shapes[0] and attr == "WY_GRADS_TILE" and not is_gdn_bwd(i) and \
+                    not any(SETTINGS[i] is g for g in DN_BWD) and "deltanet" in fb and \
                     (best_wy is None or fb["deltanet"] < best_fb):
                 best_wy, best_fb = value, fb["deltanet"]
     print("fastest wy_grads setting (deltanet fwd+bwd), used under the state and kda settings:", best_wy)
