@@ -988,17 +988,15 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                                 dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                                 H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                                GATE: tl.constexpr, PREC: tl.constexpr, FOLD: tl.constexpr):
+                                GATE: tl.constexpr, PREC: tl.constexpr):
     # DeltaNet / GDN ('phased', WY_GRADS_TILE['gdn']): _wy_grads_bwd's gradients in two passes over the V-tiles, so
-    # that at most three [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
+    # that at most four [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
     #   1. the output side: dP, dQg -> dq (stored), then dk = N (P_qk's column side) and dP dies;
-    #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd, rowsum(S dS') -> the rest of dk and dbeta.
-    # Delta and S are read in both passes. FOLD: Y and dKd go into dk's accumulator as they are formed (times their
-    # row factors beta exp(G), exp(G_n - G)), and the two row sums that need them alone come from one more product
-    # each: rowsum(Y K) = -rowsum(X (K S)), colsum(dKd Kd) = sum(exp(G_n - G) Delta (K dS')).
-    # GDN's dG then needs no per-term row sums (docs/mixers.md §5.2): every term with G_r on row r enters through q_r
-    # (+), k_r (-) or, for W and L's rows, k_r (+), so dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K with
-    # dbeta_K = dbeta less rowsum(X V); dG_n = exp(G_n) sum(S dS') + colsum(dKd Kd).
+    #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd, sum(S dS') -> the rest of dk and dbeta.
+    # Delta and S are read in both passes. GDN's dG needs no per-term row sums (docs/mixers.md §5.2): every term with
+    # G_r on row r enters through q_r (+), k_r (-) or, for W and L's rows, k_r (+), so
+    # dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K, dbeta_K = rowsum(K Z), Z = exp(G) Y + M' (dbeta less
+    # rowsum(X V)); dG_n = exp(G_n) sum(S dS') + colsum(dKd Kd).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1015,6 +1013,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, 1, 1)
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))              # exp(G) [C, 1], 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))    # exp(G_n - G)
+    g2 = Gm * 1.4426950408889634                                           # G log2(e): the [C, C] decays by exp2
 
     # 1. the output side: dP = Tril(dO Delta^T), dq = scale exp(G) dO S^T + M
     dP = tl.zeros([C, C], dtype=tl.float32)
@@ -1027,14 +1026,16 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
         dP += _dot(dO, tl.trans(d), PREC)
         dq += _dot(dO, tl.trans(S), PREC)
-    dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)
     if GATE == 1:
-        dP = dP * tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
+        dP = dP * (scale * tl.exp2(tl.where((i2 <= r2) & (r2 < n), g2 - tl.trans(g2), float('-inf'))))
+    else:
+        dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
     dq = dq * (eg * scale) + _dot(dP, kk, PREC)
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
-    dG = tl.sum(qq.to(tl.float32) * dq, 1)
+    if GATE == 1:
+        dG = tl.sum(qq.to(tl.float32) * dq, 1)
     dk = _dot(tl.trans(dP), qq, PREC)                                      # N
 
     # 2. the W/U side
@@ -1042,14 +1043,9 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     A = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)                                # rowsum(X V)
-    yk = tl.zeros([C], dtype=tl.float32)                                   # rowsum(Y K)
-    sds = 0.                                                               # sum(S dS')
-    sdk = 0.                                                               # colsum(dKd Kd), summed
-    if FOLD:
-        xs = -beta[:, None] * eg                                           # dk += beta exp(G) Y, Y = -X S^T
-    else:
-        Y = tl.zeros([C, DK], dtype=tl.float32)
-        dkd = tl.zeros([C, DK], dtype=tl.float32)
+    Y = tl.zeros([C, DK], dtype=tl.float32)
+    dkd = tl.zeros([C, DK], dtype=tl.float32)
+    sds = tl.zeros([DK], dtype=tl.float32)                                 # rowsum(S dS')
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
@@ -1062,33 +1058,23 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dL -= _dot(X, tl.trans(d), PREC)
         tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
         dbeta += tl.sum(X * vv, 1)
-        if FOLD:
-            dk += xs * _dot(X, tl.trans(S), PREC) + egn * _dot(d, tl.trans(dS), PREC)
-            yk -= tl.sum(X * _dot(kk, S, PREC), 1)
-            if GATE == 1:
-                sdk += tl.sum(egn * d.to(tl.float32) * _dot(kk, dS, PREC))
-        else:
-            Y -= _dot(X, tl.trans(S), PREC)
-            dkd += _dot(d, tl.trans(dS), PREC)
+        Y -= _dot(X, tl.trans(S), PREC)
+        dkd += _dot(d, tl.trans(dS), PREC)
         if GATE == 1:
-            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32))
-    if not FOLD:
-        kf = kk.to(tl.float32)
-        yk = tl.sum(Y * kf, 1)
-        if GATE == 1:
-            sdk = tl.sum(tl.sum(dkd * kf, 1) * tl.sum(egn, 1))
-        dk += Y * (eg * beta[:, None]) + dkd * egn
-    dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
     if GATE == 1:
-        dL = dL * tl.exp(tl.where((i2 < r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
-    m = _dot(dL, kk, PREC)                                                 # M', L's row side
-    db = tl.sum(eg, 1) * yk + tl.sum(m * kk.to(tl.float32), 1)            # dbeta_K
-    dk += beta[:, None] * m + _dot(tl.trans(dL * beta[:, None]), kk, PREC)  # N'
-    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+        dL = dL * tl.exp2(tl.where((i2 < r2) & (r2 < n), g2 - tl.trans(g2), float('-inf')))
+    else:
+        dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+    kf = kk.to(tl.float32)
+    Z = Y * eg + _dot(dL, kk, PREC)                                       # exp(G) Y + M'
+    db = tl.sum(Z * kf, 1)                                                 # dbeta_K
     tl.store(dbeta_ptr + tok, dbeta + db, mask=valid)
+    dk += beta[:, None] * Z + dkd * egn + _dot(tl.trans(dL * beta[:, None]), kk, PREC)  # + N'
+    tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     if GATE == 1:
-        dG += 2 * beta * db - tl.sum(kk.to(tl.float32) * dk, 1)
-        dGn = tl.exp(tl.sum(Gn_row)) * sds + sdk
+        dG += 2 * beta * db - tl.sum(kf * dk, 1)
+        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
         dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
         tl.store(dg_ptr + tok, dg, mask=valid)
 
@@ -1635,11 +1621,13 @@ def _storage(prec):
 STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4,  # out_warps: the forward's pass
               'stages': 2, 'bwd_stages': 2}  # software pipelining of the forward / backward passes' loads
 WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 8},  # warps_d64: by gate kind (DeltaNet, GDN) at Dk <= 64
-                 'gdn': 'order',  # GDN's form, 'tile' | 'rows' | 'rows_dq' | 'order' | 'phased' | 'phased_fold';
-                 'deltanet': 'one'}  # DeltaNet's, 'one' | 'phased' | 'phased_fold'
+                 'maxnreg_d64': {0: None, 1: None},  # a register cap at Dk <= 64 (more programs per SM), by gate kind
+                 'gdn': 'order',  # GDN's form, 'tile' | 'rows' | 'rows_dq' | 'order' | 'phased'
+                 'deltanet': 'one'}  # DeltaNet's, 'one' | 'phased'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
 INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
+INVERSE_PREC = {'bf16': 'tf32x3', 'tf32': 'tf32x3', 'ieee': 'ieee'}  # _inverse's dots by the inputs' dot precision
 
 def _state_tile(DK, DV, GATE, backward, BH, device):
     # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there and it is faster with 8,
@@ -1667,7 +1655,7 @@ def _grams_inverse(q, k, beta, G, GATE, DG):
     Gp = G if G is not None else k  # any pointer; unused when GATE == 0
     idt = _storage(prec)
     P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
-    iprec = 'ieee' if prec == 'ieee' else 'tf32x3'
+    iprec = INVERSE_PREC[prec]
     L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
     BK = min(DK, GRAMS_TILE['kda_k'] if GATE == 2 else GRAMS_TILE['k'])
@@ -1766,15 +1754,16 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == 1 else dbeta
         form = WY_GRADS_TILE['gdn'] if GATE == 1 else WY_GRADS_TILE['deltanet']
         warps = WY_GRADS_TILE['warps'] if DK > 64 else WY_GRADS_TILE['warps_d64'][GATE]
+        maxnreg = None if DK > 64 else WY_GRADS_TILE['maxnreg_d64'][GATE]
         if form.startswith('phased'):
             _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
                                                      scale, T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, GATE,
-                                                     prec, form == 'phased_fold', num_warps=warps, num_stages=1)
+                                                     prec, num_warps=warps, num_stages=1, maxnreg=maxnreg)
         else:
             _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
                                               T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,
                                               ('tile', 'rows', 'rows_dq', 'order').index(form) if GATE == 1 else 0,
-                                              num_warps=warps, num_stages=1)
+                                              num_warps=warps, num_stages=1, maxnreg=maxnreg)
         return dq, dk, dv, dbeta, (dg if GATE == 1 else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device))
     BK, NK = min(DK, KDA_KEY_TILE['k']), DK // min(DK, KDA_KEY_TILE['k'])
