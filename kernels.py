@@ -615,7 +615,7 @@ def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
     # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
     # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
     # many programs per SM hide the latency (inside _wy_fwd one 255-register program per SM was slower: notes/perf.md).
-    # IPREC: 'ieee' for fp32 inputs, else 'tf32x3' (fp32-accurate).
+    # IPREC: INVERSE_PREC's, by the inputs' dtype.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1013,7 +1013,6 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, 1, 1)
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))              # exp(G) [C, 1], 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))    # exp(G_n - G)
-    g2 = Gm * 1.4426950408889634                                           # G log2(e): the [C, C] decays by exp2
 
     # 1. the output side: dP = Tril(dO Delta^T), dq = scale exp(G) dO S^T + M
     dP = tl.zeros([C, C], dtype=tl.float32)
@@ -1027,7 +1026,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dP += _dot(dO, tl.trans(d), PREC)
         dq += _dot(dO, tl.trans(S), PREC)
     if GATE == 1:
-        dP = dP * (scale * tl.exp2(tl.where((i2 <= r2) & (r2 < n), g2 - tl.trans(g2), float('-inf'))))
+        dP = dP * (scale * tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf'))))
     else:
         dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
@@ -1063,7 +1062,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         if GATE == 1:
             sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
     if GATE == 1:
-        dL = dL * tl.exp2(tl.where((i2 < r2) & (r2 < n), g2 - tl.trans(g2), float('-inf')))
+        dL = dL * tl.exp(tl.where((i2 < r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
     else:
         dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
     kf = kk.to(tl.float32)
@@ -1627,7 +1626,10 @@ WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 8},  # warps_d64: b
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
 INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
-INVERSE_PREC = {'bf16': 'tf32x3', 'tf32': 'tf32x3', 'ieee': 'ieee'}  # _inverse's dots by the inputs' dot precision
+# _inverse's dots by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is
+# 4x tf32's; every forward 0.15 ms faster at B8 T4096 H16: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate) for
+# fp16
+INVERSE_PREC = {'bf16': 'tf32', 'tf32': 'tf32x3', 'ieee': 'ieee'}
 
 def _state_tile(DK, DV, GATE, backward, BH, device):
     # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there and it is faster with 8,
