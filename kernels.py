@@ -780,11 +780,16 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 #   BK channels; the row sums over channels come back as one partial per key tile, added up outside).
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
-def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, h_ptr, sds_ptr,
+                      scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr):
-    # DECAYED: k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read from G
+                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr,
+                      SDS: tl.constexpr = 0):
+    # DECAYED: k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read from G.
+    # SDS (GDN with the phased gradient kernel): also <S, dS'> per chunk (S = h[c], the recompute's snapshot), the
+    # state's part of dG_n (exp(G_n) <S, dS'>), from the fp32 dS' held here rather than from its bf16 copy in the
+    # gradient kernel. One partial sum per V-tile into sds_ptr [NV, B, NT, H], added up by _wy_grads_bwd_phased.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -804,6 +809,9 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
+        if SDS:
+            S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs).to(tl.float32)
+            tl.store(sds_ptr + ((iv * (tl.num_programs(1) // H) + b) * NT + c) * H + h, tl.sum(dS * S))
         if DECAYED:
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         else:
@@ -986,17 +994,19 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
-                                dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
+                                dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, sds_ptr, scale, T, NT,
                                 H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                                GATE: tl.constexpr, PREC: tl.constexpr):
+                                GATE: tl.constexpr, PREC: tl.constexpr, NVS: tl.constexpr):
     # DeltaNet / GDN ('phased', WY_GRADS_TILE['gdn']): _wy_grads_bwd's gradients in two passes over the V-tiles, so
     # that at most four [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
     #   1. the output side: dP, dQg -> dq (stored), then dk = N (P_qk's column side) and dP dies;
-    #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd, sum(S dS') -> the rest of dk and dbeta.
+    #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd -> the rest of dk and dbeta.
     # Delta and S are read in both passes. GDN's dG needs no per-term row sums (docs/mixers.md §5.2): every term with
     # G_r on row r enters through q_r (+), k_r (-) or, for W and L's rows, k_r (+), so
     # dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K, dbeta_K = rowsum(K Z), Z = exp(G) Y + M' (dbeta less
-    # rowsum(X V)); dG_n = exp(G_n) sum(S dS') + colsum(dKd Kd).
+    # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), <S, dS'> from _state_bwd (SDS: NVS partial sums, one
+    # per V-tile of its programs). The colsum comes from the same dKd tile as dk's term (-dKd Kd in dG through k dk):
+    # after a strong gate the two nearly cancel, in fp32 only if both are formed from the same tile.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1044,7 +1054,6 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     dbeta = tl.zeros([C], dtype=tl.float32)                                # rowsum(X V)
     Y = tl.zeros([C, DK], dtype=tl.float32)
     dkd = tl.zeros([C, DK], dtype=tl.float32)
-    sds = tl.zeros([DK], dtype=tl.float32)                                 # rowsum(S dS')
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
@@ -1059,8 +1068,6 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dbeta += tl.sum(X * vv, 1)
         Y -= _dot(X, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
-        if GATE == 1:
-            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
     if GATE == 1:
         dL = dL * tl.exp(tl.where((i2 < r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
     else:
@@ -1073,7 +1080,8 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     if GATE == 1:
         dG += 2 * beta * db - tl.sum(kf * dk, 1)
-        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
+        sds = tl.sum(tl.load(sds_ptr + ((tl.arange(0, NVS) * (tl.num_programs(1) // H) + b) * NT + c) * H + h))
+        dGn = tl.exp(tl.sum(Gn_row)) * sds + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
         dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
         tl.store(dg_ptr + tok, dg, mask=valid)
 
@@ -1619,9 +1627,9 @@ def _storage(prec):
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
 STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4,  # out_warps: the forward's pass
               'stages': 2, 'bwd_stages': 2}  # software pipelining of the forward / backward passes' loads
-WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 8},  # warps_d64: by gate kind (DeltaNet, GDN) at Dk <= 64
-                 'maxnreg_d64': {0: None, 1: None},  # a register cap at Dk <= 64 (more programs per SM), by gate kind
-                 'gdn': 'order',  # GDN's form, 'tile' | 'rows' | 'rows_dq' | 'order' | 'phased'
+WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 4},  # warps_d64: by gate kind (DeltaNet, GDN) at Dk <= 64
+                 'gdn': 'phased', 'gdn_d128': 'order',  # GDN's form, 'tile' | 'rows' | 'rows_dq' | 'order' | 'phased';
+                 # 'phased' at Dk <= 64 only, gdn_d128 above
                  'deltanet': 'one'}  # DeltaNet's, 'one' | 'phased'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
@@ -1737,35 +1745,40 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if G is not None else k
     idt = _storage(prec)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
+    BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
+    form = WY_GRADS_TILE['gdn'] if GATE == 1 else WY_GRADS_TILE['deltanet']
+    if form == 'phased' and DK > 64:
+        form = WY_GRADS_TILE['gdn_d128'] if GATE == 1 else 'one'
     w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
+    sds = GATE == 1 and form == 'phased'  # GDN's <S, dS'> from _state_bwd
+    dGn = torch.empty(DV // BS, B, NT, H, device=k.device, dtype=torch.float32) if sds else None
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
-    BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
     decayed = GATE == 2
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
-                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
+                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, h,
+                                         dGn if sds else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
+                                         sds, num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE < 2:
         dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
         dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == 1 else dbeta
-        form = WY_GRADS_TILE['gdn'] if GATE == 1 else WY_GRADS_TILE['deltanet']
         warps = WY_GRADS_TILE['warps'] if DK > 64 else WY_GRADS_TILE['warps_d64'][GATE]
-        maxnreg = None if DK > 64 else WY_GRADS_TILE['maxnreg_d64'][GATE]
         if form.startswith('phased'):
             _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
-                                                     scale, T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, GATE,
-                                                     prec, num_warps=warps, num_stages=1, maxnreg=maxnreg)
+                                                     dGn if sds else dg, scale, T, NT, H, DK, DV,
+                                                     min(DV, WY_GRADS_TILE['v']), C, GATE, prec, DV // BS,
+                                                     num_warps=warps, num_stages=1)
         else:
             _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
                                               T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,
                                               ('tile', 'rows', 'rows_dq', 'order').index(form) if GATE == 1 else 0,
-                                              num_warps=warps, num_stages=1, maxnreg=maxnreg)
+                                              num_warps=warps, num_stages=1)
         return dq, dk, dv, dbeta, (dg if GATE == 1 else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device))
     BK, NK = min(DK, KDA_KEY_TILE['k']), DK // min(DK, KDA_KEY_TILE['k'])

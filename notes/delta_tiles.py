@@ -49,16 +49,13 @@ CHECKS = {"deltanet": ("none", "-"), "gdn": ("gdn", "mild"), "kda": ("kda", "str
 # checked on GDN at mild and strong gates, timed on GDN and on DeltaNet, which they do not change
 # (its repeats beside each form show the noise; the summary divides by the DeltaNet timed beside the form):
 #   python notes/delta_tiles.py --only gdn_bwd --variants deltanet,gdn --shapes 8,4096,16,128:2,16384,16,128:8,4096,16,64
-# 'phased' (_wy_grads_bwd_phased_kernel) also with the warps and a register cap at Dk <= 64: 'gdn_bwd FORM/WARPS/CAP'
-GDN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn=f, warps_d64={0: 4, 1: w}, maxnreg_d64={0: None, 1: r}),
-            ("deltanet", "gdn"))
-           for f, w, r in (("tile", 8, None), ("rows", 8, None), ("rows_dq", 8, None), ("order", 8, None),
-                           ("phased", 4, None), ("phased", 8, None), ("phased", 4, 168), ("phased", 4, 128))]
+# 'phased' (_wy_grads_bwd_phased_kernel, Dk <= 64 only; 'gdn_d128' above) also with its warps: 'gdn_bwd FORM/WARPS'
+GDN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn=f, warps_d64={0: 4, 1: w}), ("deltanet", "gdn"))
+           for f, w in (("tile", 8), ("rows", 8), ("rows_dq", 8), ("order", 8), ("phased", 4), ("phased", 8))]
 SETTINGS += GDN_BWD
-# DeltaNet's form (WY_GRADS_TILE['deltanet']), its warps and register cap at Dk <= 64: 'dn_bwd FORM/WARPS/CAP'
-DN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, deltanet=f, warps_d64={0: w, 1: 8}, maxnreg_d64={0: r, 1: None}),
-           ("deltanet",))
-          for f, w, r in (("phased", 4, None), ("one", 4, 168), ("one", 4, 128))]
+# DeltaNet's form (WY_GRADS_TILE['deltanet']) at Dk <= 64: 'dn_bwd FORM/WARPS'
+DN_BWD = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, deltanet=f, warps_d64={0: w, 1: 4}), ("deltanet",))
+          for f, w in (("phased", 4),)]
 SETTINGS += DN_BWD
 # _inverse's dots for bf16 inputs: 'tf32' (one pass) against the default 'tf32x3' (fp32-accurate)
 INV_PREC = [("INVERSE_PREC", dict(kernels.INVERSE_PREC, bf16=p), ("deltanet", "gdn", "kda")) for p in ("tf32",)]
@@ -73,9 +70,9 @@ def is_gdn_bwd(i):
 def name(i):
     attr, value, _ = SETTINGS[i]
     if is_gdn_bwd(i):
-        return f"gdn_bwd {value['gdn']}/{value['warps_d64'][1]}/{value['maxnreg_d64'][1]}"
+        return f"gdn_bwd {value['gdn']}/{value['warps_d64'][1]}"
     if any(SETTINGS[i] is g for g in DN_BWD):
-        return f"dn_bwd {value['deltanet']}/{value['warps_d64'][0]}/{value['maxnreg_d64'][0]}"
+        return f"dn_bwd {value['deltanet']}/{value['warps_d64'][0]}"
     if attr == "INVERSE_PREC":
         return f"inverse_prec {value['bf16']}"
     what = '/'.join('.'.join(map(str, x.values())) if isinstance(x, dict) else str(x) for x in value.values()) \
