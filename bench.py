@@ -49,8 +49,10 @@ fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
 
 Inputs: bf16 q, k (L2-normalised), v; beta = sigmoid(randn) in bf16; gates fp32 logsigmoid(randn)/16 (mild; the same
-tensors for ours and fla); scale Dk^-0.5; no initial or final state. Times are medians of triton.testing.do_bench
-(ms). fwd runs without autograd; fwd+bwd is one forward and the backward of <o, do>. Peak MiB is
+tensors for ours and fla); scale Dk^-0.5; no initial or final state. Times (ms): by default the median over 30
+replays of a CUDA graph holding 10 calls, divided by 10 — the GPU's time without Python's launch cost, which at
+Dk = 64 and in the decode step made do_bench's medians move between runs; --timing eager gives
+triton.testing.do_bench's median (each call launched from Python, L2 flushed before it). fwd runs without autograd; fwd+bwd is one forward and the backward of <o, do>. Peak MiB is
 torch.cuda.max_memory_allocated() during one forward+backward minus what was allocated before it (inputs, do and
 the gradients of the previous run excluded). Ours runs first and prints at once; fla's row then carries
 "ours/fla" = ours ÷ that fla kernel at the same shape (fwd / fwd+bwd; on our GDN row: ours ÷ our DeltaNet, "÷dn") and
@@ -137,10 +139,53 @@ def first_line(e, n=70):
     return s if len(s) <= n else s[:n - 3] + "..."
 
 
+TIMING = "graph"  # --timing: "graph" (CUDA-graph replay, the default) or "eager" (do_bench)
+
+
+def graph_ms(fn, copies=10, reps=30):
+    """Median ms of one fn() from replays of a CUDA graph holding `copies` calls back to back: the GPU's own time.
+    do_bench launches from Python each time, and when a call's kernels are short (Dk = 64, the decode step) the
+    host's launch cost and its jitter enter the time."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # the capture's allocator warm-up (autotuning has run before: see measure)
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(copies):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b) / copies)
+    del g
+    torch.cuda.synchronize()
+    return statistics.median(ms)
+
+
+def bench_ms(fn, grad_to_none=None):
+    """ms of fn() by TIMING; a call that cannot be captured (a host sync inside) falls back to do_bench, said once."""
+    if TIMING == "graph":
+        try:
+            return graph_ms(fn)
+        except Exception as e:  # noqa: BLE001
+            print(f"  (not capturable, timed by do_bench: {first_line(e)})", flush=True)
+            torch.cuda.synchronize()
+    return do_bench(fn, grad_to_none=grad_to_none, return_mode="median")
+
+
 def measure(fwd, x, leaves):
     """-> (fwd ms, fwd+bwd ms, peak MiB) of fwd(x) -> o, with gradients w.r.t. x[leaves]."""
     with torch.no_grad():
-        t_fwd = do_bench(lambda: fwd(x), return_mode="median")
+        fwd(x)  # compile / autotune outside the measurements (and outside a graph capture)
+        t_fwd = bench_ms(lambda: fwd(x))
     xg = {n: (t.detach().requires_grad_() if n in leaves and t is not None else t) for n, t in x.items()}
     params = [xg[n] for n in leaves if xg[n] is not None]
     do = torch.randn_like(fwd(x))
@@ -157,7 +202,12 @@ def measure(fwd, x, leaves):
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    t_fb = do_bench(step, grad_to_none=params, return_mode="median")
+    for p in params:
+        p.grad = None
+    if TIMING == "graph":  # fresh gradients per call, as do_bench's grad_to_none gives the eager step
+        t_fb = bench_ms(lambda: torch.autograd.grad(fwd(xg), params, do))
+    else:
+        t_fb = do_bench(step, grad_to_none=params, return_mode="median")
     return t_fwd, t_fb, peak
 
 
@@ -234,14 +284,16 @@ def bench_decode(batches, variants, fla, H=16, D=128):
                 gate = {} if variant == "deltanet" else {"g": g}  # keywords: GDN's 4th argument is g, then gk, gv
                 call = lambda: fla_rec(q, k, v, beta=beta, initial_state=state, output_final_state=True, **gate)
                 with torch.no_grad():
-                    t_fla = do_bench(call, return_mode="median")
+                    call()  # autotune outside the capture
+                    t_fla = bench_ms(call)
                 row([name, B, f"{t_fla:.4f}", ""], widths=(40, 6, 9, 9))
             except Exception as e:  # noqa: BLE001
                 row([name, B, first_line(e, 60)], widths=(40, 6, 60))
             try:
                 with torch.no_grad():
-                    t = do_bench(lambda: kernels.delta_rule_step(x["q"], x["k"], x["v"], x["beta"], x["g"], state),
-                                 return_mode="median")
+                    step = lambda: kernels.delta_rule_step(x["q"], x["k"], x["v"], x["beta"], x["g"], state)
+                    step()
+                    t = bench_ms(step)
                 row([f"ours delta_rule_step ({variant})", B, f"{t:.4f}", f"{t / t_fla:.2f}" if t_fla else ""],
                     widths=(40, 6, 9, 9))
             except Exception as e:  # noqa: BLE001
@@ -384,7 +436,8 @@ def bench_scalar_decode(batches, variants):
                 label = f"ours {name} ({variant}, H={H} {DK}x{DV})"
                 try:
                     with torch.no_grad():
-                        t = do_bench(lambda: step(q, k, v, g, state), return_mode="median")
+                        step(q, k, v, g, state)
+                        t = bench_ms(lambda: step(q, k, v, g, state))
                     ratio = f"{t / t_torch:.2f}" if t_torch and name == "triton step" else ""
                     t_torch = t if name == "torch step" else t_torch
                     row([label, B, f"{t:.4f}", ratio], widths)
@@ -854,9 +907,13 @@ def main():
                     help="--train: every mixer also with documents=True (EOTs in its tokens): a row '+docs', ÷ off")
     ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
     ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)  # internal: --train_cell's warm phase
+    ap.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                    help="kernel tables: CUDA-graph replay (GPU time; default) or do_bench from Python (with launches)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
+    global TIMING
+    TIMING = args.timing
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
@@ -889,6 +946,7 @@ def main():
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"fla-core {fla_version}")
     print("command: python " + " ".join(sys.argv), flush=True)
+    print(f"timing: {TIMING} ({'CUDA-graph replay of 10 calls, median of 30' if TIMING == 'graph' else 'do_bench median'})")
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.profile:
         return profile(delta + scalar, fla, tuple(map(int, args.shape.split(","))) if args.shape else SHAPES[0])
