@@ -478,15 +478,18 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 # _state_fwd (O; in the backward's recompute the snapshots h[c] = S and Delta instead).
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr):
+def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
     # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
     # -1e4 over a long sequence and G_r - G_i would lose all its digits (docs/mixers.md §4.0).
+    # One [C, DG] tile of one head per program (KDA: DG = Dk); GDN's g [B, T, H] is launched as H = 1, DG = its heads,
+    # so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     t = c * C + tl.arange(0, C)
-    offs = ((b * T + t) * H + h)[:, None] * DG + tl.arange(0, DG)[None, :]
-    mask = (t < T)[:, None]
+    cd = tl.arange(0, BD)
+    offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
+    mask = (t < T)[:, None] & (cd < DG)[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
@@ -780,16 +783,11 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 #   BK channels; the row sums over channels come back as one partial per key tile, added up outside).
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
-def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, h_ptr, sds_ptr,
-                      scale, T, NT,
+def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr,
-                      SDS: tl.constexpr = 0):
+                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr):
     # DECAYED: k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read from G.
-    # SDS (GDN with the phased gradient kernel): also <S, dS'> per chunk (S = h[c], the recompute's snapshot), the
-    # state's part of dG_n (exp(G_n) <S, dS'>), from the fp32 dS' held here rather than from its bf16 copy in the
-    # gradient kernel. One partial sum per V-tile into sds_ptr [NV, B, NT, H], added up by _wy_grads_bwd_phased.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -809,9 +807,6 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
-        if SDS:
-            S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs).to(tl.float32)
-            tl.store(sds_ptr + ((iv * (tl.num_programs(1) // H) + b) * NT + c) * H + h, tl.sum(dS * S))
         if DECAYED:
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         else:
@@ -994,19 +989,20 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
-                                dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, sds_ptr, scale, T, NT,
+                                dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                                 H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                                GATE: tl.constexpr, PREC: tl.constexpr, NVS: tl.constexpr):
+                                GATE: tl.constexpr, PREC: tl.constexpr):
     # DeltaNet / GDN ('phased', WY_GRADS_TILE['gdn']): _wy_grads_bwd's gradients in two passes over the V-tiles, so
     # that at most four [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
     #   1. the output side: dP, dQg -> dq (stored), then dk = N (P_qk's column side) and dP dies;
     #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd -> the rest of dk and dbeta.
-    # Delta and S are read in both passes. GDN's dG needs no per-term row sums (notes/perf.md 2026-11-24 (k)):
+    # At Dv <= 64 (one V-tile) Delta and S are read once for both passes. GDN's dG needs no per-term row sums (notes/perf.md 2026-11-24 (k)):
     # every term with G_r on row r enters through q_r (+), k_r (-) or, for W and L's rows, k_r (+), so
     # dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K, dbeta_K = rowsum(K Z), Z = exp(G) Y + M' (dbeta less
-    # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), <S, dS'> from _state_bwd (SDS: NVS partial sums, one
-    # per V-tile of its programs). The colsum comes from the same dKd tile as dk's term (-dKd Kd in dG through k dk):
-    # after a strong gate the two nearly cancel, in fp32 only if both are formed from the same tile.
+    # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), both from the second pass's tiles (<S, dS'> from
+    # _state_bwd's fp32 dS' was slower: notes/perf.md 2026-11-25 (l)). The colsum comes from the same dKd tile as
+    # dk's term (-dKd Kd in dG through k dk): after a strong gate the two nearly cancel, in fp32 only if both are
+    # formed from the same tile.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1024,15 +1020,22 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))              # exp(G) [C, 1], 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))    # exp(G_n - G)
 
+    if DV == BV:  # one V-tile (Dv <= 64): Delta and S are read once for both passes
+        d1 = tl.load(vn_ptr + tok[:, None] * DV + tl.arange(0, BV)[None, :], mask=valid[:, None], other=0.)
+        S1 = tl.load(h_ptr + s_base + ck[:, None] * DV + tl.arange(0, BV)[None, :])
+
     # 1. the output side: dP = Tril(dO Delta^T), dq = scale exp(G) dO S^T + M
     dP = tl.zeros([C, C], dtype=tl.float32)
     dq = tl.zeros([C, DK], dtype=tl.float32)
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
-        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.)
+        if DV == BV:
+            d, S = d1, S1
+        else:
+            d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.)
+            S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
         dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.)
-        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
         dP += _dot(dO, tl.trans(d), PREC)
         dq += _dot(dO, tl.trans(S), PREC)
     if GATE == 1:
@@ -1054,13 +1057,17 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     dbeta = tl.zeros([C], dtype=tl.float32)                                # rowsum(X V)
     Y = tl.zeros([C, DK], dtype=tl.float32)
     dkd = tl.zeros([C, DK], dtype=tl.float32)
+    sds = tl.zeros([DK], dtype=tl.float32)
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
-        d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.)
+        if DV == BV:
+            d, S = d1, S1
+        else:
+            d = tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.)
+            S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
         dd = tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.)
         vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
         dS = tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :])
         X = _dot(tl.trans(A), dd, PREC)                                   # A^T dDelta [C, BV]
         dL -= _dot(X, tl.trans(d), PREC)
@@ -1068,6 +1075,8 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dbeta += tl.sum(X * vv, 1)
         Y -= _dot(X, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
+        if GATE == 1:
+            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
     if GATE == 1:
         dL = dL * tl.exp(tl.where((i2 < r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
     else:
@@ -1080,8 +1089,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     if GATE == 1:
         dG += 2 * beta * db - tl.sum(kf * dk, 1)
-        sds = tl.sum(tl.load(sds_ptr + ((tl.arange(0, NVS) * (tl.num_programs(1) // H) + b) * NT + c) * H + h))
-        dGn = tl.exp(tl.sum(Gn_row)) * sds + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
+        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
         dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
         tl.store(dg_ptr + tok, dg, mask=valid)
 
@@ -1713,7 +1721,10 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     G = torch.empty(0, device=k.device, dtype=torch.float32)
     if GATE > 0:
         G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
-        _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK)
+        if GATE == 1:  # a chunk of every head per program (see the kernel)
+            _chunk_cumsum_kernel[(NT, B)](g.contiguous(), G, T, 1, H, TRITON_CHUNK, triton.next_power_of_2(H))
+        else:
+            _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK, triton.next_power_of_2(DG))
     Gp = G if GATE > 0 else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
@@ -1750,8 +1761,6 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     if form == 'phased' and DK > 64:
         form = WY_GRADS_TILE['gdn_d128'] if GATE == 1 else 'one'
     w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
-    sds = GATE == 1 and form == 'phased'  # GDN's <S, dS'> from _state_bwd
-    dGn = torch.empty(DV // BS, B, NT, H, device=k.device, dtype=torch.float32) if sds else None
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
@@ -1759,10 +1768,9 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         dht = dht.contiguous().float()
     decayed = GATE == 2
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
-                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, h,
-                                         dGn if sds else dh, scale, T, NT,
+                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         sds, num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
+                                         num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE < 2:
@@ -1771,8 +1779,8 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         warps = WY_GRADS_TILE['warps'] if DK > 64 else WY_GRADS_TILE['warps_d64'][GATE]
         if form.startswith('phased'):
             _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
-                                                     dGn if sds else dg, scale, T, NT, H, DK, DV,
-                                                     min(DV, WY_GRADS_TILE['v']), C, GATE, prec, DV // BS,
+                                                     scale, T, NT, H, DK, DV,
+                                                     min(DV, WY_GRADS_TILE['v']), C, GATE, prec,
                                                      num_warps=warps, num_stages=1)
         else:
             _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,

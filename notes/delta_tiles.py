@@ -152,7 +152,7 @@ def main():
               flush=True)
     shapes = [tuple(map(int, s.split(","))) for s in (args.shapes or args.shape).split(":")]
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; shapes {args.shapes or args.shape}; "
-          "fwd / fwd+bwd ms (do_bench medians), peak MiB; settings that passed their checks only", flush=True)
+          f"fwd / fwd+bwd ms ({bench.TIMING} timing), peak MiB; settings that passed their checks only", flush=True)
     best_wy = None
     results = {}
     for i, (attr, value, _) in enumerate(SETTINGS):
