@@ -170,7 +170,7 @@ def graph_ms(fn, copies=10, reps=30):
     return statistics.median(ms)
 
 
-def bench_ms(fn, grad_to_none=None):
+def bench_ms(fn):
     """ms of fn() by TIMING; a call that cannot be captured (a host sync inside) falls back to do_bench, said once."""
     if TIMING == "graph":
         try:
@@ -178,7 +178,7 @@ def bench_ms(fn, grad_to_none=None):
         except Exception as e:  # noqa: BLE001
             print(f"  (not capturable, timed by do_bench: {first_line(e)})", flush=True)
             torch.cuda.synchronize()
-    return do_bench(fn, grad_to_none=grad_to_none, return_mode="median")
+    return do_bench(fn, return_mode="median")
 
 
 def measure(fwd, x, leaves):

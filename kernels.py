@@ -996,7 +996,8 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     # that at most four [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
     #   1. the output side: dP, dQg -> dq (stored), then dk = N (P_qk's column side) and dP dies;
     #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd -> the rest of dk and dbeta.
-    # At Dv <= 64 (one V-tile) Delta and S are read once for both passes. GDN's dG needs no per-term row sums (notes/perf.md 2026-11-24 (k)):
+    # At Dv <= 64 (one V-tile) Delta and S are read once for both passes. GDN's dG needs no per-term row sums
+    # (notes/perf.md 2026-11-24 (k)):
     # every term with G_r on row r enters through q_r (+), k_r (-) or, for W and L's rows, k_r (+), so
     # dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K, dbeta_K = rowsum(K Z), Z = exp(G) Y + M' (dbeta less
     # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), both from the second pass's tiles (<S, dS'> from
