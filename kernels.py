@@ -17,9 +17,12 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         shared B/C); g None | [H] (constant per head, RetNet; not differentiated) | [B, T, H] (Mamba2's dt*A)
     linear_attn_step(q, k, v, g, state, scale=None) -> o
         one token: q, k [B, Hk, Dk], v [B, H, Dv], g None | [H] | [B, H]; updates state in place; o [B, H, Dv]
-    delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False) -> (o, final_state | None)
+    delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
+               dt_bias=None) -> (o, final_state | None)
         q, k [B, T, H, Dk] (L2-normalised by the caller), v [B, T, H, Dv], beta [B, T, H],
-        g None (DeltaNet) | [B, T, H] (Gated DeltaNet) | [B, T, H, Dk] (KDA, per key channel)
+        g None (DeltaNet) | [B, T, H] (Gated DeltaNet) | [B, T, H, Dk] (KDA, per key channel);
+        with A_log [H] and dt_bias (g's last dims) also given, g is the gate's input u and the log-decay is
+        decay_gate(u, A_log, dt_bias) = -exp(A_log) softplus(u + dt_bias), formed inside the Triton kernels
     delta_rule_step(q, k, v, beta, g, state, scale=None) -> o
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
 
@@ -121,6 +124,24 @@ def _check_delta_rule(name, q, k, v, beta, g, state, step=False):
     if step and state is None:
         _fail(name, "state [B, H, Dk, Dv] is required")
     _check_state(name, state, q.shape[0], q.shape[-2], Dk, Dv, "state" if step else "initial_state")
+
+def _check_gate_fn(name, u, A_log, dt_bias):
+    if A_log is None and dt_bias is None:
+        return
+    H = u.shape[2] if u is not None and u.dim() >= 3 else None
+    if u is None or A_log is None or dt_bias is None:
+        _fail(name, "A_log and dt_bias go together, with g holding the gate's input u")
+    if _shape(A_log) != (H,) or dt_bias.numel() != math.prod(u.shape[2:]):
+        _fail(name, f"A_log must be [H] = {(H,)} and dt_bias hold {math.prod(u.shape[2:])} values (g's last dims "
+                    f"{_shape(u)[2:]}), got {_shape(A_log)} and {_shape(dt_bias)}")
+
+def decay_gate(u, A_log, dt_bias):
+    """The Mamba-style log-decay g = -exp(A_log) softplus(u + dt_bias) in fp32 (GDN's and KDA's gate): u [B, T, H] or
+    [B, T, H, Dk], A_log [H], dt_bias with u's last dims' values. delta_rule(..., g=u, A_log=, dt_bias=) forms the
+    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out)."""
+    dt = _compute_dtype(u)
+    A = torch.exp(A_log.to(dt)).view((-1,) + (1,) * (u.dim() - 3))
+    return -A * F.softplus(u.to(dt) + dt_bias.to(dt).view(u.shape[2:]))
 
 def _compute_dtype(x):
     # fp64 inputs stay fp64 (tight tests); everything else (bf16, fp16, fp32) computes in fp32
@@ -477,12 +498,20 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
 # Kernels: _chunk_cumsum (G), _grams_block (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
 # _state_fwd (O; in the backward's recompute the snapshots h[c] = S and Delta instead).
 
+@triton.jit
+def _softplus(x):
+    # log(1 + e^x) without overflow or cancellation: max(x, 0) + log(1 + e^-|x|)
+    return tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
+
 @triton.jit(do_not_specialize=["T", "H"])
-def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
+def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
+                         GATE_FN: tl.constexpr, AG: tl.constexpr):
     # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
     # -1e4 over a long sequence and G_r - G_i would lose all its digits (docs/mixers.md §4.0).
     # One [C, DG] tile of one head per program (KDA: DG = Dk); GDN's g [B, T, H] is launched as H = 1, DG = its heads,
     # so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
+    # GATE_FN (delta_rule's A_log, dt_bias): g holds the gate's input u and the log-decay is formed here,
+    # -exp(A_log) softplus(u + dt_bias), so that the fp32 gate is never written out (A_log: one value per AG columns).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -491,7 +520,37 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, T, H, DG: tl.constexpr, C: tl.constexpr, 
     offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
     mask = (t < T)[:, None] & (cd < DG)[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
+    if GATE_FN:
+        col = h * DG + cd                                                   # the column of dt_bias [H * DG]
+        x = g + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
+        a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))
+        g = tl.where(mask, -a[None, :] * _softplus(x), 0.)
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, dA_ptr, dbias_ptr, T, H, DG: tl.constexpr,
+                           C: tl.constexpr, BD: tl.constexpr, AG: tl.constexpr):
+    # The backward of g = -exp(A) softplus(u + b) (the cumsum kernel's GATE_FN), tiled as _chunk_cumsum_kernel:
+    #   du = db_elem = -exp(A) sigmoid(u + b) dg,   dA = sum dg g   (over tokens; per A's columns)
+    # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to [NT * B, H * DG] partial
+    # sums (no atomics: deterministic), which the caller adds up.
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    t = c * C + tl.arange(0, C)
+    cd = tl.arange(0, BD)
+    offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
+    mask = (t < T)[:, None] & (cd < DG)[None, :]
+    col = h * DG + cd
+    x = tl.load(u_ptr + offs, mask=mask, other=0.).to(tl.float32) \
+        + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
+    a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))[None, :]
+    dg = tl.load(dg_ptr + offs, mask=mask, other=0.)
+    du = -a * tl.sigmoid(x) * dg
+    tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
+    part = (c * (tl.num_programs(1) // H) + b) * H * DG + col                 # row (c, b) of the partial sums
+    tl.store(dbias_ptr + part, tl.sum(du, 0), mask=cd < DG)
+    tl.store(dA_ptr + part, tl.sum(-a * _softplus(x) * dg, 0), mask=cd < DG)
 
 # -----------------------------------------------------------------------------
 # The Grams by 16 x 16 blocks (every gate kind)
@@ -1709,23 +1768,30 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
                                          num_stages=STATE_TILE['stages'])
     return (vn, ht) if output else (w, h, vn, kd, qg)
 
+def _gate_launch(g, H, DG):
+    """The cumsum kernel's tiling of g: (heads per launch, columns per program, A_log's columns per value). GDN's
+    [B, T, H] runs as one 'head' of H columns (A_log per column), KDA's [B, T, H, Dk] as H heads of Dk (per head)."""
+    return (1, H, 1) if DG == 1 else (H, DG, DG)
+
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
-                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool
+                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                    A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
     G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A
-    [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32)."""
+    [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32). A_log given: g is the gate's input u and the
+    log-decay -exp(A_log) softplus(u + dt_bias) is formed inside the cumsum kernel."""
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = _gate_kind(g, k)
     G = torch.empty(0, device=k.device, dtype=torch.float32)
     if GATE > 0:
         G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
-        if GATE == 1:  # a chunk of every head per program (see the kernel)
-            _chunk_cumsum_kernel[(NT, B)](g.contiguous(), G, T, 1, H, TRITON_CHUNK, triton.next_power_of_2(H))
-        else:
-            _chunk_cumsum_kernel[(NT, B * H)](g.contiguous(), G, T, H, DG, TRITON_CHUNK, triton.next_power_of_2(DG))
+        HL, DL, AG = _gate_launch(g, H, DG)
+        fn = A_log is not None
+        _chunk_cumsum_kernel[(NT, B * HL)](g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G,
+                                           T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), fn, AG)
     Gp = G if GATE > 0 else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
@@ -1733,7 +1799,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
 
 @_delta_rule_fwd.register_fake
-def _(q, k, v, beta, g, scale, initial_state, output_final_state):
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None):
     B, T, H, DK = k.shape
     GATE, DG = _gate_kind(g, k)
     ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
@@ -1741,6 +1807,27 @@ def _(q, k, v, beta, g, scale, initial_state, output_final_state):
     idt = _storage(_meta(q, k, v)[-1])
     PA = (B, T, H, TRITON_CHUNK)
     return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt)
+
+@torch.library.custom_op("kernels::decay_gate_bwd", mutates_args=())
+def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of the log-decay g = -exp(A_log) softplus(u + dt_bias) (u [B,T,H] or [B,T,H,Dk], dg fp32 of
+    u's shape) -> du (u's dtype), dA_log, ddt_bias (fp32, their shapes)."""
+    B, T, H = u.shape[:3]
+    DG = u.shape[3] if u.dim() == 4 else 1
+    HL, DL, AG = _gate_launch(u, H, DG)
+    NT = triton.cdiv(T, TRITON_CHUNK)
+    du = torch.empty_like(u)
+    dA = torch.empty(NT * B, H * DG, device=u.device, dtype=torch.float32)
+    dbias = torch.empty_like(dA)
+    _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, dA, dbias,
+                                         T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), AG)
+    return du, dA.sum(0).view(H, DG).sum(1), dbias.sum(0).view(dt_bias.shape)
+
+@_decay_gate_bwd.register_fake
+def _(u, A_log, dt_bias, dg):
+    f32 = torch.float32
+    return u.new_empty(u.shape), A_log.new_empty(A_log.shape, dtype=f32), dt_bias.new_empty(dt_bias.shape, dtype=f32)
 
 @torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
 def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
@@ -1813,21 +1900,27 @@ def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
 
 def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, beta, g, scale, initial_state, output_final_state = inputs
+    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias = inputs
     # autograd would otherwise fill zero gradients for G, P, A (a pass over KDA's fp32 G and the two [B, T, H, C])
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state)
+    gate = (g, A_log, dt_bias) if A_log is not None else (None, None, None)  # the gate's inputs, for its backward
+    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state,
+                          *gate)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = None if g is None else g.dtype
 
 def _delta_rule_backward(ctx, do, dht, *_):
-    q, k, v, beta, G, P, A, h0 = ctx.saved_tensors
+    q, k, v, beta, G, P, A, h0, u, A_log, dt_bias = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     if do is None:  # only the final state was used
         do = torch.zeros_like(v)
     dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale)
+    dA = ddt = None
+    if A_log is not None:  # g was the gate's input u
+        dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg)
+        dA, ddt = dA.to(A_log.dtype), ddt.to(dt_bias.dtype)
     return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
-            None if h0 is None else dh0.to(h0.dtype), None)
+            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt)
 
 _delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
@@ -1861,15 +1954,17 @@ def _triton_unsupported(q, v, state=None):
         return "the Triton step needs a contiguous fp32 state"
     return None
 
-def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
+def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
+                      dt_bias=None):
     """The delta rule through the Triton kernels (custom ops, differentiable); same arguments and result as
     delta_rule. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
     _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
+    _check_gate_fn("delta_rule", g, A_log, dt_bias)
     why = _triton_unsupported(q, v)
     if why:
         _fail("delta_rule", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state)[:2]
+    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)[:2]
     return o, (ht if output_final_state else None)
 
 def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
@@ -2082,14 +2177,18 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
         return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state)
     return linear_attn_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size=CHUNK_SIZE)
 
-def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto"):
+def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto",
+               A_log=None, dt_bias=None):
     """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
     path, note = _pick_path("delta_rule", q, v, path=path)
     _log_path("delta_rule", path, note, q)
+    if path == "triton":
+        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)
+    if A_log is not None:  # the torch paths form the gate first
+        _check_gate_fn("delta_rule", g, A_log, dt_bias)
+        g = decay_gate(g, A_log, dt_bias)
     if path == "recurrent":
         return delta_rule_recurrent(q, k, v, beta, g, scale, initial_state, output_final_state)
-    if path == "triton":
-        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state)
     C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.ndim == 4 else CHUNK_SIZE
     return delta_rule_chunked(q, k, v, beta, g, scale, initial_state, output_final_state, chunk_size=C)
 

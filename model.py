@@ -175,14 +175,60 @@ class Rotary(nn.Module):
 
 
 def linears(module, x, names):
-    """[module.<name>(x) for name in names]: Linear layers that all read x, as separate matmuls; or as one matmul on
-    their weights stacked by a Decoder into `module.stacked` (one token per step: each small matmul would be a
-    kernel launch of its own)."""
+    """[module.<name>(x) for name in names]: the Linear layers that all read x, as one matmul on their weights
+    stacked (the Linear layers stay as they are: parameters, init, checkpoints). Stacked by a Decoder into
+    `module.stacked` for one-token steps; otherwise stacked on each call (a copy of C·N weights, not of
+    activations) through StackedLinear, whose backward also takes one matmul for x's gradient and one for the
+    weights' (separate layers would each read x, write a [B, T, C] gradient term and add it up)."""
     stacked = getattr(module, 'stacked', None)
-    if stacked is None:
-        return [getattr(module, n)(x) for n in names]
-    weight, bias, sizes = stacked
-    return F.linear(x, weight, bias).split(sizes, dim=-1)
+    if stacked is not None:
+        weight, bias, sizes = stacked
+        return F.linear(x, weight, bias).split(sizes, dim=-1)
+    layers = [getattr(module, n) for n in names]
+    if len(layers) == 1:
+        return [layers[0](x)]
+    weight = torch.cat([m.weight for m in layers])
+    bias = None if all(m.bias is None for m in layers) else torch.cat(
+        [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
+    if torch.is_autocast_enabled(x.device.type):  # the casts F.linear would make, made here: the backward's matmuls
+        dt = torch.get_autocast_dtype(x.device.type)  # run on what the forward's did
+        x, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
+    return StackedLinear.apply(x, weight, bias, [m.out_features for m in layers])
+
+
+class StackedLinear(torch.autograd.Function):
+    """x [..., C], weight [N, C] (the row-stack of several Linear layers'), bias [N] | None -> the parts of
+    x Wᵀ + b, split into `sizes` along the last dim (views of one matmul's output). The backward runs as one opaque
+    op, stacked_linear_bwd: Inductor, given the cat of the parts' gradients, fuses it into their producers' kernels
+    (one 6 ms kernel per step in GDN: notes/perf.md 2026-11-24 (a))."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, sizes):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return tuple(F.linear(x, weight, bias).split(sizes, dim=-1))
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x, weight = ctx.saved_tensors
+        dx, dw, db = stacked_linear_bwd(list(dys), x, weight, ctx.has_bias)
+        return dx, dw, db if ctx.has_bias else None, None
+
+
+@torch.library.custom_op("model::stacked_linear_bwd", mutates_args=())
+def stacked_linear_bwd(dys: list[torch.Tensor], x: torch.Tensor, weight: torch.Tensor, has_bias: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """StackedLinear's backward: dy = the parts' gradients side by side -> dx = dy W, dW = dyᵀ x, db = Σ dy
+    (empty without a bias)."""
+    dy = torch.cat([d.to(x.dtype) for d in dys], dim=-1).flatten(0, -2)
+    dx = (dy @ weight).view(x.shape)
+    dw = dy.t() @ x.flatten(0, -2)
+    return dx, dw, dy.sum(0) if has_bias else dy.new_empty(0)
+
+
+@stacked_linear_bwd.register_fake
+def _(dys, x, weight, has_bias):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty(weight.shape[0] if has_bias else 0)
 
 
 class MLP(nn.Module):
@@ -298,15 +344,18 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto'):
+def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None):
     """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule), on kernels.py's path
-    `path` (GPTConfig.kernels).
+    `path` (GPTConfig.kernels). gate (A_log, dt_bias) | None (delta rule only): g is the gate's input u and the
+    log-decay kernels.decay_gate(u, A_log, dt_bias), which the chunked kernels form themselves.
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
     store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
     the chunked kernel."""
     state = None if cache is None else cache.get('state')
     if state is not None and q.size(1) == 1:
+        if gate is not None:
+            g = kernels.decay_gate(g, *gate)
         g1 = g if g is None or g.dim() == 1 else g[:, 0]   # [H] constants stay; [B,1,H(,Dk)] → [B,H(,Dk)]
         if beta is None:
             o = kernels.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], g1, state, scale=scale, path=path)
@@ -318,7 +367,7 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto'):
                                        path=path)
     else:
         o, final = kernels.delta_rule(q, k, v, beta, g, scale=scale, initial_state=state, output_final_state=cache is not None,
-                                      path=path)
+                                      path=path, **({} if gate is None else dict(A_log=gate[0], dt_bias=gate[1])))
     if cache is not None:
         cache['state'] = final
     return o
@@ -525,7 +574,9 @@ class DeltaNet(nn.Module):
         self.c_proj.residual_out = True
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def decay(self, p):
+    gate_in_kernels = False  # KDA: True
+
+    def decay(self, p, fused=False):
         return None  # no forgetting: g = 0
 
     def output_gate(self, p, o):
@@ -539,10 +590,12 @@ class DeltaNet(nn.Module):
         k = self.k_conv(p['k_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dk)
         v = self.v_conv(p['v_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dv)
         beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
-        g = self.decay(p)
+        fused = self.gate_in_kernels and docs is None  # the kernels form the gate from its input (scan's gate)
+        g = self.decay(p, fused)
         if docs is not None and g is None:  # DeltaNet with documents: a gate of 0 but at the document starts, which
             g = beta.new_zeros(B, T, self.H)  # runs the Gated DeltaNet kernels (a little slower: they also form dg)
-        o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels)
+        o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels,
+                 gate=(self.A_log, self.dt_bias) if fused else None)
         o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
@@ -566,7 +619,7 @@ class GatedDeltaNet(DeltaNet):
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
 
-    def decay(self, p):
+    def decay(self, p, fused=False):
         return -torch.exp(self.A_log.float()) * F.softplus(p['a_proj'].float() + self.dt_bias)  # [B, T, H]
 
     def output_gate(self, p, o):
@@ -590,9 +643,13 @@ class KDA(DeltaNet):
         self.A_log, _ = init_decay_rates(H)
         _, self.dt_bias = init_decay_rates(H * hd)   # one dt bias per (head, key channel)
 
-    def decay(self, p):
-        f = self.f_up(p['f_down']).float().unflatten(-1, (self.H, self.dk))
-        return -torch.exp(self.A_log.float())[:, None] * F.softplus(f + self.dt_bias.view(self.H, self.dk))  # [B,T,H,dk]
+    # the gate formed inside the delta-rule kernels: its fp32 [B, T, H, dk] values are never written out, and its
+    # backward is one pass (notes/perf.md 2026-11-26 (n)); with documents it is formed here (reset_gate edits it)
+    gate_in_kernels = True
+
+    def decay(self, p, fused=False):
+        f = self.f_up(p['f_down']).unflatten(-1, (self.H, self.dk))  # the gate's input u
+        return f if fused else kernels.decay_gate(f, self.A_log, self.dt_bias)  # −exp(A)·softplus(u + b) [B,T,H,dk]
 
     def output_gate(self, p, o):
         return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))

@@ -506,6 +506,7 @@ DEV = "cuda" if CUDA else "cpu"
 TRITON_TOL = {  # name -> (bf16, fp32)
     "o": (5e-3, 1e-4), "ht": (5e-3, 1e-4), "q": (8e-3, 1e-4), "k": (8e-3, 1e-4), "v": (8e-3, 1e-4),
     "initial_state": (8e-3, 1e-4), "beta": (2e-2, 1e-3), "g": (2e-2, 1e-3),
+    "A_log": (2e-2, 1e-3), "dt_bias": (2e-2, 1e-3),  # delta_rule(..., A_log=, dt_bias=): g is the gate's input
 }
 
 def triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed=0):
@@ -593,6 +594,64 @@ def test_triton_without_state(gate, strength):
     D = 64 if CUDA else 16
     triton_check(1, 70, 2, D, D, gate, strength, F32, with_state=False)
 
+def gated_reference(q, k, v, beta, g, A_log, dt_bias, **kw):
+    # the gate written out here (not kernels.decay_gate): -exp(A_log) softplus(u + dt_bias), u = g, in fp64
+    u = g.double()
+    A = A_log.double().exp().view((-1,) + (1,) * (u.dim() - 3))
+    return kernels.delta_rule_recurrent(q, k, v, beta, -A * F.softplus(u + dt_bias.double().view(u.shape[2:])), **kw)
+
+def gate_inputs(B, T, nh, D, gate, dtype, wide):
+    # u spans softplus' linear and exponential regimes (|u| up to ~10) when wide, else u ~ N(0, 1) as a model's gate
+    # input; A up to 16, softplus(dt_bias) in [0.001, 0.1]: per-token gates down to ~ -150 (wide), ~ -0.05 A (not)
+    x = triton_inputs(B, T, nh, D, D, gate, "mild", dtype, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    x["g"] = ((3 if wide else 1) * torch.randn(x["g"].shape, generator=gen)).to(DEV, dtype)
+    x["A_log"] = torch.log(1 + 15 * torch.rand(nh, generator=gen)).to(DEV)
+    x["dt_bias"] = torch.log(torch.expm1(0.001 + 0.1 * torch.rand(x["g"].shape[2:], generator=gen))).to(DEV)
+    return x
+
+@pytest.mark.parametrize("gate,T", [("gdn", 130), ("kda", 130), ("kda", 1000 if CUDA else 65)])
+def test_triton_gate_in_kernel(gate, T):
+    # delta_rule(g=u, A_log=, dt_bias=): the gate -exp(A_log) softplus(u + dt_bias) formed in the cumsum kernel and
+    # differentiated by _decay_gate_bwd (du, dA_log, ddt_bias), against the reference with the gate formed in fp64
+    B, nh, D = (2, 3, 64) if CUDA else (1, 2, 16)
+    x = gate_inputs(B, T, nh, D, gate, F32, wide=True)
+    compare_to_reference(kernels.delta_rule_triton, gated_reference, x, F32, True, 7, f"T={T} {gate} gate_fn")
+
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_triton_gate_in_kernel_bf16(gate):
+    # bf16 u (du comes back in bf16): the same kernels given the gate formed in torch (fp32) are the reference here;
+    # their own bf16 error against fp64 at these gates (~1e-2, the kernels' and not the gate's) is checked above
+    B, nh, D = (2, 3, 64) if CUDA else (1, 2, 16)
+    x = gate_inputs(B, T := 130, nh, D, gate, torch.bfloat16, wide=False)
+
+    def torch_gate(q, k, v, beta, g, A_log, dt_bias, **kw):
+        A = A_log.exp().view((-1,) + (1,) * (g.dim() - 3))
+        return kernels.delta_rule_triton(q, k, v, beta, -A * F.softplus(g.float() + dt_bias.view(g.shape[2:])), **kw)
+
+    res = [run(fn, x) for fn in (kernels.delta_rule_triton, torch_gate)]
+    (o1, S1, g1), (o2, S2, g2) = res
+    errs = {"o": rms_err(o1, o2), "ht": rms_err(S1, S2)} | {n: rms_err(g1[n], g2[n]) for n in g2}
+    print(f"T={T} {gate} bf16 gate_fn vs torch gate: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
+    # du is rounded to bf16 (the interpreter truncates), and dA_log, ddt_bias are sums over every token whose terms
+    # cancel: the G of the two paths differ in their last bits, which moves the kernels' bf16 roundings
+    bad = {n: e for n, e in errs.items() if not e < {"g": 1e-2, "A_log": 2e-2, "dt_bias": 2e-2}.get(n, 2e-3)}
+    assert not bad, bad
+
+def test_gate_in_kernel_torch_paths():
+    # the torch paths form the same gate first (kernels.decay_gate) and agree with the reference
+    x = triton_inputs(1, 70, 2, 16, 16, "kda", "mild", F64, seed=9)
+    x = {n: t.cpu().double() for n, t in x.items()}
+    x |= dict(A_log=torch.rand(2, dtype=F64), dt_bias=torch.randn(2, 16, dtype=F64))
+    ro, rS = gated_reference(**x, output_final_state=True)
+    for path in ("torch", "recurrent"):
+        o, S = kernels.delta_rule(**x, output_final_state=True, path=path)
+        assert rms_err(o, ro) < 1e-10 and rms_err(S, rS) < 1e-10, path
+    with pytest.raises(ValueError, match="A_log and dt_bias go together"):
+        kernels.delta_rule(**dict(x, dt_bias=None), path="torch")
+    with pytest.raises(ValueError, match="A_log must be"):
+        kernels.delta_rule(**dict(x, A_log=torch.rand(3, dtype=F64)), path="torch")
+
 @pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "strong"), ("kda", "strong")])
 @pytest.mark.parametrize("bk", ["whole", "half"])
 def test_triton_grams_tiles(gate, strength, bk, monkeypatch):
@@ -634,19 +693,23 @@ def test_triton_causality(gate):
     x = triton_inputs(B, T, nh, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.delta_rule_triton, x, triton_inputs(B, T, nh, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("path", ["torch", "triton"])
+@pytest.mark.parametrize("path", ["torch", "triton", "triton gate_fn"])
 def test_compile_fullgraph(path):
     # torch.compile(fullgraph=True) through the public call, forward and backward, equals eager: any graph break
     # (e.g. inside the custom ops, or the log line) fails here. CPU: aot_eager (tracing, fake shapes, the autograd
-    # formula; no C compiler needed); GPU: inductor.
+    # formula; no C compiler needed); GPU: inductor. 'gate_fn': the gate formed in the kernels (A_log, dt_bias).
     if path == "torch" and CUDA:
         pytest.skip("the chunked torch path is checked on CPU")
     x = triton_inputs(1, 70, 2, 16, 32, "kda", "mild", F32, seed=5)
-    x = {n: t.to(DEV) for n, t in x.items()} if path == "triton" else {n: t.cpu() for n, t in x.items()}
+    x = {n: t.to(DEV) for n, t in x.items()} if path != "torch" else {n: t.cpu() for n, t in x.items()}
+    gate_fn = path == "triton gate_fn"
+    if gate_fn:
+        x |= dict(A_log=torch.rand(2, device=DEV), dt_bias=torch.randn(2, 16, device=DEV) - 3)
     names = list(x)
 
-    def f(q, k, v, beta, g, initial_state):
-        o, S = kernels.delta_rule(q, k, v, beta, g, initial_state=initial_state, output_final_state=True, path=path)
+    def f(q, k, v, beta, g, initial_state, **gate):
+        o, S = kernels.delta_rule(q, k, v, beta, g, initial_state=initial_state, output_final_state=True,
+                                  path=path.split()[0], **gate)
         return (o * o).sum() + S.sum()
 
     results = []

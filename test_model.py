@@ -4,6 +4,7 @@ decoder == generate, causality, the mixer pattern.
 
 $ python -m pytest test_model.py -q
 """
+import contextlib
 import math
 
 import pytest
@@ -494,3 +495,32 @@ def test_documents_key_round_trips_through_a_checkpoint(tmp_path):
     assert args['documents'] is True and args['eot_token'] == DOC_EOT and GPT(GPTConfig(**args)).config.documents
     old = {k: v for k, v in args.items() if k not in ('documents', 'eot_token')}
     assert GPT(GPTConfig(**old)).config.documents is False
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_stacked_linears_equal_separate_layers(autocast):
+    # model.linears (one matmul on the stacked weights, StackedLinear's one-op backward) against the Linear layers
+    # called one by one: outputs and the gradients of x, every weight and bias (one layer without a bias), also
+    # under torch.compile (aot_eager: the custom op's fake function and the autograd formula traced)
+    from model import linears
+    torch.manual_seed(0)
+    mod = torch.nn.Module()
+    mod.a, mod.b, mod.c = torch.nn.Linear(24, 16), torch.nn.Linear(24, 5, bias=False), torch.nn.Linear(24, 8)
+    names = ('a', 'b', 'c')
+    x0 = torch.randn(2, 7, 24)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    def grads(fn):
+        x = x0.clone().requires_grad_()
+        mod.zero_grad(set_to_none=True)
+        with ctx:
+            outs = fn(x)
+        loss = sum((o.float() * torch.cos(torch.arange(o.numel()).view(o.shape) + i)).sum() for i, o in enumerate(outs))
+        loss.backward()
+        return [o.float() for o in outs] + [x.grad] + [p.grad.clone() for p in mod.parameters()]
+
+    ref = grads(lambda x: [getattr(mod, n)(x) for n in names])
+    tol = 2e-2 if autocast else 1e-6
+    for fn in (lambda x: linears(mod, x, names), torch.compile(lambda x: linears(mod, x, names), backend="aot_eager")):
+        for a, b in zip(grads(fn), ref):
+            assert a.dtype == b.dtype and ((a - b).norm() / b.norm()).item() < tol
