@@ -174,32 +174,44 @@ class Rotary(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
+NARROW = 128  # linears: Linear layers with fewer outputs than this are stacked into one matmul
+
+
 def linears(module, x, names):
-    """[module.<name>(x) for name in names]: the Linear layers that all read x, as one matmul on their weights
-    stacked (the Linear layers stay as they are: parameters, init, checkpoints). Stacked by a Decoder into
-    `module.stacked` for one-token steps; otherwise stacked on each call (a copy of C·N weights, not of
-    activations) through StackedLinear, whose backward also takes one matmul for x's gradient and one for the
-    weights' (separate layers would each read x, write a [B, T, C] gradient term and add it up)."""
+    """[module.<name>(x) for name in names]: the Linear layers that all read x. Stacked by a Decoder into
+    `module.stacked` for one-token steps (each small matmul would be a kernel launch of its own). Otherwise the
+    narrow ones (β, the gates' low-rank inputs: < NARROW outputs) run as one matmul on their weights stacked per
+    call (StackedLinear), as they run far below the matmul rate one by one and each adds a [B, T, C] term to x's
+    gradient; the wide ones run one by one: stacking them too was slower (the cat of their gradients, and cuBLAS's
+    Ampere kernels at widths that are not multiples of 8; notes/perf.md 2026-11-26 (n))."""
     stacked = getattr(module, 'stacked', None)
     if stacked is not None:
         weight, bias, sizes = stacked
         return F.linear(x, weight, bias).split(sizes, dim=-1)
     layers = [getattr(module, n) for n in names]
-    if len(layers) == 1:
-        return [layers[0](x)]
-    weight = torch.cat([m.weight for m in layers])
-    bias = None if all(m.bias is None for m in layers) else torch.cat(
-        [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in layers])
+    # widest first and zero rows to a multiple of 8 outputs: every part starts 16-byte aligned, as cuBLAS's fast
+    # kernels want of a matmul that reads it (KDA's rank-64 gate inputs)
+    narrow = sorted((m for m in layers if m.out_features < NARROW), key=lambda m: -m.out_features)
+    if len(narrow) < 2:
+        return [m(x) for m in layers]
+    sizes = [m.out_features for m in narrow]
+    pad = -sum(sizes) % 8
+    w0 = narrow[0].weight
+    weight = torch.cat([m.weight for m in narrow] + [w0.new_zeros(pad, w0.shape[1])])
+    bias = None if all(m.bias is None for m in narrow) else torch.cat(
+        [m.bias if m.bias is not None else w0.new_zeros(m.out_features) for m in narrow] + [w0.new_zeros(pad)])
+    xs = x
     if torch.is_autocast_enabled(x.device.type):  # the casts F.linear would make, made here: the backward's matmuls
         dt = torch.get_autocast_dtype(x.device.type)  # run on what the forward's did
-        x, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
-    return StackedLinear.apply(x, weight, bias, [m.out_features for m in layers])
+        xs, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
+    part = dict(zip(map(id, narrow), StackedLinear.apply(xs, weight, bias, sizes + [pad])))
+    return [part[id(m)] if id(m) in part else m(x) for m in layers]
 
 
 class StackedLinear(torch.autograd.Function):
     """x [..., C], weight [N, C] (the row-stack of several Linear layers'), bias [N] | None -> the parts of
     x Wᵀ + b, split into `sizes` along the last dim (views of one matmul's output). The backward runs as one opaque
-    op, stacked_linear_bwd: Inductor, given the cat of the parts' gradients, fuses it into their producers' kernels
+    op, stacked_linear_bwd: Inductor, given the cat of the parts' gradients, fused it into their producers' kernels
     (one 6 ms kernel per step in GDN: notes/perf.md 2026-11-24 (a))."""
 
     @staticmethod

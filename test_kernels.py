@@ -101,8 +101,8 @@ def run(fn, x, seed=1, **kw):
     leaves = {n: (t.detach().clone().requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
     o, S = fn(**leaves, output_final_state=True, **kw)
     gen = torch.Generator().manual_seed(seed)
-    do = torch.randn(o.shape, generator=gen, dtype=F64).to(o.dtype)
-    dS = torch.randn(S.shape, generator=gen, dtype=F64).to(S.dtype)
+    do = torch.randn(o.shape, generator=gen, dtype=F64).to(o.device, o.dtype)
+    dS = torch.randn(S.shape, generator=gen, dtype=F64).to(S.device, S.dtype)
     names = [n for n, t in leaves.items() if differentiable(n, t)]
     grads = torch.autograd.grad((o * do).sum() + (S * dS).sum(), [leaves[n] for n in names])
     return o.detach(), S.detach(), dict(zip(names, grads))

@@ -499,14 +499,16 @@ def test_documents_key_round_trips_through_a_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_stacked_linears_equal_separate_layers(autocast):
-    # model.linears (one matmul on the stacked weights, StackedLinear's one-op backward) against the Linear layers
-    # called one by one: outputs and the gradients of x, every weight and bias (one layer without a bias), also
+    # model.linears (the narrow layers as one matmul on their stacked weights, StackedLinear's one-op backward) against
+    # the Linear layers called one by one: outputs and the gradients of x, every weight and bias (one layer without a bias), also
     # under torch.compile (aot_eager: the custom op's fake function and the autograd formula traced)
     from model import linears
     torch.manual_seed(0)
     mod = torch.nn.Module()
-    mod.a, mod.b, mod.c = torch.nn.Linear(24, 16), torch.nn.Linear(24, 5, bias=False), torch.nn.Linear(24, 8)
-    names = ('a', 'b', 'c')
+    # b, c, d narrow (stacked, with 3 zero rows of padding, in the order d, b, c), a wide (on its own)
+    mod.a, mod.b, mod.c = torch.nn.Linear(24, 160), torch.nn.Linear(24, 5, bias=False), torch.nn.Linear(24, 8)
+    mod.d = torch.nn.Linear(24, 16)
+    names = ('a', 'b', 'c', 'd')
     x0 = torch.randn(2, 7, 24)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
 
