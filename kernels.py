@@ -755,21 +755,11 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd
         qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         tl.store(qg_ptr + tok[:, None] * DK + ck[None, :], (qq * eg).to(qg_ptr.dtype.element_ty), mask=valid[:, None])
 
-@triton.jit
-def _gn_at(G_ptr, b, h, c, T, H, C: tl.constexpr):
-    # GDN's G_n of chunk c: G [B, T, H] at the chunk's last token. GN_AHEAD of the state passes (STATE_TILE['gdn_gn']
-    # 'ahead') loads it one chunk ahead: exp(G_n) scales the state itself, and Triton 3.6 pipelines G_n's load only
-    # in the row layout, not the copy in the state's column layout (a plain load inside the loop, TTGIR; SASS issues
-    # it before the chunk's dots and waits for it after them), so whatever latency those dots do not cover sits on
-    # the state's dependency chain in every chunk.
-    return tl.load(G_ptr + (b * T + tl.minimum(T, c * C + C) - 1) * H + h)
-
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, q_ptr, P_ptr, o_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
-                      GN_AHEAD: tl.constexpr = False):
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
@@ -788,8 +778,6 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
         S = tl.zeros([DK, BV], dtype=tl.float32)
-    if GATE == 1 and GN_AHEAD:
-        gn = _gn_at(G_ptr, b, h, 0, T, H, C)
     for c in range(NT):
         t = c * C + rows
         valid = t < T
@@ -802,9 +790,6 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         else:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        if GATE == 1 and GN_AHEAD:  # this chunk's G_n, loaded an iteration ago (a scalar), and the next one's
-            Gn_row, Gn_col = gn, gn
-            gn = _gn_at(G_ptr, b, h, tl.minimum(c + 1, NT - 1), T, H, C)
         ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
@@ -860,8 +845,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr,
-                      GN_AHEAD: tl.constexpr = False):
+                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr):
     # DECAYED: k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read from G.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -874,8 +858,6 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
         dS = tl.zeros([DK, BV], dtype=tl.float32)
-    if GATE == 1 and GN_AHEAD:  # G_n a chunk ahead, as in _state_fwd_kernel (_gn_at)
-        gn = _gn_at(G_ptr, b, h, NT - 1, T, H, C)
     for cc in range(NT):
         c = NT - 1 - cc
         t = c * C + rows
@@ -888,9 +870,6 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         else:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        if GATE == 1 and GN_AHEAD:
-            Gn_row, Gn_col = gn, gn
-            gn = _gn_at(G_ptr, b, h, tl.maximum(c - 1, 0), T, H, C)
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
         P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
@@ -908,20 +887,6 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
-
-_EXP_ASM = tl.constexpr(not _INTERPRETING)  # the interpreter runs no inline PTX
-
-@triton.jit
-def _exp_ftz(x):
-    # exp(x) of fp32 x <= 0 (or -inf) by ex2.approx.ftz: tl.exp lowers to the non-ftz ex2.approx.f32, around which
-    # ptxas puts a subnormal fix-up (a compare and two predicated multiplies) on every element. Results below 2^-126
-    # flush to 0 (nothing against the gradients' tolerances); otherwise the same ex2 as tl.exp's.
-    x = x * 1.4426950408889634  # log2(e), as tl.exp does
-    if _EXP_ASM:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
-                                         pack=1)
-    else:
-        return tl.exp2(x)
 
 @triton.jit
 def _f32_if(x, F32: tl.constexpr):
@@ -1085,7 +1050,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                                 dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                                 H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                                GATE: tl.constexpr, PREC: tl.constexpr, DECAY: tl.constexpr = 0):
+                                GATE: tl.constexpr, PREC: tl.constexpr):
     # DeltaNet / GDN ('phased', WY_GRADS_TILE['gdn']): _wy_grads_bwd's gradients in two passes over the V-tiles, so
     # that at most four [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
     #   1. the output side: dP, dQg -> dq (stored), then dk = N (P_qk's column side) and dP dies;
@@ -1098,13 +1063,9 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     # _state_bwd's fp32 dS' was slower: notes/perf.md 2026-11-25 (l)). The colsum comes from the same dKd tile as
     # dk's term (-dKd Kd in dG through k dk): after a strong gate the two nearly cancel, in fp32 only if both are
     # formed from the same tile.
-    # DECAY (GDN; WY_GRADS_TILE['gdn_decay'] by name): the [C, C] decay exp(G_r - G_i) of dP (i <= r) and dL (i < r):
-    # 0 'two': formed twice, once per pass (no [C, C] tile live across the second pass);
-    # 1 'shared': formed once in the first pass and kept for the second, where dL takes it with its diagonal
-    #   removed by a select (32 exps per thread instead of 64 at 4 warps, for a [C, C] fp32 tile live across pass 2;
-    #   offline fewer spills, 92 -> 28 bytes: the second exp pass had its own temporaries). Kept in bf16 instead it
-    #   spilled more (40 bytes) and took more instructions (conversions), so it is not offered;
-    # 2 'shared_ex2': 'shared' with that tile's exps by _exp_ftz (two SASS instructions per exp instead of five).
+    # GDN's [C, C] decay exp(G_r - G_i) is formed once, in the first pass (i <= r, for dP), and kept for the second,
+    # where dL takes it with its diagonal removed by a select: half the exps of forming it per pass, and fewer spills
+    # (offline 92 -> 28 bytes; GDN fwd+bwd 1.367 -> 1.332 ms at B8 T4096 H16 Dk 64: notes/perf.md 2026-11-26 (n)).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1141,10 +1102,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dP += _dot(dO, tl.trans(d), PREC)
         dq += _dot(dO, tl.trans(S), PREC)
     if GATE == 1:
-        if DECAY == 2:
-            decay = _exp_ftz(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
-        else:
-            decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
+        decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))  # 0 above the diagonal
         dP = dP * (scale * decay)
     else:
         dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)
@@ -1183,10 +1141,8 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dkd += _dot(d, tl.trans(dS), PREC)
         if GATE == 1:
             sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
-    if GATE == 1 and DECAY != 0:
+    if GATE == 1:
         dL = tl.where(i2 < r2, dL * decay, 0.)                  # decay: 0 above the diagonal and on padded rows
-    elif GATE == 1:
-        dL = dL * tl.exp(tl.where((i2 < r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
     else:
         dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
     kf = kk.to(tl.float32)
@@ -1742,13 +1698,11 @@ def _storage(prec):
 # miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
 # KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
 STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4,  # out_warps: the forward's pass
-              'stages': 2, 'bwd_stages': 2,  # software pipelining of the forward / backward passes' loads
-              'gdn_gn': 'load'}  # GDN's G_n in both passes: 'load' per chunk | 'ahead', a chunk ahead (_gn_at)
+              'stages': 2, 'bwd_stages': 2}  # software pipelining of the forward / backward passes' loads
 WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 4},  # warps_d64: by gate kind (DeltaNet, GDN) at Dk <= 64
                  'gdn': 'phased', 'gdn_d128': 'order',  # GDN's form, 'tile' | 'rows' | 'rows_dq' | 'order' | 'phased';
                  # 'phased' at Dk <= 64 only, gdn_d128 above
-                 'deltanet': 'one',  # DeltaNet's, 'one' | 'phased'
-                 'gdn_decay': 'two'}  # the phased kernel's [C, C] decays: 'two' | 'shared' | 'shared_ex2' (its DECAY)
+                 'deltanet': 'one'}  # DeltaNet's, 'one' | 'phased'
 KDA_KEY_TILE = {'k': 64, 'warps': 8}
 GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
 INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
@@ -1814,8 +1768,7 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
                                          ht if ht is not None else h, qg if decayed else q, P if output else h,
                                          vn, scale, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
-                                         h0 is not None, ht is not None, decayed, output,
-                                         GATE == 1 and STATE_TILE['gdn_gn'] == 'ahead', num_warps=nw,
+                                         h0 is not None, ht is not None, decayed, output, num_warps=nw,
                                          num_stages=STATE_TILE['stages'])
     return (vn, ht) if output else (w, h, vn, kd, qg)
 
@@ -1909,7 +1862,6 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
                                          dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         GATE == 1 and STATE_TILE['gdn_gn'] == 'ahead',
                                          num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -1921,8 +1873,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
             _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
                                                      scale, T, NT, H, DK, DV,
                                                      min(DV, WY_GRADS_TILE['v']), C, GATE, prec,
-                                                     ('two', 'shared', 'shared_ex2').index(WY_GRADS_TILE['gdn_decay'])
-                                                     if GATE == 1 else 0, num_warps=warps, num_stages=1)
+                                                     num_warps=warps, num_stages=1)
         else:
             _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
                                               T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,

@@ -61,24 +61,14 @@ SETTINGS += DN_BWD
 INV_PREC = [("INVERSE_PREC", dict(kernels.INVERSE_PREC, bf16=p), ("deltanet", "gdn", "kda")) for p in ("tf32",)]
 SETTINGS += INV_PREC
 ATTRS += ("INVERSE_PREC",)
-# GDN-only knobs, checked and summarised as GDN_BWD's forms are (named 'gdn_decay VALUE', 'gdn_gn VALUE'): the phased
-# kernel's [C, C] decays (WY_GRADS_TILE['gdn_decay']; 'two' is the default, timed beside the others for the noise)
-# and G_n a chunk ahead in the state passes (STATE_TILE['gdn_gn']):
-#   python notes/delta_tiles.py --only gdn_decay,gdn_gn --variants deltanet,gdn --shapes 8,4096,16,64:8,4096,16,128
-GDN_KNOBS = [("WY_GRADS_TILE", dict(kernels.WY_GRADS_TILE, gdn_decay=d), ("deltanet", "gdn"))
-             for d in ("two", "shared", "shared_ex2")]
-GDN_KNOBS += [("STATE_TILE", dict(kernels.STATE_TILE, gdn_gn="ahead"), ("deltanet", "gdn"))]
-SETTINGS += GDN_KNOBS
 
 
 def is_gdn_bwd(i):
-    return any(SETTINGS[i] is g for g in GDN_BWD + GDN_KNOBS)
+    return any(SETTINGS[i] is g for g in GDN_BWD)
 
 
 def name(i):
     attr, value, _ = SETTINGS[i]
-    if any(SETTINGS[i] is g for g in GDN_KNOBS):
-        return f"gdn_decay {value['gdn_decay']}" if attr == "WY_GRADS_TILE" else f"gdn_gn {value['gdn_gn']}"
     if is_gdn_bwd(i):
         return f"gdn_bwd {value['gdn']}/{value['warps_d64'][1]}"
     if any(SETTINGS[i] is g for g in DN_BWD):
