@@ -1185,6 +1185,9 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                     x = {n: (t.requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
                     o, ht = kernels.delta_rule_triton(**x, output_final_state=with_state)
                     (o.float().sum() + (ht.sum() if with_state else 0)).backward()
+                if gate != "none":  # the gate formed in the kernels (A_log, dt_bias), forward and backward
+                    z = lambda *shape: torch.zeros(shape, device=DEV, requires_grad=True)
+                    kernels.delta_rule_triton(**x, A_log=z(nh), dt_bias=z(*x["g"].shape[2:]))[0].float().sum().backward()
                 s = torch.zeros(1, nh, D, D, device=DEV)
                 kernels.delta_rule_step_triton(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["beta"][:, 0],
                                                None if x["g"] is None else x["g"][:, 0], s)
