@@ -1065,7 +1065,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     # formed from the same tile.
     # GDN's [C, C] decay exp(G_r - G_i) is formed once, in the first pass (i <= r, for dP), and kept for the second,
     # where dL takes it with its diagonal removed by a select: half the exps of forming it per pass, and fewer spills
-    # (offline 92 -> 28 bytes; GDN fwd+bwd 1.367 -> 1.332 ms at B8 T4096 H16 Dk 64: notes/perf.md 2026-11-26 (n)).
+    # (measured: notes/perf.md 2026-11-26 (n)).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
