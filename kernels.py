@@ -528,12 +528,12 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, 
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, dA_ptr, dbias_ptr, T, H, DG: tl.constexpr,
+def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, H, DG: tl.constexpr,
                            C: tl.constexpr, BD: tl.constexpr, AG: tl.constexpr):
     # The backward of g = -exp(A) softplus(u + b) (the cumsum kernel's GATE_FN), tiled as _chunk_cumsum_kernel:
     #   du = db_elem = -exp(A) sigmoid(u + b) dg,   dA = sum dg g   (over tokens; per A's columns)
-    # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to [NT * B, H * DG] partial
-    # sums (no atomics: deterministic), which the caller adds up.
+    # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to the rows (c, b) of
+    # [NT * B, 2, H * DG] partial sums (no atomics: deterministic), which the caller adds up in one reduction.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -548,9 +548,9 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, dA_ptr, dbias
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.)
     du = -a * tl.sigmoid(x) * dg
     tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
-    part = (c * (tl.num_programs(1) // H) + b) * H * DG + col                 # row (c, b) of the partial sums
-    tl.store(dbias_ptr + part, tl.sum(du, 0), mask=cd < DG)
-    tl.store(dA_ptr + part, tl.sum(-a * _softplus(x) * dg, 0), mask=cd < DG)
+    part = (c * (tl.num_programs(1) // H) + b) * 2 * H * DG + col             # row (c, b) of the partial sums
+    tl.store(part_ptr + part, tl.sum(-a * _softplus(x) * dg, 0), mask=cd < DG)      # dA's
+    tl.store(part_ptr + part + H * DG, tl.sum(du, 0), mask=cd < DG)                 # ddt_bias's
 
 # -----------------------------------------------------------------------------
 # The Grams by 16 x 16 blocks (every gate kind)
@@ -1822,11 +1822,11 @@ def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     HL, DL, AG = _gate_launch(u, H, DG)
     NT = triton.cdiv(T, TRITON_CHUNK)
     du = torch.empty_like(u)
-    dA = torch.empty(NT * B, H * DG, device=u.device, dtype=torch.float32)
-    dbias = torch.empty_like(dA)
-    _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, dA, dbias,
+    part = torch.empty(NT * B, 2, H * DG, device=u.device, dtype=torch.float32)
+    _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, part,
                                          T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), AG)
-    return du, dA.sum(0).view(H, DG).sum(1), dbias.sum(0).view(dt_bias.shape)
+    dA, dbias = part.sum(0)
+    return du, dA.view(H, DG).sum(1), dbias.view(dt_bias.shape)
 
 @_decay_gate_bwd.register_fake
 def _(u, A_log, dt_bias, dg):

@@ -174,25 +174,27 @@ class Rotary(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
-NARROW = 128  # linears: Linear layers with fewer outputs than this are stacked into one matmul
+NARROW = 128  # linears: Linear layers with at most this many outputs are stacked into one matmul
 
 
 def linears(module, x, names):
     """[module.<name>(x) for name in names]: the Linear layers that all read x. Stacked by a Decoder into
     `module.stacked` for one-token steps (each small matmul would be a kernel launch of its own). Otherwise the
-    narrow ones (β, the gates' low-rank inputs: < NARROW outputs) run as one matmul on their weights stacked per
+    narrow ones (β, the gates' low-rank inputs: ≤ NARROW outputs) run as one matmul on their weights stacked per
     call (StackedLinear), as they run far below the matmul rate one by one and each adds a [B, T, C] term to x's
-    gradient; the wide ones run one by one: stacking them too was slower (the cat of their gradients, and cuBLAS's
-    Ampere kernels at widths that are not multiples of 8; notes/perf.md 2026-11-26 (n))."""
+    gradient; a lone narrow layer goes the same way when its width is not a multiple of 8 (β of 6 or 12 heads ran
+    on cuBLAS's slow Ampere align-2 kernels). The wide ones run one by one: stacking them too was slower (the cat
+    of their gradients, and cuBLAS's Ampere kernels at widths that are not multiples of 8; notes/perf.md
+    2026-11-26 (n))."""
     stacked = getattr(module, 'stacked', None)
     if stacked is not None:
         weight, bias, sizes = stacked
         return F.linear(x, weight, bias).split(sizes, dim=-1)
     layers = [getattr(module, n) for n in names]
     # widest first and zero rows to a multiple of 8 outputs: every part starts 16-byte aligned, as cuBLAS's fast
-    # kernels want of a matmul that reads it (KDA's rank-64 gate inputs)
-    narrow = sorted((m for m in layers if m.out_features < NARROW), key=lambda m: -m.out_features)
-    if len(narrow) < 2:
+    # kernels want of a matmul that reads it (KDA's low-rank gate inputs)
+    narrow = sorted((m for m in layers if m.out_features <= NARROW), key=lambda m: -m.out_features)
+    if not narrow or (len(narrow) == 1 and narrow[0].out_features % 8 == 0):
         return [m(x) for m in layers]
     sizes = [m.out_features for m in narrow]
     pad = -sum(sizes) % 8

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import model
 from model import GPT, GPTConfig, MIXERS, Decoder, parse_mixer_pattern, sample_next
 from checkpoint import save_checkpoint, load_checkpoint
 
@@ -497,18 +498,23 @@ def test_documents_key_round_trips_through_a_checkpoint(tmp_path):
     assert GPT(GPTConfig(**old)).config.documents is False
 
 
+@pytest.mark.parametrize("layout", ["stacked", "lone"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-def test_stacked_linears_equal_separate_layers(autocast):
+def test_stacked_linears_equal_separate_layers(autocast, layout, monkeypatch):
     # model.linears (the narrow layers as one matmul on their stacked weights, StackedLinear's one-op backward) against
     # the Linear layers called one by one: outputs and the gradients of x, every weight and bias (one layer without a bias), also
     # under torch.compile (aot_eager: the custom op's fake function and the autograd formula traced)
-    from model import linears
+    from model import NARROW, linears
     torch.manual_seed(0)
     mod = torch.nn.Module()
-    # b, c, d narrow (stacked, with 3 zero rows of padding, in the order d, b, c), a wide (on its own)
-    mod.a, mod.b, mod.c = torch.nn.Linear(24, 160), torch.nn.Linear(24, 5, bias=False), torch.nn.Linear(24, 8)
-    mod.d = torch.nn.Linear(24, 16)
-    names = ('a', 'b', 'c', 'd')
+    if layout == "stacked":
+        # b, c, d narrow (stacked, with 3 zero rows of padding, in the order d, b, c; d at the NARROW bound), a wide
+        mod.a, mod.b, mod.c = torch.nn.Linear(24, NARROW + 1), torch.nn.Linear(24, 5, bias=False), torch.nn.Linear(24, 8)
+        mod.d = torch.nn.Linear(24, NARROW)
+        names = ('a', 'b', 'c', 'd')
+    else:  # one narrow layer of a width that is not a multiple of 8: padded through the same op
+        mod.a, mod.b = torch.nn.Linear(24, NARROW + 8), torch.nn.Linear(24, 6, bias=False)
+        names = ('a', 'b')
     x0 = torch.randn(2, 7, 24)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
 
@@ -522,6 +528,10 @@ def test_stacked_linears_equal_separate_layers(autocast):
         return [o.float() for o in outs] + [x.grad] + [p.grad.clone() for p in mod.parameters()]
 
     ref = grads(lambda x: [getattr(mod, n)(x) for n in names])
+    calls = []  # the narrow layers did go through StackedLinear, once
+    monkeypatch.setattr(model.StackedLinear, "apply", lambda *a, f=model.StackedLinear.apply: calls.append(1) or f(*a))
+    linears(mod, x0, names)
+    assert len(calls) == 1
     tol = 2e-2 if autocast else 1e-6
     for fn in (lambda x: linears(mod, x, names), torch.compile(lambda x: linears(mod, x, names), backend="aot_eager")):
         for a, b in zip(grads(fn), ref):
