@@ -48,6 +48,7 @@ Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,ma
 """
 
 import functools
+import itertools
 import math
 import os
 from typing import Optional
@@ -533,7 +534,7 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, 
     # The backward of g = -exp(A) softplus(u + b) (the cumsum kernel's GATE_FN), tiled as _chunk_cumsum_kernel:
     #   du = db_elem = -exp(A) sigmoid(u + b) dg,   dA = sum dg g   (over tokens; per A's columns)
     # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to the rows (c, b) of
-    # [NT * B, 2, H * DG] partial sums (no atomics: deterministic), which the caller adds up in one reduction.
+    # [NT * B, 2, H * DG] partial sums (no atomics: deterministic), which the caller adds up in one kernel.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1825,8 +1826,9 @@ def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     part = torch.empty(NT * B, 2, H * DG, device=u.device, dtype=torch.float32)
     _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, part,
                                          T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), AG)
-    dA, dbias = part.sum(0)
-    return du, dA.view(H, DG).sum(1), dbias.view(dt_bias.shape)
+    sums = torch.empty(H * DG, 2, device=u.device, dtype=torch.float32)
+    _conv_partial_sums(part, H * DG, 2, 'triton', sums)  # the short conv's column-sum kernel (torch's: 0.4 ms a step)
+    return du, sums[:, 0].view(H, DG).sum(1), sums[:, 1].reshape(dt_bias.shape)
 
 @_decay_gate_bwd.register_fake
 def _(u, A_log, dt_bias, dg):
@@ -2346,7 +2348,7 @@ def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, T, D, sxb, sxt, 
         xa, xm, xc = xm, xc, x0
 
 @triton.jit
-def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t, t0, T, D, d, dm, ps,
+def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, sdt, t, t0, T, d, dm, ps,
                   NORM: tl.constexpr, POS: tl.constexpr):
     """Row t of the backward: dp_t from x_t, dy_t and the window; stores dx_{t-3} = q3 + w0 dp_t (complete now)
     when t0 <= t-3 < T. -> dp, dp masked to the taps of lag 1, 2, 3 (d1, d2, d3: dp itself without POS; with it 0
@@ -2364,20 +2366,20 @@ def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb
         d1, d2, d3 = tl.where(ps >= 1, dp, 0.), tl.where(ps >= 2, dp, 0.), tl.where(ps >= 3, dp, 0.)
     else:
         d1, d2, d3 = dp, dp, dp
-    tl.store(dxb + (t - 3) * D + d, (q3 + w0 * d3).to(dxb.dtype.element_ty),
+    tl.store(dxb + (t - 3) * sdt + d, (q3 + w0 * d3).to(dxb.dtype.element_ty),
              mask=dm & ((t - 3 + d * 0) >= t0) & ((t - 3 + d * 0) < T))
     return dp, d1, d2, d3, w3 * dp, q1 + w2 * d1, q2 + w1 * d2
 
 @triton.jit
-def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0, w1, w2, w3, bias, a0, a1, a2,
-                   a3, ab, L: tl.constexpr, NORM: tl.constexpr, AHEAD: tl.constexpr, UNROLL: tl.constexpr,
+def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, sdb, sdt, eps, d, dm, w0, w1, w2, w3, bias,
+                   a0, a1, a2, a3, ab, L: tl.constexpr, NORM: tl.constexpr, AHEAD: tl.constexpr, UNROLL: tl.constexpr,
                    POS: tl.constexpr):
     """Work item j = (b, segment) of the backward (see _short_conv_bwd_kernel) -> the partial sums a0..a3, ab of
     dw, db with its rows added."""
     zero = tl.zeros_like(w0)
     b = (j // NS).to(tl.int64)
     t0 = (j % NS) * L
-    xb, dyb, dxb = x_ptr + b * sxb, dy_ptr + b * T * D, dx_ptr + b * T * D
+    xb, dyb, dxb = x_ptr + b * sxb, dy_ptr + b * T * D, dx_ptr + b * sdb
     hi = tl.minimum(T, t0 + L + 3)     # the rows it reads
     xa, xm, xc = _conv_window(xb, t0, sxt, T, d, dm)
     n1, n2, n3, n4 = _conv_ahead(xb, t0, sxt, hi, d, dm)
@@ -2399,8 +2401,8 @@ def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, eps, d
             n4 = _conv_ld(xb, t + 4, sxt, 0, hi, d, dm)
             g4 = _conv_ld(dyb, t + 4, D, 0, hi, d, dm)
         ps = _conv_pos(pos_ptr, b, t, hi, T, POS)
-        dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, t,
-                                                   t0, T, D, d, dm, ps, NORM, POS)
+        dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, sdt,
+                                                   t, t0, T, d, dm, ps, NORM, POS)
         a0 += d3 * xa
         a1 += d2 * xm
         a2 += d1 * xc
@@ -2411,21 +2413,22 @@ def _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, eps, d
     x0 = n1.to(tl.float32)
     ps = _conv_pos(pos_ptr, b, t0 + L, hi, T, POS)
     dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, g1.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias,
-                                               eps, dxb, t0 + L, t0, T, D, d, dm, ps, NORM, POS)
+                                               eps, dxb, sdt, t0 + L, t0, T, d, dm, ps, NORM, POS)
     xa, xm, xc = xm, xc, x0
     x0 = n2.to(tl.float32)
     ps = _conv_pos(pos_ptr, b, t0 + L + 1, hi, T, POS)
     dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(x0, g2.to(tl.float32), xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias,
-                                               eps, dxb, t0 + L + 1, t0, T, D, d, dm, ps, NORM, POS)
+                                               eps, dxb, sdt, t0 + L + 1, t0, T, d, dm, ps, NORM, POS)
     ps = _conv_pos(pos_ptr, b, t0 + L + 2, hi, T, POS)
     dp, d1, d2, d3, q1, q2, q3 = _conv_bwd_row(n3.to(tl.float32), g3.to(tl.float32), xm, xc, x0, q1, q2, q3, w0, w1,
-                                               w2, w3, bias, eps, dxb, t0 + L + 2, t0, T, D, d, dm, ps, NORM, POS)
+                                               w2, w3, bias, eps, dxb, sdt, t0 + L + 2, t0, T, d, dm, ps, NORM, POS)
     return a0, a1, a2, a3, ab
 
 @triton.jit
-def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, pos_ptr, T, D, sxb, sxt, eps, NS, NW,
-                           L: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr, G: tl.constexpr,
-                           AHEAD: tl.constexpr, UNROLL: tl.constexpr, PERSIST: tl.constexpr, POS: tl.constexpr):
+def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, pos_ptr, T, D, sxb, sxt, sdb, sdt, eps,
+                           NS, NW, L: tl.constexpr, BD: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr,
+                           G: tl.constexpr, AHEAD: tl.constexpr, UNROLL: tl.constexpr, PERSIST: tl.constexpr,
+                           POS: tl.constexpr):
     # Work items: the NW = B * NS segments (b, L rows from t0) of every sequence. Without PERSIST program j of the
     # grid's second axis takes item j; with it, items j, j + NP, j + 2 NP, ... (NP = that axis' size < NW: fewer dw
     # partial sums, longer programs; the loop over items costs registers, hence the switch). An item walks rows
@@ -2435,6 +2438,8 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     # dw_j += dp_tau x_{tau-3+j} and db += dp_tau over the item's own rows (dp = 0 past T, so the L-row loop needs no
     # mask); one partial sum per program, summed by the caller (deterministic, no atomics). POS (documents): each
     # row's doc_pos masks its taps (_conv_bwd_row), in dp's products with the window and with the weights alike.
+    # x and dx may be column slices of wider [B, T, *] tensors (strides sxb, sxt and sdb, sdt: the parts of one
+    # matmul's output, whose gradient is then written whole, with no cat); dy is contiguous [B, T, D].
     idd, pid = tl.program_id(0), tl.program_id(1)
     d, dm = _conv_cols(idd, D, BD, G)
     w0, w1, w2, w3, bias = _conv_weights(w_ptr, b_ptr, d, dm, BIAS)
@@ -2442,11 +2447,12 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     a1, a2, a3, ab = a0, a0, a0, a0
     if PERSIST:
         for j in range(pid, NW, tl.num_programs(1)):
-            a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, eps, d, dm, w0,
-                                                w1, w2, w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL, POS)
+            a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, j, NS, T, D, sxb, sxt, sdb, sdt, eps, d,
+                                                dm, w0, w1, w2, w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL,
+                                                POS)
     else:
-        a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, pid, NS, T, D, sxb, sxt, eps, d, dm, w0, w1,
-                                            w2, w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL, POS)
+        a0, a1, a2, a3, ab = _conv_bwd_item(x_ptr, dy_ptr, dx_ptr, pos_ptr, pid, NS, T, D, sxb, sxt, sdb, sdt, eps, d,
+                                            dm, w0, w1, w2, w3, bias, a0, a1, a2, a3, ab, L, NORM, AHEAD, UNROLL, POS)
     tl.store(dw_ptr + pid * 4 * D + d, a0, mask=dm)
     tl.store(dw_ptr + pid * 4 * D + D + d, a1, mask=dm)
     tl.store(dw_ptr + pid * 4 * D + 2 * D + d, a2, mask=dm)
@@ -2521,71 +2527,95 @@ def _conv_cfg(cfg, T, D, norm):
     return min(cfg['L'], triton.next_power_of_2(T)), BD, (norm or BD), (cfg['ahead'], cfg['unroll']), dict(
         num_warps=cfg['warps'])
 
-@torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
-def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int,
-                    doc_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-    B, T, D = x.shape
-    x, sxb, sxt = _conv_rows(x)
-    y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_FWD, T, D, norm)
-    _short_conv_fwd_kernel[(triton.cdiv(D, BD), B, triton.cdiv(T, L))](
-        x, weight.contiguous(), bias if bias is not None else weight, y,
-        doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, NORM_EPS, L, BD,
-        bias is not None, norm > 0, G, *ahead_unroll, doc_pos is not None, **opts)
-    return y
+def _conv_parts(sizes, norms):
+    """-> (first column, last column + 1, norm group) of each part of a split conv"""
+    ends = list(itertools.accumulate(sizes))
+    return [(c1 - n, c1, g) for n, c1, g in zip(sizes, ends, norms)]
 
-def _conv_partial_sums(part, D, J, red):
-    """[P, J, D] fp32 per-program partial sums -> their sum [D, J] (J = 4: dw) or [D] (J = 1: db)"""
+@torch.library.custom_op("kernels::short_conv_fwd", mutates_args=())
+def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], sizes: list[int],
+                    norms: list[int], doc_pos: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+    """x [B, T, sum(sizes)] -> one contiguous y [B, T, D] per part (D = sizes[i], from its columns of x, weight and
+    bias, norm groups norms[i]; 0: none), each read straight from its column slice of x."""
+    B, T, _ = x.shape
+    ys = []
+    for c0, c1, norm in _conv_parts(sizes, norms):
+        xs, sxb, sxt = _conv_rows(x[..., c0:c1])
+        D = c1 - c0
+        y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
+        L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_FWD, T, D, norm)
+        _short_conv_fwd_kernel[(triton.cdiv(D, BD), B, triton.cdiv(T, L))](
+            xs, weight[c0:c1].contiguous(), bias[c0:c1] if bias is not None else weight, y,
+            doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, NORM_EPS, L, BD,
+            bias is not None, norm > 0, G, *ahead_unroll, doc_pos is not None, **opts)
+        ys.append(y)
+    return ys
+
+def _conv_partial_sums(part, D, J, red, out):
+    """[P, J, D] fp32 per-program partial sums -> their sum, written to out [D, J] (J = 4: dw) or [D] (J = 1: db);
+    also the decay gate's backward's (J = 2)"""
     if red == 'torch':
-        return part.sum(0).t().contiguous() if J > 1 else part.sum(0)
-    out = torch.empty(D, J, device=part.device, dtype=torch.float32) if J > 1 else part.new_empty(D)
+        out.copy_(part.sum(0).t() if J > 1 else part.sum(0))
+        return
     P, BN = part.shape[0], 32
     _conv_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN, num_warps=4)
-    return out
 
 @_short_conv_fwd.register_fake
-def _(x, weight, bias, norm, doc_pos=None):
-    return x.new_empty(x.shape)
+def _(x, weight, bias, sizes, norms, doc_pos=None):
+    return [x.new_empty(x.shape[0], x.shape[1], n) for n in sizes]
 
 @torch.library.custom_op("kernels::short_conv_bwd", mutates_args=())
-def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], norm: int, dy: torch.Tensor,
-                    doc_pos: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> dx (x's dtype), dw fp32 [D, 4], db fp32 [D] (empty without a bias)."""
-    B, T, D = x.shape
-    x, sxb, sxt = _conv_rows(x)
-    dy = dy.contiguous()
-    L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_BWD, T, D, norm)
-    NS = triton.cdiv(T, L)
-    NW = B * NS                                      # work items (b, segment)
-    NP = min(NW, _CONV_BWD['parts'] or NW, 65535)    # programs along the rows = partial sums per channel
-    dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    dw = torch.empty(NP, 4, D, device=x.device, dtype=torch.float32)
-    db = torch.empty(NP, D, device=x.device, dtype=torch.float32) if bias is not None else dw
-    _short_conv_bwd_kernel[(triton.cdiv(D, BD), NP)](
-        x, weight.contiguous(), bias if bias is not None else weight, dy, dx, dw, db,
-        doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, NORM_EPS,
-        NS, NW, L, BD, bias is not None, norm > 0, G, *ahead_unroll, NP < NW, doc_pos is not None, **opts)
+def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], sizes: list[int],
+                    norms: list[int], dys: list[torch.Tensor], doc_pos: Optional[torch.Tensor] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dx [B, T, sum(sizes)] (x's dtype; each part's kernel writes its columns: no cat of the parts' gradients),
+    dw fp32 [sum(sizes), 4], db fp32 [sum(sizes)] (empty without a bias)."""
+    B, T, DX = x.shape
+    dx = torch.empty(B, T, DX, device=x.device, dtype=x.dtype)
+    dw = torch.empty(DX, 4, device=x.device, dtype=torch.float32)
+    db = torch.empty(DX if bias is not None else 0, device=x.device, dtype=torch.float32)
     red = _CONV_BWD['red']
-    db = _conv_partial_sums(db, D, 1, red) if bias is not None else torch.empty(0, device=x.device)
-    return dx, _conv_partial_sums(dw, D, 4, red), db
+    for (c0, c1, norm), dy in zip(_conv_parts(sizes, norms), dys):
+        xs, sxb, sxt = _conv_rows(x[..., c0:c1])
+        dy = dy.contiguous()
+        D = c1 - c0
+        L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_BWD, T, D, norm)
+        NS = triton.cdiv(T, L)
+        NW = B * NS                                      # work items (b, segment)
+        NP = min(NW, _CONV_BWD['parts'] or NW, 65535)    # programs along the rows = partial sums per channel
+        pw = torch.empty(NP, 4, D, device=x.device, dtype=torch.float32)
+        pb = torch.empty(NP, D, device=x.device, dtype=torch.float32) if bias is not None else pw
+        _short_conv_bwd_kernel[(triton.cdiv(D, BD), NP)](
+            xs, weight[c0:c1].contiguous(), bias[c0:c1] if bias is not None else weight, dy, dx[..., c0:c1], pw, pb,
+            doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, dx.stride(0), dx.stride(1),
+            NORM_EPS, NS, NW, L, BD, bias is not None, norm > 0, G, *ahead_unroll, NP < NW, doc_pos is not None,
+            **opts)
+        _conv_partial_sums(pw, D, 4, red, dw[c0:c1])
+        if bias is not None:
+            _conv_partial_sums(pb, D, 1, red, db[c0:c1])
+    return dx, dw, db
 
 @_short_conv_bwd.register_fake
-def _(x, weight, bias, norm, dy, doc_pos=None):
+def _(x, weight, bias, sizes, norms, dys, doc_pos=None):
     f32 = torch.float32
     return x.new_empty(x.shape), weight.new_empty(weight.shape, dtype=f32), x.new_empty(
         (0,) if bias is None else bias.shape, dtype=f32)
 
-def _short_conv_setup(ctx, inputs, output):
-    x, weight, bias, norm, doc_pos = inputs
-    ctx.save_for_backward(x, weight, bias, doc_pos)
-    ctx.norm = norm
+class _ShortConv(torch.autograd.Function):
+    """The autograd node of the two ops: a Function rather than register_autograd, whose backward does not take a
+    list of tensors as an op's output (torch 2.13 checks its structure against the inputs' and fails)."""
 
-def _short_conv_backward(ctx, dy):
-    x, weight, bias, doc_pos = ctx.saved_tensors
-    dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.norm, dy, doc_pos)
-    return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None, None
+    @staticmethod
+    def forward(ctx, x, weight, bias, sizes, norms, doc_pos):
+        ctx.save_for_backward(x, weight, bias, doc_pos)
+        ctx.sizes, ctx.norms = sizes, norms
+        return tuple(_short_conv_fwd(x, weight, bias, sizes, norms, doc_pos))
 
-_short_conv_fwd.register_autograd(_short_conv_backward, setup_context=_short_conv_setup)
+    @staticmethod
+    def backward(ctx, *dys):
+        x, weight, bias, doc_pos = ctx.saved_tensors
+        dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.sizes, ctx.norms, list(dys), doc_pos)
+        return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None, None, None
 
 @torch.library.custom_op("kernels::short_conv_step", mutates_args=("state",))
 def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -2618,18 +2648,27 @@ def _conv_path(x, weight, path="auto"):
         return "torch", f" (the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype})"
     return "triton", ""
 
-def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto", doc_pos=None):
+def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto", doc_pos=None, split=None):
     """silu(causal depthwise conv) over x [B, T, D] with weight [D, 4], bias [D] | None; initial [B, 3, D] | None
     holds the raw inputs before x (zeros when None); norm G > 0 divides each group of G channels by its l2 norm.
     doc_pos [B, T] | None (documents): each token's position inside its document, any integer dtype (uint8 with
     values clipped at W-1 is enough); tap x_{t-j} is used only where j <= doc_pos_t, so no window reaches into an
-    earlier document (None: every tap, the plain kernels). -> y [B, T, D] in x's dtype. path 'auto': Triton on
-    CUDA, torch elsewhere; 'triton' forces the kernels, 'torch' and 'recurrent' the torch version; differentiable in
-    x, weight, bias (and initial)."""
+    earlier document (None: every tap, the plain kernels). -> y [B, T, D] in x's dtype. split (channel counts summing
+    to D): -> one contiguous y per part instead, norm then one value for all parts or one per part; x's gradient
+    comes back whole (the parts of one matmul's output: no cat of their gradients). path 'auto': Triton on CUDA,
+    torch elsewhere; 'triton' forces the kernels, 'torch' and 'recurrent' the torch version; differentiable in x,
+    weight, bias (and initial)."""
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
         _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
-    if norm and (x.shape[-1] % norm or norm & (norm - 1) or not 16 <= norm <= 256):
-        _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={x.shape[-1]}, got {norm}")
+    sizes = [x.shape[-1]] if split is None else [int(n) for n in split]
+    if sum(sizes) != x.shape[-1] or min(sizes) < 1:
+        _fail("short_conv", f"split must be positive channel counts summing to D={x.shape[-1]}, got {split}")
+    norms = [int(n) for n in norm] if isinstance(norm, (list, tuple)) else [int(norm)] * len(sizes)
+    if len(norms) != len(sizes):
+        _fail("short_conv", f"norm must be one value or one per part of split ({len(sizes)}), got {norm}")
+    for n, g in zip(sizes, norms):
+        if g and (n % g or g & (g - 1) or not 16 <= g <= 256):
+            _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={n}, got {g}")
     if doc_pos is not None and (_shape(doc_pos) != _shape(x)[:2] or doc_pos.is_floating_point()):
         _fail("short_conv", f"doc_pos must be integers [B, T] = {_shape(x)[:2]}, got {doc_pos.dtype} {_shape(doc_pos)}")
     path, note = _conv_path(x, weight, path)
@@ -2641,10 +2680,12 @@ def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto", doc_pos=
         if doc_pos is not None:  # the initial rows' outputs are dropped; x's rows keep their positions
             doc_pos = torch.cat([doc_pos.new_full((x.shape[0], P), P), doc_pos], dim=1)
     if path == "triton":
-        y = _short_conv_fwd(x, weight, bias, norm, doc_pos)
+        ys = _ShortConv.apply(x, weight, bias, sizes, norms, doc_pos)
     else:
-        y = short_conv_torch(x, weight, bias, norm, doc_pos)
-    return y[:, P:] if P else y
+        ys = [short_conv_torch(x[..., c0:c1], weight[c0:c1], None if bias is None else bias[c0:c1], g, doc_pos)
+              for c0, c1, g in _conv_parts(sizes, norms)]
+    ys = [y[:, P:] for y in ys] if P else ys
+    return ys[0] if split is None else ys
 
 def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
     """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]; path as

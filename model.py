@@ -21,7 +21,6 @@ Every mixer is built as Mixer(config) and has the same interface:
 import contextlib
 import copy
 import functools
-import itertools
 import math
 import os
 import re
@@ -286,24 +285,15 @@ class ShortConv(nn.Module):
         self.bias = nn.Parameter(conv.bias.detach()) if bias else None
 
     def forward(self, x, cache=None, split=None, doc_pos=None):
-        """x [B, T, D] -> y [B, T, D]; with split (channel counts summing to D), one contiguous y per part, each
-        convolved straight from its column slice of x (no copy of the parts for the kernels that read them).
+        """x [B, T, D] -> y [B, T, D]; with split (channel counts summing to D), one y per part, each convolved
+        straight from its column slice of x, and x's gradient written whole (no cat of the parts' gradients).
         doc_pos [B, T] (documents: GPT.documents' conv_pos) | None: no tap reaches into an earlier document."""
         prev = None if cache is None else cache.get(self.name)
         if prev is not None and x.size(1) == 1:
             y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm, path=self.path)[:, None]
             return y if split is None else y.split(split, dim=-1)
-        if split is None:
-            y = kernels.short_conv(x, self.weight, self.bias, initial=prev, norm=self.norm, path=self.path,
-                                   doc_pos=doc_pos)
-        else:
-            y, c0 = [], 0
-            for c1 in itertools.accumulate(split):
-                part = slice(c0, c1)
-                y.append(kernels.short_conv(x[..., part], self.weight[part], None if self.bias is None else self.bias[part],
-                                            initial=None if prev is None else prev[..., part], norm=self.norm,
-                                            path=self.path, doc_pos=doc_pos))
-                c0 = c1
+        y = kernels.short_conv(x, self.weight, self.bias, initial=prev, norm=self.norm, path=self.path, doc_pos=doc_pos,
+                               split=split)
         if cache is not None:  # the last W−1 raw inputs (zeros before the start), kept for the next call
             W1 = self.width - 1
             xx = torch.cat([x.new_zeros(x.size(0), W1, x.size(2)) if prev is None else prev.to(x.dtype), x], dim=1)
@@ -596,13 +586,30 @@ class DeltaNet(nn.Module):
     def output_gate(self, p, o):
         return o
 
+    def qkv(self, x, doc_pos=None):
+        """The convs' outputs for q, k, v without a cache (training): x W_qkvᵀ as one matmul on the three weights
+        stacked (as softmax's c_attn), and the three convs as one op on its column slices, whose backward writes the
+        gradient of that [B, T, 2·H·d_k + H·d_v] output whole: x's gradient is one matmul, with no cat of three
+        gradients and no sum of three [B, T, C] terms (notes/perf.md 2026-11-24 (o))."""
+        projs, convs = (self.q_proj, self.k_proj, self.v_proj), (self.q_conv, self.k_conv, self.v_conv)
+        bias = None if projs[0].bias is None else torch.cat([m.bias for m in projs])
+        y = F.linear(x, torch.cat([m.weight for m in projs]), bias)
+        return kernels.short_conv(y, torch.cat([c.weight for c in convs]), None, norm=[c.norm for c in convs],
+                                  path=self.kernels, doc_pos=doc_pos, split=[m.out_features for m in projs])
+
     def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
-        p = dict(zip(self.projections, linears(self, x, self.projections)))  # name -> that Linear of x
         pos = None if docs is None else docs['conv_pos']
-        q = self.q_conv(p['q_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dk)
-        k = self.k_conv(p['k_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dk)
-        v = self.v_conv(p['v_proj'], cache, doc_pos=pos).view(B, T, self.H, self.dv)
+        if cache is None:
+            names = self.projections[3:]  # β and the gates
+            q, k, v = self.qkv(x, pos)
+        else:  # each conv keeps its last inputs under its own name (Decoder: every projection in one matmul)
+            names = self.projections
+        p = dict(zip(names, linears(self, x, names)))  # name -> that Linear of x
+        if cache is not None:
+            q, k, v = (conv(p[n], cache, doc_pos=pos) for conv, n in zip((self.q_conv, self.k_conv, self.v_conv),
+                                                                          ('q_proj', 'k_proj', 'v_proj')))
+        q, k, v = q.view(B, T, self.H, self.dk), k.view(B, T, self.H, self.dk), v.view(B, T, self.H, self.dv)
         beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
         fused = self.gate_in_kernels and docs is None  # the kernels form the gate from its input (scan's gate)
         g = self.decay(p, fused)

@@ -940,6 +940,39 @@ def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype):
     if bias:
         close(bt.grad.cpu().double(), ref_in[2].grad, tol, "db")
 
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_short_conv_split_parts(path, bias):
+    # split: the parts of one wider x (a column slice of a still wider tensor, as a matmul's output that also holds
+    # other columns) with their own norm groups, one y per part, against each part alone through the fp64 reference;
+    # x's gradient comes back whole from the parts' gradients (the last part's unused: its columns get zeros)
+    if path == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    sizes, norms, T = [32, 32, 48, 8], [16, 16, 0, 0], 37
+    D = sum(sizes)
+    xw, w, b, dy = conv_inputs(2, T, D, 4, F32, bias, wide=True)
+    ref_in = [xw[..., :D].clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if bias else [])
+    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+    refs = [conv_reference(ref_in[0][..., e - n:e], ref_in[1][e - n:e], ref_in[2][e - n:e] if bias else None, g)
+            for n, e, g in zip(sizes, ends, norms)]
+    sum((r * dy[..., e - n:e]).sum() for r, n, e in list(zip(refs, sizes, ends))[:-1]).backward()
+    xt = xw.to(DEV).requires_grad_()
+    wt, bt = w.to(DEV).requires_grad_(), b.to(DEV).requires_grad_() if bias else None
+    ys = kernels.short_conv(xt[..., :D], wt, bt, norm=norms, split=sizes, path=path)
+    assert len(ys) == len(sizes) and (path == "torch" or all(y.is_contiguous() for y in ys))
+    sum((y * dy[..., e - n:e].to(DEV)).sum() for y, n, e in list(zip(ys, sizes, ends))[:-1]).backward()
+    for y, r in zip(ys, refs):
+        close(y.detach().cpu().double(), r.detach(), 2e-5, "y")
+    close(xt.grad[..., :D].cpu().double(), ref_in[0].grad, 2e-5, "dx")
+    assert (xt.grad[..., D:] == 0).all() and (xt.grad[..., D - sizes[-1]:D] == 0).all()
+    close(wt.grad.cpu().double(), ref_in[1].grad, 2e-5, "dw")
+    if bias:
+        close(bt.grad.cpu().double(), ref_in[2].grad, 2e-5, "db")
+    with pytest.raises(ValueError, match="split must be positive channel counts summing to D"):
+        kernels.short_conv(xt[..., :D], wt, bt, split=sizes[:-1], path=path)
+    with pytest.raises(ValueError, match="norm must be one value or one per part"):
+        kernels.short_conv(xt[..., :D], wt, bt, norm=norms[:-1], split=sizes, path=path)
+
 @pytest.mark.parametrize("bias,norm", [(False, 0), (True, 0), (False, 16)])
 def test_short_conv_prefill_and_steps_match_one_pass(bias, norm):
     # a prefill of 5 tokens, then 3 one-token steps (state updated in place) == one pass over the 8 tokens; torch and
@@ -966,7 +999,9 @@ def test_short_conv_compiles():
     xw, w, b, dy = conv_inputs(2, 37, 24, 4, F32, True, wide=True)
     x, w, b, dy = (t.to(DEV, F32) for t in (xw, w, b, dy))
     f = lambda x, w, b: ((kernels.short_conv(x[..., :24], w, b, path="triton") * dy).sum()
-                         + kernels.short_conv(x[..., 8:24], w[8:], None, norm=16, path="triton").sum())
+                         + kernels.short_conv(x[..., 8:24], w[8:], None, norm=16, path="triton").sum()
+                         + sum((y * y).sum() for y in kernels.short_conv(x[..., :24], w, None, norm=[16, 0],
+                                                                          split=[16, 8], path="triton")))
     results = []
     for fn in (f, torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")):
         leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]

@@ -87,8 +87,8 @@ def check_shapes(name):
         leaves = [x.float().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if bias else [])
         ref = kernels.short_conv_torch(leaves[0], leaves[1], leaves[2] if bias else None, norm)
         ref.backward(dy.float())
-        y = kernels._short_conv_fwd(x, w, b, norm)
-        dx, dw, db = kernels._short_conv_bwd(x, w, b, norm, dy)
+        y, = kernels._short_conv_fwd(x, w, b, [D], [norm])
+        dx, dw, db = kernels._short_conv_bwd(x, w, b, [D], [norm], [dy])
         got = {'y': (y, ref), 'dx': (dx, leaves[0].grad), 'dw': (dw, leaves[1].grad)}
         if bias:
             got['db'] = (db, leaves[2].grad)
@@ -150,13 +150,13 @@ def main():
         use(name)
         r = {}
         for norm in (0, 128):
-            f = bench(lambda: kernels._short_conv_fwd(x, w, None, norm), eager)
-            bw = bench(lambda: kernels._short_conv_bwd(x, w, None, norm, dy), eager)
+            f = bench(lambda: kernels._short_conv_fwd(x, w, None, [D], [norm]), eager)
+            bw = bench(lambda: kernels._short_conv_bwd(x, w, None, [D], [norm], [dy]), eager)
             L = min(kernels._CONV_BWD['L'], T)
             NW = B * -(-T // L)
             P = min(NW, kernels._CONV_BWD['parts'] or NW, 65535)
-            part = torch.randn(P, 4, D, device='cuda')
-            s = bench(lambda: kernels._conv_partial_sums(part, D, 4, kernels._CONV_BWD['red']), eager)
+            part, dw = torch.randn(P, 4, D, device='cuda'), torch.empty(D, 4, device='cuda')
+            s = bench(lambda: kernels._conv_partial_sums(part, D, 4, kernels._CONV_BWD['red'], dw), eager)
             r[norm] = (f, bw, s)
         rows[name] = r
         step = 18 * sum(r[128][:2]) + 9 * sum(r[0][:2])
