@@ -638,6 +638,20 @@ def test_triton_gate_in_kernel_bf16(gate):
     bad = {n: e for n, e in errs.items() if not e < {"g": 1e-2, "A_log": 2e-2, "dt_bias": 2e-2}.get(n, 2e-3)}
     assert not bad, bad
 
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_decay_gate_bwd_layout_matches_its_fake(gate):
+    # Inductor checks a custom op's outputs against its fake's sizes and strides (contiguous) on the GPU; a strided
+    # view of the partial-sum buffer failed there (run o2), which aot_eager on CPU does not check
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    x = gate_inputs(1, 70, 2, 16, gate, F32, wide=False)
+    dg = torch.randn_like(x["g"])
+    outs = kernels._decay_gate_bwd(x["g"], x["A_log"], x["dt_bias"], dg)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fakes = kernels._decay_gate_bwd(*(mode.from_tensor(t) for t in (x["g"], x["A_log"], x["dt_bias"], dg)))
+    for got, fake in zip(outs, fakes):
+        assert got.shape == fake.shape and got.stride() == fake.stride() and got.dtype == fake.dtype
+
 def test_gate_in_kernel_torch_paths():
     # the torch paths form the same gate first (kernels.decay_gate) and agree with the reference
     x = triton_inputs(1, 70, 2, 16, 16, "kda", "mild", F64, seed=9)
