@@ -763,6 +763,7 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
             times.append((time.perf_counter() - t) * 1000)
         out["device_name"] = "cpu"
     out["ms"] = statistics.median(times)
+    out["step_ms"] = times  # every timed step (the JSON file): a slow process shows apart from a slow step
     out["tokens_per_s"] = B * T / out["ms"] * 1000
     from model import gpu_peak_flops
     peak = gpu_peak_flops(out["device_name"]) if cuda else None
