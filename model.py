@@ -558,7 +558,7 @@ class DeltaNet(nn.Module):
         S_t = S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ k_t)ᵀ,   o_t = S_tᵀ q_t / √d_k,   y = W_o [RMSNorm(o_h)]_h
     H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
     cache_grows = False
-    projections = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # the Linear layers that read x (see linears)
+    projections = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # the Linear layers that read x (linears); q, k, v first
 
     def __init__(self, config, n_head=None, v_dim=None):
         super().__init__()
@@ -600,15 +600,13 @@ class DeltaNet(nn.Module):
     def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
         pos = None if docs is None else docs['conv_pos']
-        if cache is None:
-            names = self.projections[3:]  # β and the gates
+        if cache is None:  # training: q, k, v by one matmul and one conv op; then β and the gates (name -> Linear)
             q, k, v = self.qkv(x, pos)
-        else:  # each conv keeps its last inputs under its own name (Decoder: every projection in one matmul)
-            names = self.projections
-        p = dict(zip(names, linears(self, x, names)))  # name -> that Linear of x
-        if cache is not None:
-            q, k, v = (conv(p[n], cache, doc_pos=pos) for conv, n in zip((self.q_conv, self.k_conv, self.v_conv),
-                                                                          ('q_proj', 'k_proj', 'v_proj')))
+            p = dict(zip(self.projections[3:], linears(self, x, self.projections[3:])))
+        else:  # prefill, decode: each conv keeps its last inputs under its own name (Decoder: one matmul for all)
+            p = dict(zip(self.projections, linears(self, x, self.projections)))
+            q, k, v = (conv(p[name], cache, doc_pos=pos) for conv, name in
+                       zip((self.q_conv, self.k_conv, self.v_conv), self.projections[:3]))
         q, k, v = q.view(B, T, self.H, self.dk), k.view(B, T, self.H, self.dk), v.view(B, T, self.H, self.dv)
         beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
         fused = self.gate_in_kernels and docs is None  # the kernels form the gate from its input (scan's gate)
