@@ -715,8 +715,8 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     out["params"] = raw.get_num_params()
     optimizer = raw.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda" if cuda else "cpu")  # fused AdamW on CUDA
     if warm:  # compile only: Inductor's choice among its configs of a generated kernel is timed at the first call and
-        # kept on disk, and timed beside the other warm processes it was noisy (a 64-wide RMSNorm kernel at 0.39 or
-        # 2.87 ms per step from run to run, notes/perf.md 2026-11-24 (o)); the measure phase, alone, times and keeps it
+        # kept on disk, and timed beside the other warm processes it was noisy (one RMSNorm kernel 7x slower in one
+        # run than in another: notes/perf.md 2026-11-24 (o)); the measure phase, alone, times and keeps it
         torch._inductor.config.autotune_local_cache = False  # (outside the compile caches' keys: they still hit)
     model = torch.compile(raw) if cuda else raw
     ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else nullcontext()
