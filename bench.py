@@ -84,7 +84,7 @@ QUICK_SHAPES = [(2, 4096, 16, 128)]
 VARIANTS = ("kda", "deltanet", "gdn")  # KDA first (the headline target); DeltaNet before GDN, whose row is also
                                        # divided by our DeltaNet's at the same shape
 SCALAR_VARIANTS = ("retnet", "mamba2")  # not in the default run: --variants retnet,mamba2
-RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128)]  # B, T, H, D
+RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 16, 64)]  # B, T, H, D
 MAMBA2_SHAPES = [(8, 4096, 32, 64, 128, 1), (8, 4096, 16, 128, 128, 16)]  # B, T, heads, headdim P, d_state N, groups
 # mamba_ssm's mamba_chunk_scan_combined at these shapes from an earlier mamba_ssm run (H200, torch 2.11, Triton 3.6, bf16,
 # chunk 256): (fwd ms, fwd+bwd ms); printed for reference only, not measured here
@@ -303,15 +303,43 @@ def bench_decode(batches, variants, fla, H=16, D=128):
 # -----------------------------------------------------------------------------
 # scalar-decay family: RetNet and the Mamba2 core
 
+def import_mamba_ssd():
+    """mamba_ssm's mamba_chunk_scan_combined. Its Triton SSD sources are pure Python, but the package's __init__
+    imports the CUDA extensions (selective_scan_cuda), which need building; where that import fails, the package is
+    registered as a bare module on its own search path, so that its Triton submodules import without the __init__."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+    name = "mamba_ssm.ops.triton.ssd_combined"
+    try:
+        return importlib.import_module(name).mamba_chunk_scan_combined
+    except ImportError as e:
+        spec = importlib.util.find_spec("mamba_ssm")
+        if spec is None or not spec.submodule_search_locations:
+            raise
+        for m in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
+            del sys.modules[m]  # what the failed import left half-initialised
+        pkg = types.ModuleType("mamba_ssm")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["mamba_ssm"] = pkg
+        fn = importlib.import_module(name).mamba_chunk_scan_combined
+        print(f"mamba_ssm: its __init__ failed ({first_line(e, 60)}); imported its Triton SSD alone", flush=True)
+        return fn
+
+
 def load_scalar_peers():
     """(fla chunk_retention, mamba_ssm mamba_chunk_scan_combined), each a function or the import error string."""
     out = []
-    for mod, name in (("fla.ops.retention", "chunk_retention"), ("mamba_ssm.ops.triton.ssd_combined",
-                                                                 "mamba_chunk_scan_combined")):
-        try:
-            out.append(getattr(__import__(mod, fromlist=[name]), name))
-        except Exception as e:  # noqa: BLE001 (not installed, or fails to import)
-            out.append(f"import {name}: {first_line(e)}")
+    try:
+        from fla.ops.retention import chunk_retention
+        out.append(chunk_retention)
+    except Exception as e:  # noqa: BLE001 (not installed, or fails to import)
+        out.append(f"import chunk_retention: {first_line(e)}")
+    try:
+        out.append(import_mamba_ssd())
+    except Exception as e:  # noqa: BLE001
+        out.append(f"import mamba_chunk_scan_combined: {first_line(e)}")
     return tuple(out)
 
 
@@ -388,10 +416,11 @@ def mamba2_core(x):
 
 
 def bench_mamba2(shapes, scan_combined):
-    print("\nMamba2 core (conv output -> before the gated norm), absolute times; earlier mamba_ssm figures "
-          "(H200, chunk 256) for reference", flush=True)
-    widths = (30, 26, 7, 10, 8, 15)
-    row(["kernel", "shape (B,T,H,P,N,groups)", "fwd ms", "fwd+bwd ms", "peak MiB", "earlier mamba_ssm"], widths)
+    print("\nMamba2 core (conv output -> before the gated norm) vs mamba_ssm's mamba_chunk_scan_combined (chunk 256) "
+          "in the same run; its earlier H200 figures for reference", flush=True)
+    widths = (30, 26, 7, 10, 8, 13, 8, 15)
+    row(["kernel", "shape (B,T,H,P,N,groups)", "fwd ms", "fwd+bwd ms", "peak MiB", "ours/mamba_ssm", "o vs it",
+         "earlier mamba_ssm"], widths)
     row(["-" * w for w in widths], widths)
     leaves = ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"]
     for sh in shapes:
@@ -401,17 +430,26 @@ def bench_mamba2(shapes, scan_combined):
         ref = "{:.2f} / {:.2f}".format(*MAMBA2_ISSUE[sh]) if sh in MAMBA2_ISSUE else ""
         peer = lambda x: scan_combined(x["x"], x["dt"], -torch.exp(x["A_log"]), x["Bm"], x["Cm"], chunk_size=256,
                                        D=x["D"], dt_bias=x["dt_bias"], dt_softplus=True)
+        ours, o_ours = None, None
         for name, fwd in (("ours mamba2 core (triton)", mamba2_core), ("mamba_ssm chunk_scan_combined", peer)):
             try:
                 if name.startswith("mamba_ssm") and isinstance(scan_combined, str):
                     raise RuntimeError(scan_combined)
                 f, fb, peak = measure(fwd, x, leaves)
-                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ref if name.startswith("ours") else ""],
-                    widths)
+                with torch.no_grad():
+                    o = fwd(x).float()
+                ratio, diff = "", ""
+                if ours is None:
+                    ours, o_ours = (f, fb), o
+                else:
+                    ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
+                    diff = f"{((o_ours - o).norm() / o.norm()).item():.1e}"
+                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ratio, diff,
+                     ref if name.startswith("ours") else ""], widths)
             except Exception as e:  # noqa: BLE001
                 row([name, shape, first_line(e)], widths)
             torch.cuda.empty_cache()
-        del x
+        del x, o_ours
         torch.cuda.empty_cache()
 
 

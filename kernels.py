@@ -1329,21 +1329,6 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
         diff = tl.minimum(tl.cumsum(tl.where(r > i, gm[:, None], 0.), axis=0), 0.)
     return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
 
-# Triton's interpreter (3.9, CPU) multiplies 16-bit tiles wrongly (a 16 x 16 bf16 tl.dot is off by ~1e10), so under
-# it _la_dot widens them as it does mixed operands; the raw 16-bit dots are therefore checked only by the CUDA tests.
-_LA_WIDEN_ALL = tl.constexpr(_INTERPRETING)
-
-@triton.jit
-def _la_dot(a, b, PREC: tl.constexpr):
-    # a @ b, fp32 accumulation. Two operands of one 16-bit type go to the tensor cores as they are: their products are
-    # exact in fp32, as are those of the same values widened to fp32 (a bf16 or fp16 value fits in tf32), so this is the
-    # old widened tf32 dot at twice the tensor-core rate and without the fp32 copies in registers. Otherwise (an fp32
-    # operand: a decayed tile, a state snapshot, or fp32 inputs) both are widened and PREC decides (tf32 or ieee).
-    if a.dtype != b.dtype or _LA_WIDEN_ALL:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, input_precision=PREC)
-
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, HK,
                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
@@ -1372,12 +1357,12 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, H
         tokk = (b * T + t) * HK + hk                # ... and of q, k
         tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
         _, _, Gn, tail, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
         kd = kk * tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # K * exp(G_n - G)
         if DECAY > 0:
             S = S * tl.exp(Gn)
-        S += tl.dot(tl.trans(kd), vv, input_precision=PREC)
+        S += _dot(tl.trans(kd), vv, PREC)
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
@@ -1408,13 +1393,13 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT
         qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         S = tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :])
-        qk += _la_dot(qq, tl.trans(kk), PREC)
-        qs += _la_dot(qq, S, PREC)
-    vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        qk += _dot(qq, tl.trans(kk), PREC)
+        qs += _dot(qq, S, PREC)
+    vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
     gm, Gm, _, _, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
     eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]                # exp(G), 0 on padded rows
     P = qk * _la_decay(gm, gh, n, C, DECAY)
-    o = scale * (qs * eg + tl.dot(P, vv, input_precision=PREC))
+    o = scale * (qs * eg + _dot(P, vv, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # Backward (h[c] recomputed by _la_state_fwd in fp32; dh[c] = gradient of the state at the END of chunk c):
@@ -1453,14 +1438,14 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tokk = (b * T + t) * HK + hk
-        tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS)
+        tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
         qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
         _, Gm, Gn, _, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
         qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]
         if DECAY > 0:
             dS = dS * tl.exp(Gn)
-        dS += scale * tl.dot(tl.trans(qg), dO, input_precision=PREC)
+        dS += scale * _dot(tl.trans(qg), dO, PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
@@ -1501,14 +1486,14 @@ def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, scale, T, NT,
         qq = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
         kk = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
         dS = tl.load(dh_ptr + s_base + (ck[:, None] * DV + cv[None, :]))
-        qk += _la_dot(qq, tl.trans(kk), PREC)
-        kds += _la_dot(kk, dS, PREC)
+        qk += _dot(qq, tl.trans(kk), PREC)
+        kds += _dot(kk, dS, PREC)
     x_offs = rows[:, None] * (H * DV) + cv[None, :]
-    dO = tl.load(do_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+    dO = tl.load(do_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.)
     gm, _, _, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
     egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), 0 on padded rows
     P = scale * qk * _la_decay(gm, gh, n, C, DECAY)                          # the scaled decayed scores
-    dv = kds * egn + tl.dot(tl.trans(P), dO, input_precision=PREC)
+    dv = kds * egn + _dot(tl.trans(P), dO, PREC)
     tl.store(dv_ptr + x0 * DV + x_offs, dv.to(dv_ptr.dtype.element_ty), mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
@@ -1558,10 +1543,10 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_pt
             dO = tl.load(do_ptr + x0 + x_offs, mask=x_mask, other=0.)
             S = tl.load(h_ptr + s0 + s_offs)
             dS = tl.load(dh_ptr + s0 + s_offs)
-            dA += _la_dot(dO, tl.trans(vv), PREC)
-            dqi += _la_dot(dO, tl.trans(S), PREC)
-            dki += _la_dot(vv, tl.trans(dS), PREC)
-            sds += tl.sum(S * dS, 1)
+            dA += _dot(dO, tl.trans(vv), PREC)
+            dqi += _dot(dO, tl.trans(S), PREC)
+            dki += _dot(vv, tl.trans(dS), PREC)
+            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
         if GROUP == 1:  # one head: q, k read after the V-tile loop, so that they are not live during it
             q_in = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
             k_in = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
@@ -1570,9 +1555,9 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_pt
         eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]         # exp(G), 0 on padded rows
         egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
         dA = scale * dA * _la_decay(gm, gh, n, C, DECAY)
-        dqh = scale * dqi * eg + tl.dot(dA, kk, input_precision=PREC)   # this head's dq, dk
+        dqh = scale * dqi * eg + _dot(dA, k_in, PREC)   # this head's dq, dk
         dk_inter = dki * egn
-        dkh = dk_inter + tl.dot(tl.trans(dA), qq, input_precision=PREC)
+        dkh = dk_inter + _dot(tl.trans(dA), q_in, PREC)
         if DECAY == 1:
             dG = tl.sum(qq * dqh, 1) - tl.sum(kk * dkh, 1)
             dGn = tl.exp(Gn) * tl.sum(sds, 0) + tl.sum(tl.sum(kk * dk_inter, 1), 0)
@@ -1990,23 +1975,34 @@ def _decay_kind(g):
     """0: no gate, 1: a gate per token ([B,T,H]), 2: a constant per head ([H])."""
     return 0 if g is None else (2 if g.dim() == 1 else 1)
 
-def _la_meta(q, v):
+def _la_meta(q, k, v):
     """-> B, T, H, HK, Dk, Dv, NT, BK, BV, prec. Tiles of 64 on both sides: every kernel loops over, or is launched
-    per, key tile and V-tile, so no program holds a [C, 128] tile (notes/perf.md)."""
+    per, key tile and V-tile, so no program holds a [C, 128] tile (notes/perf.md). The dots' operands follow the
+    delta rule's rule (_dot): bf16 when q, k, v are all bf16, IEEE fp32 when any is fp32, tf32 otherwise (fp16)."""
     B, T, H, DV = v.shape
     HK, DK = q.shape[2], q.shape[3]
-    prec = 'ieee' if q.dtype == torch.float32 else 'tf32'
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    prec = 'bf16' if dtypes == {torch.bfloat16} else ('ieee' if torch.float32 in dtypes else 'tf32')
     return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DK, 64), min(DV, 64), prec
 
-def _la_states(k, v, gp, h0, DECAY, h_dtype, output_final_state):
+# Launch settings of the scalar-decay kernels (by measurement: notes/perf.md, notes/la_tiles.py). 'state_bk' is the
+# key tile of the two sequential passes (64, or 0 for whole Dk rows), 'out_bv' the V-tile of _la_output_fwd (0: all
+# of Dv in one program, so q, k are read once).
+LA_TILE = {'state_bk': 64, 'state_warps': 8, 'state_stages': 2, 'out_bv': 64, 'out_warps': 8,
+           'dv_warps': 8, 'dqkg_warps': 8}
+
+def _la_states(k, v, gp, h0, DECAY, h_dtype, output_final_state, prec):
     """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None)."""
-    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(k, v)
+    B, T, H, HK, DK, DV, NT, _, BV, _ = _la_meta(k, k, v)
+    BK = LA_TILE['state_bk'] or DK
+    BK = min(BK, DK)
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, h, h0 if h0 is not None else h,
                                                       ht if ht is not None else h, T, NT, H, HK, DK, DV, BK, BV,
                                                       TRITON_CHUNK, DECAY, prec, h0 is not None, ht is not None,
-                                                      num_warps=8, num_stages=2)
+                                                      num_warps=LA_TILE['state_warps'],
+                                                      num_stages=LA_TILE['state_stages'])
     return h, ht
 
 @torch.library.custom_op("kernels::linear_attn_fwd", mutates_args=())
@@ -2015,14 +2011,15 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, v)
+    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
     DECAY = _decay_kind(g)
     gp = g.float().contiguous() if g is not None else k  # the raw gates (the kernels sum them); any pointer if none
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    h, ht = _la_states(k, v, gp, h0, DECAY, k.dtype, output_final_state)
+    h, ht = _la_states(k, v, gp, h0, DECAY, _storage(prec), output_final_state, prec)
     o = torch.empty_like(v)
-    _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BK, BV,
-                                                 TRITON_CHUNK, DECAY, prec, num_warps=8)
+    BVo = min(LA_TILE['out_bv'] or DV, DV)
+    _la_output_fwd_kernel[(DV // BVo, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BK, BVo,
+                                                  TRITON_CHUNK, DECAY, prec, num_warps=LA_TILE['out_warps'])
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
 
 @_linear_attn_fwd.register_fake
@@ -2038,19 +2035,23 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H] (empty unless g is per token), d initial_state
     fp32 (empty without one). g: the forward's gate, per token [B,T,H] or the constant [H], or None."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
-    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, v)
+    B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
     DECAY = _decay_kind(g)
     gp = g.float().contiguous() if g is not None else k
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    h, _ = _la_states(k, v, gp, h0, DECAY, torch.float32, False)  # fp32 snapshots: they enter dq, dv and dg
+    # h[c] recomputed, and dh[c], in the dots' storage dtype (bf16 for bf16 inputs: both are only ever dot operands,
+    # which _dot rounds to bf16 anyway, and rowsum(h * dh) for dg)
+    h, _ = _la_states(k, v, gp, h0, DECAY, _storage(prec), False, prec)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
-    _la_state_bwd_kernel[(DV // BV, DK // BK, B * H)](q, gp, do, dh, dht if dht is not None else dh,
-                                                      dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
-                                                      BK, BV, TRITON_CHUNK, DECAY, prec, dht is not None,
-                                                      dh0 is not None, num_warps=8, num_stages=2)
+    BKs = min(LA_TILE['state_bk'] or DK, DK)
+    _la_state_bwd_kernel[(DV // BV, DK // BKs, B * H)](q, gp, do, dh, dht if dht is not None else dh,
+                                                       dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
+                                                       BKs, BV, TRITON_CHUNK, DECAY, prec, dht is not None,
+                                                       dh0 is not None, num_warps=LA_TILE['state_warps'],
+                                                       num_stages=LA_TILE['state_stages'])
     # grouped q/k: _la_dqkg_bwd sums the heads of each group in registers and writes [B, T, HK, Dk] once
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)  # k's dtype, not q's
@@ -2063,9 +2064,10 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     # dg: one reverse-cumsummed share per key tile, [B, T, H, Dk // BKg], added up below (one share at Dk <= BKg)
     dgk = torch.empty(B, T, H, DK // BKg, device=k.device, dtype=torch.float32) if DECAY == 1 else dv
     _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, scale, T, NT, H, HK, DK, DV, BK, BV,
-                                             TRITON_CHUNK, DECAY, prec, num_warps=8, num_stages=1)
+                                             TRITON_CHUNK, DECAY, prec, num_warps=LA_TILE['dv_warps'], num_stages=1)
     _la_dqkg_bwd_kernel[(DK // BKg, NT, B * HK)](q, k, v, gp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK, DV,
-                                                 BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK, num_warps=8,
+                                                 BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK,
+                                                 num_warps=LA_TILE['dqkg_warps'],
                                                  num_stages=stages)
     dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if DECAY == 1 else torch.empty(0, device=k.device)
     return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))

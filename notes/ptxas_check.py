@@ -65,25 +65,33 @@ def ptxas_report(fn, types, constexprs, num_warps, num_stages=1, aligned=True):
 
 def la_launches(DK, DV, dt, DECAY):
     """-> [(name, kernel, types, constexprs, warps, stages)]: the scalar-decay kernels with the tiles, warps and stages
-    that kernels.py (_la_states, _linear_attn_fwd, _linear_attn_bwd) launches them with. Keep the two in step."""
-    ptr = lambda names, h: {n: dt for n in names if n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "o_ptr", "dq_ptr",
-                                                            "dk_ptr", "dv_ptr")} | {"h_ptr": h}
-    f32 = {n: "*fp32" for n in ("g_ptr", "h0_ptr", "ht_ptr", "dh_ptr", "dht_ptr", "dh0_ptr", "dg_ptr")} | {"scale": "fp32"}
-    prec = "ieee" if dt == "*fp32" else "tf32"
+    that kernels.py (_la_states, _linear_attn_fwd, _linear_attn_bwd, kernels.LA_TILE) launches them with, and the
+    alternatives notes/la_tiles.py times (whole-Dk state tiles, 4 warps, whole-Dv output tiles)."""
+    inter = "*bf16" if dt == "*bf16" else "*fp32"  # kernels._storage: h[c], dh[c]
+    ptr = lambda names: {n: dt for n in names if n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "o_ptr", "dq_ptr",
+                                                       "dk_ptr", "dv_ptr")} | {"h_ptr": inter, "dh_ptr": inter}
+    f32 = {n: "*fp32" for n in ("g_ptr", "h0_ptr", "ht_ptr", "dht_ptr", "dh0_ptr", "dg_ptr")} | {"scale": "fp32"}
+    prec = "ieee" if dt == "*fp32" else "bf16"
+    T = kernels.LA_TILE
+    sbk = min(T['state_bk'] or DK, DK)
     tiles = dict(BK=min(DK, 64), BV=min(DV, 64))
     common = dict(DK=DK, DV=DV, C=64, DECAY=DECAY, PREC=prec) | tiles
     out = []
-    for name, fn, h, c, warps, stages in (
-            ("state_fwd", kernels._la_state_fwd_kernel, dt, dict(HAS_H0=True, STORE_HT=True), 8, 2),
-            ("state_fwd(h32)", kernels._la_state_fwd_kernel, "*fp32", dict(HAS_H0=True, STORE_HT=False), 8, 2),
-            ("output_fwd", kernels._la_output_fwd_kernel, dt, {}, 8, 3),
-            ("state_bwd", kernels._la_state_bwd_kernel, dt, dict(HAS_DHT=True, STORE_DH0=True), 8, 2),
-            ("dv_bwd", kernels._la_dv_bwd_kernel, "*fp32", {}, 8, 1),
-            ("dqkg_bwd", kernels._la_dqkg_bwd_kernel, "*fp32", dict(GROUP=1), 8, 1),
-            # grouped q/k (Mamba2, 32 heads on one B/C head): key tiles of 32, 2 stages at one V-tile
-            ("dqkg_bwd(G32)", kernels._la_dqkg_bwd_kernel, "*fp32", dict(GROUP=32, BK=min(DK, 32)), 8,
+    sw, ss = T['state_warps'], T['state_stages']
+    for name, fn, c, warps, stages in (
+            ("state_fwd", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=sbk), sw, ss),
+            ("state_fwd(bk=Dk)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK), sw, ss),
+            ("state_fwd(bk=Dk,w4)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK), 4, ss),
+            ("output_fwd", kernels._la_output_fwd_kernel, dict(BV=min(T['out_bv'] or DV, DV)), T['out_warps'], 3),
+            ("output_fwd(bv=Dv)", kernels._la_output_fwd_kernel, dict(BV=DV), T['out_warps'], 3),
+            ("state_bwd", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=sbk), sw, ss),
+            ("state_bwd(bk=Dk)", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=DK), sw, ss),
+            ("dv_bwd", kernels._la_dv_bwd_kernel, {}, T['dv_warps'], 1),
+            ("dqkg_bwd", kernels._la_dqkg_bwd_kernel, dict(GROUP=1), T['dqkg_warps'], 1),
+            # grouped q/k (Mamba2, 32 heads on one B/C head): key tiles of 64, 2 stages at one V-tile
+            ("dqkg_bwd(G32)", kernels._la_dqkg_bwd_kernel, dict(GROUP=32, BK=min(DK, 64)), T['dqkg_warps'],
              2 if DV <= 64 else 1)):
-        out.append((name, fn, ptr(fn.arg_names, h) | f32, common | c, warps, stages))
+        out.append((name, fn, ptr(fn.arg_names) | f32, common | c, warps, stages))
     return out
 
 
