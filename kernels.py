@@ -12,9 +12,12 @@ Two families (per head; state S is [Dk, Dv], key-major, so the readout is S^T q)
 
 Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a log-decay (g <= 0).
 
-    linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False) -> (o, final_state | None)
+    linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None)
+        -> (o, final_state | None)
         q, k [B, T, Hk, Dk], v [B, T, H, Dv], H % Hk == 0 (head h reads q/k head h // (H // Hk): Mamba2's
-        shared B/C); g None | [H] (constant per head, RetNet; not differentiated) | [B, T, H] (Mamba2's dt*A)
+        shared B/C); g None | [H] (constant per head, RetNet; not differentiated) | [B, T, H] (Mamba2's dt*A);
+        Mamba2's SSD: with dt [B, T, H] and D [H] (both or neither) the value of token t is dt_t v_t (Δ·x) and
+        the output gains D_h v_t (the skip connection), formed inside the Triton kernels
     linear_attn_step(q, k, v, g, state, scale=None) -> o
         one token: q, k [B, Hk, Dk], v [B, H, Dv], g None | [H] | [B, H]; updates state in place; o [B, H, Dv]
     delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
@@ -84,7 +87,7 @@ def _check_state(name, state, B, H, Dk, Dv, what):
     if state.dtype not in (torch.float32, torch.float64):
         _fail(name, f"{what} must be float32 (or float64), got {state.dtype}")
 
-def _check_linear_attn(name, q, k, v, g, state, step=False):
+def _check_linear_attn(name, q, k, v, g, state, step=False, dt=None, D=None):
     nd = 3 if step else 4
     layout = "[B, Hk, Dk]" if step else "[B, T, Hk, Dk]"
     for x, n in ((q, "q"), (k, "k"), (v, "v")):
@@ -105,6 +108,12 @@ def _check_linear_attn(name, q, k, v, g, state, step=False):
     if step and state is None:
         _fail(name, "state [B, H, Dk, Dv] is required")
     _check_state(name, state, v.shape[0], H, Dk, Dv, "state" if step else "initial_state")
+    if (dt is None) != (D is None):
+        _fail(name, "dt and D come together (Mamba2's SSD): give both or neither")
+    if dt is not None and _shape(dt) != lead + (H,):
+        _fail(name, f"dt must be {lead + (H,)} (one step size per token and head), got {_shape(dt)}")
+    if D is not None and _shape(D) != (H,):
+        _fail(name, f"D must be [H] = {(H,)}, got {_shape(D)}")
 
 def _check_delta_rule(name, q, k, v, beta, g, state, step=False):
     nd = 3 if step else 4
@@ -1330,9 +1339,10 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
     return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
-def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, HK,
+def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, HK,
                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         DECAY: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr):
+                         DECAY: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                         SSD: tl.constexpr = 0):
     # One program per (V-tile, K-tile, b, h) walks the chunks in order with its [BK, BV] state tile in fp32 registers.
     # A scalar decay scales whole rows and columns alike, so the key tiles of the state never mix (the delta rule's
     # W S would couple them): at Dk = 128 the tiles of 64 double the programs of this sequential pass (B H = 128:
@@ -1358,6 +1368,8 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, H
         tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        if SSD:  # the value is Δ·x
+            vv = vv * tl.load(dt_ptr + tok, mask=valid, other=0.)[:, None]
         _, _, Gn, tail, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
         kd = kk * tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # K * exp(G_n - G)
         if DECAY > 0:
@@ -1367,9 +1379,9 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, H
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
-def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
+def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
                           DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                          DECAY: tl.constexpr, PREC: tl.constexpr):
+                          DECAY: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (V-tile, chunk, b, h). Q K^T and Q S are sums over key channels: accumulated over key tiles of
     # BK so that no [C, Dk] tile is live, and the row scale Γ of Diag(Γ) Q S is applied after the dot (it commutes),
     # which leaves Q, K and the snapshot S (k's dtype) as raw 16-bit dot operands.
@@ -1399,7 +1411,11 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, o_ptr, scale, T, NT
     gm, Gm, _, _, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
     eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]                # exp(G), 0 on padded rows
     P = qk * _la_decay(gm, gh, n, C, DECAY)
-    o = scale * (qs * eg + _dot(P, vv, PREC))
+    if SSD:  # value Δ·x, and the skip connection D·x
+        o = scale * (qs * eg + _dot(P, vv * tl.load(dt_ptr + tok, mask=valid, other=0.)[:, None], PREC))
+        o += tl.load(D_ptr + h) * vv.to(tl.float32)
+    else:
+        o = scale * (qs * eg + _dot(P, vv, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 # Backward (h[c] recomputed by _la_state_fwd in fp32; dh[c] = gradient of the state at the END of chunk c):
@@ -1459,11 +1475,13 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
 # too short for software pipelining to pay for its buffers.
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
-def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, scale, T, NT, H, HK,
-                      DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                      DECAY: tl.constexpr, PREC: tl.constexpr):
+def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, v_ptr, dt_ptr, D_ptr, ddt_ptr, dD_ptr,
+                      scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (V-tile, chunk, b, h):  dv = Diag(exp(G_n - G)) K dh + scale (Q K^T ⊙ D)^T dO,
     # with K dh and Q K^T accumulated over key tiles (the row decay factors out of the first dot).
+    # SSD (value Δ·x, output + D·x): dv above is the value's gradient u; then dx = Δ u + D dO, and this V-tile's
+    # shares of dΔ_t = Σ_p u x and of dD (per token: Σ_p dO x) go to ddt_ptr, dD_ptr [B, T, H, Dv / BV].
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -1494,13 +1512,20 @@ def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, scale, T, NT,
     egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), 0 on padded rows
     P = scale * qk * _la_decay(gm, gh, n, C, DECAY)                          # the scaled decayed scores
     dv = kds * egn + _dot(tl.trans(P), dO, PREC)
+    if SSD:
+        xx = tl.load(v_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        dtv = tl.load(dt_ptr + tok, mask=valid, other=0.)
+        part = tok * (DV // BV) + iv
+        tl.store(ddt_ptr + part, tl.sum(dv * xx, 1), mask=valid)
+        tl.store(dD_ptr + part, tl.sum(dO.to(tl.float32) * xx, 1), mask=valid)
+        dv = dv * dtv[:, None] + tl.load(D_ptr + h) * dO.to(tl.float32)
     tl.store(dv_ptr + x0 * DV + x_offs, dv.to(dv_ptr.dtype.element_ty), mask=valid[:, None])
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
-def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dg_ptr,
+def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dg_ptr,
                         scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
                         BV: tl.constexpr, C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr,
-                        GROUP: tl.constexpr):
+                        GROUP: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (K-tile, chunk, b, q/k head hk): a loop over the GROUP = H / HK heads that read hk (RetNet:
     # GROUP = 1, one iteration), each a loop over V-tiles. dq, dk [B, T, HK, Dk] are the sums over the group's heads,
     # accumulated in fp32 registers in head order and written once in the inputs' dtypes: no per-head copies, no
@@ -1534,12 +1559,16 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dh_ptr, dq_pt
         dqi = tl.zeros([C, BK], dtype=tl.float32)                        # dO h^T
         dki = tl.zeros([C, BK], dtype=tl.float32)                        # V dh^T
         sds = tl.zeros([BK], dtype=tl.float32)                           # rowsum(h ⊙ dh)
+        if SSD:
+            dtv = tl.load(dt_ptr + tok, mask=valid, other=0.)
         for iv in range(DV // BV):
             cv = iv * BV + tl.arange(0, BV)
             x_offs = rows[:, None] * (H * DV) + (h * DV + cv)[None, :]
             x_mask = x_offs < n * (H * DV)                               # rows < n: h Dv + cv < H Dv
             s_offs = (h * (DK * DV) + ck * DV)[:, None] + cv[None, :]
             vv = tl.load(v_ptr + x0 + x_offs, mask=x_mask, other=0.)
+            if SSD:  # the value Δ·x
+                vv = vv * dtv[:, None]
             dO = tl.load(do_ptr + x0 + x_offs, mask=x_mask, other=0.)
             S = tl.load(h_ptr + s0 + s_offs)
             dS = tl.load(dh_ptr + s0 + s_offs)
@@ -1986,72 +2015,89 @@ def _la_meta(q, k, v):
     return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DK, 64), min(DV, 64), prec
 
 # Launch settings of the scalar-decay kernels (by measurement: notes/perf.md, notes/la_tiles.py). 'state_bk' is the
-# key tile of the two sequential passes (64, or 0 for whole Dk rows), 'out_bv' the V-tile of _la_output_fwd (0: all
-# of Dv in one program, so q, k are read once).
-LA_TILE = {'state_bk': 64, 'state_warps': 8, 'state_stages': 2, 'out_bv': 64, 'out_warps': 8,
-           'dv_warps': 8, 'dqkg_warps': 8}
+# key tile of the two sequential passes (64, or 0 for whole Dk rows); their V-tile halves from 64 (down to
+# 'state_min_v') until they run at least 'state_cover' programs per SM: each program walks every chunk in turn, so at
+# small B*H (8 x 16 heads at Dk = 64, 2 x 16 at T = 16384) tiles of 64 leave SMs idle. 'out_bv' is the V-tile of
+# _la_output_fwd (0: all of Dv in one program, so q, k are read once).
+LA_TILE = {'state_bk': 64, 'state_warps': 4, 'state_stages': 2, 'state_cover': 0, 'state_min_v': 32,
+           'out_bv': 64, 'out_warps': 8, 'dv_warps': 4, 'dqkg_warps': 4}
 
-def _la_states(k, v, gp, h0, DECAY, h_dtype, output_final_state, prec):
+def _la_state_tiles(B, H, DK, DV, device):
+    """-> (BK, BV) of the sequential passes (LA_TILE)."""
+    BK, BV = min(LA_TILE['state_bk'] or DK, DK), min(DV, 64)
+    while BV > LA_TILE['state_min_v'] and (DV // BV) * (DK // BK) * B * H < LA_TILE['state_cover'] * _sm_count(device):
+        BV //= 2
+    return BK, BV
+
+def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec):
     """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None)."""
-    B, T, H, HK, DK, DV, NT, _, BV, _ = _la_meta(k, k, v)
-    BK = LA_TILE['state_bk'] or DK
-    BK = min(BK, DK)
+    B, T, H, HK, DK, DV, NT, _, _, _ = _la_meta(k, k, v)
+    BK, BV = _la_state_tiles(B, H, DK, DV, k.device)
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype)
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
-    _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, h, h0 if h0 is not None else h,
+    _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, dtp, h, h0 if h0 is not None else h,
                                                       ht if ht is not None else h, T, NT, H, HK, DK, DV, BK, BV,
-                                                      TRITON_CHUNK, DECAY, prec, h0 is not None, ht is not None,
+                                                      TRITON_CHUNK, DECAY, prec, h0 is not None, ht is not None, SSD,
                                                       num_warps=LA_TILE['state_warps'],
                                                       num_stages=LA_TILE['state_stages'])
     return h, ht
 
+def _la_gate_ptrs(g, dt, D, k):
+    """(g, Δ, D) as the kernels read them: fp32, contiguous; k (any pointer) in place of an absent one."""
+    f = lambda x: x.float().contiguous() if x is not None else k
+    return f(g), f(dt), f(D)
+
 @torch.library.custom_op("kernels::linear_attn_fwd", mutates_args=())
 def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], scale: float,
-                     initial_state: Optional[torch.Tensor], output_final_state: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for)."""
+                     initial_state: Optional[torch.Tensor], output_final_state: bool, dt: Optional[torch.Tensor],
+                     D: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for). dt [B,T,H] and D [H]
+    (Mamba2's SSD, both or neither): the value is dt·v and the output gains D·v."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
-    DECAY = _decay_kind(g)
-    gp = g.float().contiguous() if g is not None else k  # the raw gates (the kernels sum them); any pointer if none
+    DECAY, SSD = _decay_kind(g), int(dt is not None)
+    gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)  # the raw gates (the kernels sum them)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    h, ht = _la_states(k, v, gp, h0, DECAY, _storage(prec), output_final_state, prec)
+    h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)
     o = torch.empty_like(v)
     BVo = min(LA_TILE['out_bv'] or DV, DV)
-    _la_output_fwd_kernel[(DV // BVo, NT, B * H)](q, k, v, gp, h, o, scale, T, NT, H, HK, DK, DV, BK, BVo,
-                                                  TRITON_CHUNK, DECAY, prec, num_warps=LA_TILE['out_warps'])
+    _la_output_fwd_kernel[(DV // BVo, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BVo,
+                                                  TRITON_CHUNK, DECAY, prec, SSD, num_warps=LA_TILE['out_warps'])
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
 
 @_linear_attn_fwd.register_fake
-def _(q, k, v, g, scale, initial_state, output_final_state):
+def _(q, k, v, g, scale, initial_state, output_final_state, dt, D):
     B, T, H, DV = v.shape
     ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
     return v.new_empty(v.shape), ht
 
 @torch.library.custom_op("kernels::linear_attn_bwd", mutates_args=())
 def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
-                     initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float,
+                     dt: Optional[torch.Tensor], D: Optional[torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H] (empty unless g is per token), d initial_state
-    fp32 (empty without one). g: the forward's gate, per token [B,T,H] or the constant [H], or None."""
+    fp32 (empty without one), d dt fp32 [B,T,H] and dD fp32 [H] (empty without them). g: the forward's gate, per
+    token [B,T,H] or the constant [H], or None."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
-    DECAY = _decay_kind(g)
-    gp = g.float().contiguous() if g is not None else k
+    DECAY, SSD = _decay_kind(g), int(dt is not None)
+    gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     # h[c] recomputed, and dh[c], in the dots' storage dtype (bf16 for bf16 inputs: both are only ever dot operands,
     # which _dot rounds to bf16 anyway, and rowsum(h * dh) for dg)
-    h, _ = _la_states(k, v, gp, h0, DECAY, _storage(prec), False, prec)
+    h, _ = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), False, prec)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
         dht = dht.contiguous().float()
-    BKs = min(LA_TILE['state_bk'] or DK, DK)
-    _la_state_bwd_kernel[(DV // BV, DK // BKs, B * H)](q, gp, do, dh, dht if dht is not None else dh,
-                                                       dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
-                                                       BKs, BV, TRITON_CHUNK, DECAY, prec, dht is not None,
-                                                       dh0 is not None, num_warps=LA_TILE['state_warps'],
-                                                       num_stages=LA_TILE['state_stages'])
+    BKs, BVs = _la_state_tiles(B, H, DK, DV, k.device)
+    _la_state_bwd_kernel[(DV // BVs, DK // BKs, B * H)](q, gp, do, dh, dht if dht is not None else dh,
+                                                        dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
+                                                        BKs, BVs, TRITON_CHUNK, DECAY, prec, dht is not None,
+                                                        dh0 is not None, num_warps=LA_TILE['state_warps'],
+                                                        num_stages=LA_TILE['state_stages'])
     # grouped q/k: _la_dqkg_bwd sums the heads of each group in registers and writes [B, T, HK, Dk] once
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)  # k's dtype, not q's
@@ -2063,35 +2109,43 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     BKg, stages = (BK, 1) if HK == H else (min(DK, 64), 2 if DV == BV else 1)
     # dg: one reverse-cumsummed share per key tile, [B, T, H, Dk // BKg], added up below (one share at Dk <= BKg)
     dgk = torch.empty(B, T, H, DK // BKg, device=k.device, dtype=torch.float32) if DECAY == 1 else dv
-    _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, scale, T, NT, H, HK, DK, DV, BK, BV,
-                                             TRITON_CHUNK, DECAY, prec, num_warps=LA_TILE['dv_warps'], num_stages=1)
-    _la_dqkg_bwd_kernel[(DK // BKg, NT, B * HK)](q, k, v, gp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK, DV,
-                                                 BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK,
-                                                 num_warps=LA_TILE['dqkg_warps'],
-                                                 num_stages=stages)
-    dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if DECAY == 1 else torch.empty(0, device=k.device)
-    return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+    # SSD: per-V-tile shares of dΔ and of D's gradient per token, [2, B, T, H, Dv // BV], added up below
+    dssd = torch.empty(2, B, T, H, DV // BV, device=k.device, dtype=torch.float32) if SSD else dv
+    _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, v, dtp, Dp, dssd, dssd[1] if SSD else dv, scale,
+                                             T, NT, H, HK, DK, DV, BK, BV, TRITON_CHUNK, DECAY, prec, SSD,
+                                             num_warps=LA_TILE['dv_warps'], num_stages=1)
+    _la_dqkg_bwd_kernel[(DK // BKg, NT, B * HK)](q, k, v, gp, dtp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK,
+                                                 DV, BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK, SSD,
+                                                 num_warps=LA_TILE['dqkg_warps'], num_stages=stages)
+    empty = lambda: torch.empty(0, device=k.device)  # one per absent output: returns may not alias
+    dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if DECAY == 1 else empty()
+    ddt, dD = (dssd[0].sum(-1), dssd[1].sum((0, 1, 3))) if SSD else (empty(), empty())
+    return dq, dk, dv, dg, (dh0 if dh0 is not None else empty()), ddt, dD
 
 @_linear_attn_bwd.register_fake
-def _(q, k, v, g, initial_state, do, dht, scale):
+def _(q, k, v, g, initial_state, do, dht, scale, dt, D):
     f32 = torch.float32
     dg = q.new_empty(v.shape[:3] if _decay_kind(g) == 1 else (0,), dtype=f32)
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dg, dh0
+    ddt = q.new_empty((0,) if dt is None else v.shape[:3], dtype=f32)
+    dD = q.new_empty((0,) if D is None else (v.shape[2],), dtype=f32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dg, dh0, ddt, dD
 
 def _linear_attn_setup(ctx, inputs, output):
-    q, k, v, g, scale, initial_state, output_final_state = inputs
-    ctx.save_for_backward(q, k, v, g, initial_state)
+    q, k, v, g, scale, initial_state, output_final_state, dt, D = inputs
+    ctx.save_for_backward(q, k, v, g, initial_state, dt, D)
     ctx.scale, ctx.output_final_state = scale, output_final_state
-    ctx.g_dtype = None if g is None else g.dtype
+    ctx.dtypes = [None if x is None else x.dtype for x in (g, dt, D)]
 
 def _linear_attn_backward(ctx, do, dht):
-    q, k, v, g, h0 = ctx.saved_tensors
+    q, k, v, g, h0, dt, D = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
-    dq, dk, dv, dg, dh0 = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale)
+    dq, dk, dv, dg, dh0, ddt, dD = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale, dt, D)
+    g_dt, dt_dt, D_dt = ctx.dtypes
     # a constant [H] gate is not differentiated (as in linear_attn_recurrent)
-    return (dq, dk, dv, dg.to(ctx.g_dtype) if _decay_kind(g) == 1 else None, None,
-            None if h0 is None else dh0.to(h0.dtype), None)
+    return (dq, dk, dv, dg.to(g_dt) if _decay_kind(g) == 1 else None, None,
+            None if h0 is None else dh0.to(h0.dtype), None,
+            None if dt is None else ddt.to(dt_dt), None if D is None else dD.to(D_dt))
 
 _linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
 
@@ -2111,16 +2165,25 @@ def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: O
 def _(q, k, v, g, state, scale):
     return v.new_empty(v.shape)
 
-def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
+def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None):
     """Scalar-decay linear attention through the Triton kernels (custom ops, differentiable); same arguments and
     result as linear_attn. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state, dt=dt, D=D)
     why = _triton_unsupported(q, v)
     if why:
         _fail("linear_attn", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state)
+    o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
     return o, (ht if output_final_state else None)
+
+def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, **kw):
+    """The torch paths with Mamba2's dt and D (linear_attn's dt=, D=): value dt·v, output + D·v."""
+    if dt is None:
+        return fn(q, k, v, g, scale, initial_state, output_final_state, **kw)
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state, dt=dt, D=D)
+    wide = torch.promote_types(v.dtype, torch.float32)
+    o, ht = fn(q, k, (v.to(wide) * dt[..., None]).to(v.dtype), g, scale, initial_state, output_final_state, **kw)
+    return (o.to(wide) + D[:, None] * v).to(o.dtype), ht
 
 def linear_attn_step_triton(q, k, v, g, state, scale=None):
     """One scalar-decay decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
@@ -2175,15 +2238,17 @@ def _log_path(fn, path, note, x):
     else:
         _say_once(line)
 
-def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto"):
+def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto", dt=None,
+                D=None):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
     path, note = _pick_path("linear_attn", q, v, path=path)
     _log_path("linear_attn", path, note, q)
     if path == "recurrent":
-        return linear_attn_recurrent(q, k, v, g, scale, initial_state, output_final_state)
+        return _ssd_torch(linear_attn_recurrent, q, k, v, g, scale, initial_state, output_final_state, dt, D)
     if path == "triton":
-        return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state)
-    return linear_attn_chunked(q, k, v, g, scale, initial_state, output_final_state, chunk_size=CHUNK_SIZE)
+        return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state, dt, D)
+    return _ssd_torch(linear_attn_chunked, q, k, v, g, scale, initial_state, output_final_state, dt, D,
+                      chunk_size=CHUNK_SIZE)
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto",
                A_log=None, dt_bias=None):

@@ -348,10 +348,11 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None):
+def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, ssd=None):
     """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule), on kernels.py's path
     `path` (GPTConfig.kernels). gate (A_log, dt_bias) | None (delta rule only): g is the gate's input u and the
-    log-decay kernels.decay_gate(u, A_log, dt_bias), which the chunked kernels form themselves.
+    log-decay kernels.decay_gate(u, A_log, dt_bias), which the chunked kernels form themselves. ssd (dt, D) | None
+    (Mamba2): v is x, the value dt·x and the output gains D·x (kernels.linear_attn's dt=, D=).
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
     store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
@@ -361,14 +362,19 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None):
         if gate is not None:
             g = kernels.decay_gate(g, *gate)
         g1 = g if g is None or g.dim() == 1 else g[:, 0]   # [H] constants stay; [B,1,H(,Dk)] → [B,H(,Dk)]
+        if ssd is not None:
+            x, (dt, D) = v, ssd
+            v = (x.float() * dt[..., None]).to(x.dtype)
         if beta is None:
             o = kernels.linear_attn_step(q[:, 0], k[:, 0], v[:, 0], g1, state, scale=scale, path=path)
+            if ssd is not None:
+                o = o + D[:, None].to(o.dtype) * x[:, 0]
         else:
             o = kernels.delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0], g1, state, scale=scale, path=path)
         return o[:, None]
     if beta is None:
         o, final = kernels.linear_attn(q, k, v, g, scale=scale, initial_state=state, output_final_state=cache is not None,
-                                       path=path)
+                                       path=path, **({} if ssd is None else dict(dt=ssd[0], D=ssd[1])))
     else:
         o, final = kernels.delta_rule(q, k, v, beta, g, scale=scale, initial_state=state, output_final_state=cache is not None,
                                       path=path, **({} if gate is None else dict(A_log=gate[0], dt_bias=gate[1])))
@@ -543,9 +549,9 @@ class Mamba2(nn.Module):
         dt = F.softplus(dt.float() + self.dt_bias)                   # Δ, [B, T, H], fp32
         g = reset_gate(-torch.exp(self.A_log.float()) * dt, docs)    # log-decay Δ·A ≤ 0
         xs = xs.view(B, T, self.H, self.P)
-        v = (xs.float() * dt[..., None]).to(xs.dtype)                # Δ·x, [B, T, H, P]
-        y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), v, g=g, scale=1.0, path=self.kernels)
-        y = y + self.D[:, None].to(y.dtype) * xs                     # skip connection D·x
+        # the value Δ·x and the skip connection D·x are formed inside the kernels (scan's ssd)
+        y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), xs, g=g, scale=1.0, path=self.kernels,
+                 ssd=(dt, self.D))
         y = self.norm(y.reshape(B, T, self.d_inner) * F.silu(z))
         return self.resid_dropout(self.c_proj(y))
 

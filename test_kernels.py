@@ -507,6 +507,7 @@ TRITON_TOL = {  # name -> (bf16, fp32)
     "o": (5e-3, 1e-4), "ht": (5e-3, 1e-4), "q": (8e-3, 1e-4), "k": (8e-3, 1e-4), "v": (8e-3, 1e-4),
     "initial_state": (8e-3, 1e-4), "beta": (2e-2, 1e-3), "g": (2e-2, 1e-3),
     "A_log": (2e-2, 1e-3), "dt_bias": (2e-2, 1e-3),  # delta_rule(..., A_log=, dt_bias=): g is the gate's input
+    "dt": (8e-3, 1e-4), "D": (8e-3, 1e-4),  # linear_attn(..., dt=, D=): Mamba2's step size and skip
 }
 
 def triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed=0):
@@ -833,12 +834,51 @@ def test_linear_attn_triton_groups(nh, hpg, gate, strength, dtype):
     compare_to_reference(kernels.linear_attn_triton, kernels.linear_attn_recurrent, x, dtype, True, 4,
                          f"H={nh} HK={nh // hpg} {gate}/{strength} {str(dtype)[6:]}", **kw)
 
+def ssd_reference(q, k, v, g, dt, D, scale=None, initial_state=None, output_final_state=False):
+    """Mamba2's SSD written out on the reference recurrence: value dt·x, output + D·x."""
+    o, S = kernels.linear_attn_recurrent(q, k, v * dt[..., None], g, scale, initial_state, output_final_state)
+    return o + D[:, None] * v, S
+
+SSD_CASES = ([(100, 64, 32, F32, "mild"), (130, 16, 32, F32, "strong"), (65, 32, 16, torch.bfloat16, "mild")]
+             if not CUDA else
+             [(T, 128, 64, dt, st) for T in (100, 1000) for dt in (F32, torch.bfloat16) for st in ("mild", "strong")]
+             + [(130, 64, 128, torch.bfloat16, "strong")])  # two V-tiles: dΔ, dD summed over V-tile shares
+
+@pytest.mark.parametrize("T,DK,DV,dtype,strength", SSD_CASES, ids=_id)
+def test_linear_attn_triton_ssd(T, DK, DV, dtype, strength):
+    # dt and D (Mamba2's Δ and skip) inside the kernels, forward and every gradient (dΔ from the value and from the
+    # gate g = -A Δ, which the caller forms; dD), 4 heads on 2 q/k heads, against the recurrence on fp64 copies
+    x = la_triton_inputs(1 if not CUDA else 2, T, 4, 2, DK, DV, "mamba2", strength, dtype, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    dt = F.softplus(torch.randn(*x["v"].shape[:3], generator=gen) - 1).to(DEV)
+    D = (1 + torch.rand(4, generator=gen)).to(DEV)
+    A = (1 + 3 * torch.rand(4, generator=gen)).to(DEV)
+    x = dict(x, dt=dt, D=D)
+    gate = lambda g, dt, **kw: -A * dt  # g from Δ, so that dΔ collects both paths
+    tri = lambda q, k, v, g, dt, D, **kw: kernels.linear_attn_triton(q, k, v, g + gate(g, dt), dt=dt, D=D, **kw)
+    ref = lambda q, k, v, g, dt, D, **kw: ssd_reference(q, k, v, g + gate(g, dt).to(dt.dtype), dt, D, **kw)
+    compare_to_reference(tri, ref, x, dtype, True, 5, f"ssd T={T} {DK}/{DV} {strength} {str(dtype)[6:]}", scale=1.0)
+
+@pytest.mark.parametrize("path", ["torch", "recurrent"])
+def test_linear_attn_ssd_torch_paths(path):
+    # the public call's torch paths with dt, D against the same written-out reference; and its one-line errors
+    x = la_triton_inputs(2, 70, 4, 2, 16, 8, "mamba2", "mild", F64, seed=7)
+    dt = torch.rand(2, 70, 4, dtype=F64, device=DEV)
+    D = torch.rand(4, dtype=F64, device=DEV)
+    o, S = kernels.linear_attn(**x, output_final_state=True, dt=dt, D=D, scale=1.0, path=path)
+    ro, rS = ssd_reference(**x, dt=dt, D=D, scale=1.0, output_final_state=True)
+    assert rms_err(o, ro) < 1e-12 and rms_err(S, rS) < 1e-12
+    with pytest.raises(ValueError, match="dt and D come together"):
+        kernels.linear_attn(**x, dt=dt, path=path)
+    with pytest.raises(ValueError, match="dt must be"):
+        kernels.linear_attn(**x, dt=dt[:, :, :2], D=D, path=path)
+
 @pytest.mark.parametrize("hpg", [1, 2])
 def test_linear_attn_triton_grad_dtypes(hpg):
     # dq, dk come back in q's and k's own dtypes, as the fake (shape) function of kernels::linear_attn_bwd says,
     # also when the two differ; a mismatch would give torch.compile wrong metadata
     x = la_triton_inputs(1, 20, 2, hpg, 16, 16, "none", "-", F32)
-    args = (x["q"], x["k"].bfloat16(), x["v"], None, None, torch.randn_like(x["v"]), None, 1.0)
+    args = (x["q"], x["k"].bfloat16(), x["v"], None, None, torch.randn_like(x["v"]), None, 1.0, None, None)
     dq, dk = torch.ops.kernels.linear_attn_bwd(*args)[:2]
     assert (dq.dtype, dk.dtype) == (torch.float32, torch.bfloat16)
     torch.library.opcheck(torch.ops.kernels.linear_attn_bwd.default, args, test_utils=("test_faketensor",))

@@ -116,7 +116,7 @@ def dqkg_sweep(x, BKs=(32, 64), stages=(1, 2)):
         dgk = torch.empty(B, T, H, DK // BK, device=DEV)
         for s in stages:
             launch = lambda: kernels._la_dqkg_bwd_kernel[(DK // BK, NT, B * HK)](
-                q, k, v, g, h, do, dh, dq, dk, dgk, 1.0, T, NT, H, HK, DK, DV, BK, BV, C, 1, 'tf32', H // HK,
+                q, k, v, g, g, h, do, dh, dq, dk, dgk, 1.0, T, NT, H, HK, DK, DV, BK, BV, C, 1, 'bf16', H // HK, 0,
                 num_warps=8, num_stages=s)
             try:
                 launch()

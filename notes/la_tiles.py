@@ -27,12 +27,12 @@ BASE = dict(kernels.LA_TILE)
 VARIANTS = {
     "base": {},
     "bk0": {"state_bk": 0},
-    "w4": {"state_warps": 4},
-    "bk0w4": {"state_bk": 0, "state_warps": 4},
-    "out0": {"out_bv": 0},
+    "cover1": {"state_cover": 1},
+    "cover2": {"state_cover": 2},
+    "cover2v16": {"state_cover": 2, "state_min_v": 16},
+    "cover4": {"state_cover": 4},
     "outw4": {"out_warps": 4},
-    "bwdw4": {"dv_warps": 4, "dqkg_warps": 4},
-    "st3": {"state_stages": 3},
+    "bwdw8": {"dv_warps": 8, "dqkg_warps": 8},
 }
 
 
@@ -131,6 +131,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-peers", action="store_true", help="time ours only (fla's autotuning takes minutes)")
     ap.add_argument("--warm", action="store_true", help="compile only (the checks, and every timed configuration at a "
                     "small T), to fill Triton's disk cache from parallel processes")
     ap.add_argument("--set", default="", help="settings for every variant, e.g. state_bk=0,out_bv=0")
@@ -148,7 +149,7 @@ if __name__ == "__main__":
             time_ours()
             print(f"warm {name}", flush=True)
         sys.exit()
-    fla, ssd = bench.load_scalar_peers()
+    fla, ssd = bench.load_scalar_peers() if not args.no_peers else ("skipped", "skipped")
     import importlib.metadata as md
     for p in ("fla-core", "mamba_ssm"):
         try:
