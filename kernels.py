@@ -2014,19 +2014,28 @@ def _la_meta(q, k, v):
     prec = 'bf16' if dtypes == {torch.bfloat16} else ('ieee' if torch.float32 in dtypes else 'tf32')
     return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DK, 64), min(DV, 64), prec
 
-# Launch settings of the scalar-decay kernels (by measurement: notes/perf.md, notes/la_tiles.py). 'state_bk' is the
-# key tile of the two sequential passes (64, or 0 for whole Dk rows); their V-tile halves from 64 (down to
-# 'state_min_v') until they run at least 'state_cover' programs per SM: each program walks every chunk in turn, so at
-# small B*H (8 x 16 heads at Dk = 64, 2 x 16 at T = 16384) tiles of 64 leave SMs idle. 'out_bv' is the V-tile of
-# _la_output_fwd (0: all of Dv in one program, so q, k are read once).
-LA_TILE = {'state_bk': 64, 'state_warps': 4, 'state_stages': 2, 'state_cover': 0, 'state_min_v': 32,
-           'out_bv': 64, 'out_warps': 8, 'dv_warps': 4, 'dqkg_warps': 4}
+# Launch settings of the scalar-decay kernels (by measurement: notes/perf.md, notes/la_tiles.py). The two sequential
+# passes run one program per (V-tile, key tile, b, h), each walking every chunk in turn: whole Dk rows and V-tiles of
+# 64 where that gives at least 'state_cover' programs per SM, else key tiles of 64 and then V-tiles halved down to
+# 'state_min_v' (at small B*H, e.g. 2 x 16 heads at T = 16384, large tiles leave SMs idle; at large B*H, whole rows
+# do each chunk's work in one program). 'out_bv' is the V-tile of _la_output_fwd (0: all of Dv in one program).
+# A key with the suffix '_d64' overrides its setting at Dk <= 64.
+LA_TILE = {'state_warps': 4, 'state_stages': 2, 'state_cover': 1, 'state_min_v': 32,
+           'out_bv': 64, 'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4}
+
+def _la_cfg(name, DK):
+    return LA_TILE.get(name + '_d64', LA_TILE[name]) if DK <= 64 else LA_TILE[name]
 
 def _la_state_tiles(B, H, DK, DV, device):
     """-> (BK, BV) of the sequential passes (LA_TILE)."""
-    BK, BV = min(LA_TILE['state_bk'] or DK, DK), min(DV, 64)
-    while BV > LA_TILE['state_min_v'] and (DV // BV) * (DK // BK) * B * H < LA_TILE['state_cover'] * _sm_count(device):
-        BV //= 2
+    BK, BV = DK, min(DV, 64)
+    while (DV // BV) * (DK // BK) * B * H < LA_TILE['state_cover'] * _sm_count(device):
+        if BK > 64:
+            BK = 64
+        elif BV > LA_TILE['state_min_v']:
+            BV //= 2
+        else:
+            break
     return BK, BV
 
 def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec):
@@ -2038,8 +2047,8 @@ def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec)
     _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, dtp, h, h0 if h0 is not None else h,
                                                       ht if ht is not None else h, T, NT, H, HK, DK, DV, BK, BV,
                                                       TRITON_CHUNK, DECAY, prec, h0 is not None, ht is not None, SSD,
-                                                      num_warps=LA_TILE['state_warps'],
-                                                      num_stages=LA_TILE['state_stages'])
+                                                      num_warps=_la_cfg('state_warps', DK),
+                                                      num_stages=_la_cfg('state_stages', DK))
     return h, ht
 
 def _la_gate_ptrs(g, dt, D, k):
@@ -2060,9 +2069,10 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)
     o = torch.empty_like(v)
-    BVo = min(LA_TILE['out_bv'] or DV, DV)
+    BVo = min(_la_cfg('out_bv', DK) or DV, DV)
     _la_output_fwd_kernel[(DV // BVo, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BVo,
-                                                  TRITON_CHUNK, DECAY, prec, SSD, num_warps=LA_TILE['out_warps'])
+                                                  TRITON_CHUNK, DECAY, prec, SSD, num_warps=_la_cfg('out_warps', DK),
+                                                  num_stages=_la_cfg('out_stages', DK))
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
 
 @_linear_attn_fwd.register_fake
@@ -2096,8 +2106,8 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     _la_state_bwd_kernel[(DV // BVs, DK // BKs, B * H)](q, gp, do, dh, dht if dht is not None else dh,
                                                         dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
                                                         BKs, BVs, TRITON_CHUNK, DECAY, prec, dht is not None,
-                                                        dh0 is not None, num_warps=LA_TILE['state_warps'],
-                                                        num_stages=LA_TILE['state_stages'])
+                                                        dh0 is not None, num_warps=_la_cfg('state_warps', DK),
+                                                        num_stages=_la_cfg('state_stages', DK))
     # grouped q/k: _la_dqkg_bwd sums the heads of each group in registers and writes [B, T, HK, Dk] once
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)  # k's dtype, not q's
@@ -2113,10 +2123,10 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     dssd = torch.empty(2, B, T, H, DV // BV, device=k.device, dtype=torch.float32) if SSD else dv
     _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, v, dtp, Dp, dssd, dssd[1] if SSD else dv, scale,
                                              T, NT, H, HK, DK, DV, BK, BV, TRITON_CHUNK, DECAY, prec, SSD,
-                                             num_warps=LA_TILE['dv_warps'], num_stages=1)
+                                             num_warps=_la_cfg('dv_warps', DK), num_stages=1)
     _la_dqkg_bwd_kernel[(DK // BKg, NT, B * HK)](q, k, v, gp, dtp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK,
                                                  DV, BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK, SSD,
-                                                 num_warps=LA_TILE['dqkg_warps'], num_stages=stages)
+                                                 num_warps=_la_cfg('dqkg_warps', DK), num_stages=stages)
     empty = lambda: torch.empty(0, device=k.device)  # one per absent output: returns may not alias
     dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if DECAY == 1 else empty()
     ddt, dD = (dssd[0].sum(-1), dssd[1].sum((0, 1, 3))) if SSD else (empty(), empty())

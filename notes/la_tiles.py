@@ -26,13 +26,13 @@ TOL = {"o": 5e-3, "ht": 5e-3, "q": 8e-3, "k": 8e-3, "v": 8e-3, "initial_state": 
 BASE = dict(kernels.LA_TILE)
 VARIANTS = {
     "base": {},
-    "bk0": {"state_bk": 0},
-    "cover1": {"state_cover": 1},
+    "outw2_d64": {"out_warps_d64": 2},
+    "outs2": {"out_stages": 2},
+    "outs4": {"out_stages": 4},
+    "stw2_d64": {"state_warps_d64": 2},
+    "bwdw2_d64": {"dv_warps_d64": 2, "dqkg_warps_d64": 2},
     "cover2": {"state_cover": 2},
-    "cover2v16": {"state_cover": 2, "state_min_v": 16},
-    "cover4": {"state_cover": 4},
-    "outw4": {"out_warps": 4},
-    "bwdw8": {"dv_warps": 8, "dqkg_warps": 8},
+    "outbv0": {"out_bv": 0},
 }
 
 

@@ -73,19 +73,19 @@ def la_launches(DK, DV, dt, DECAY):
     f32 = {n: "*fp32" for n in ("g_ptr", "h0_ptr", "ht_ptr", "dht_ptr", "dh0_ptr", "dg_ptr")} | {"scale": "fp32"}
     prec = "ieee" if dt == "*fp32" else "bf16"
     T = kernels.LA_TILE
-    sbk = min(T['state_bk'] or DK, DK)
+    sbk = DK  # whole Dk rows where the programs cover the SMs (kernels._la_state_tiles)
     tiles = dict(BK=min(DK, 64), BV=min(DV, 64))
     common = dict(DK=DK, DV=DV, C=64, DECAY=DECAY, PREC=prec) | tiles
     out = []
     sw, ss = T['state_warps'], T['state_stages']
     for name, fn, c, warps, stages in (
             ("state_fwd", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=sbk), sw, ss),
-            ("state_fwd(bk=Dk)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK), sw, ss),
+            ("state_fwd(bk=64)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=min(DK, 64)), sw, ss),
             ("state_fwd(bk=Dk,w4)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK), 4, ss),
-            ("output_fwd", kernels._la_output_fwd_kernel, dict(BV=min(T['out_bv'] or DV, DV)), T['out_warps'], 3),
-            ("output_fwd(bv=Dv)", kernels._la_output_fwd_kernel, dict(BV=DV), T['out_warps'], 3),
+            ("output_fwd", kernels._la_output_fwd_kernel, dict(BV=min(T['out_bv'] or DV, DV)), T['out_warps'], T['out_stages']),
+            ("output_fwd(bv=Dv)", kernels._la_output_fwd_kernel, dict(BV=DV), T['out_warps'], T['out_stages']),
             ("state_bwd", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=sbk), sw, ss),
-            ("state_bwd(bk=Dk)", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=DK), sw, ss),
+            ("state_bwd(bk=64)", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=min(DK, 64)), sw, ss),
             ("dv_bwd", kernels._la_dv_bwd_kernel, {}, T['dv_warps'], 1),
             ("dqkg_bwd", kernels._la_dqkg_bwd_kernel, dict(GROUP=1), T['dqkg_warps'], 1),
             # grouped q/k (Mamba2, 32 heads on one B/C head): key tiles of 64, 2 stages at one V-tile
