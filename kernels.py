@@ -1339,14 +1339,16 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
     return tl.exp(tl.where((i <= r) & (r < n), diff, float('-inf')))
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
-def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, T, NT, H, HK,
+def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_ptr, D_ptr, o_ptr, scale, T, NT, H, HK,
                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                          DECAY: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                         SSD: tl.constexpr = 0):
+                         SSD: tl.constexpr = 0, OUTPUT: tl.constexpr = 0):
     # One program per (V-tile, K-tile, b, h) walks the chunks in order with its [BK, BV] state tile in fp32 registers.
     # A scalar decay scales whole rows and columns alike, so the key tiles of the state never mix (the delta rule's
     # W S would couple them): at Dk = 128 the tiles of 64 double the programs of this sequential pass (B H = 128:
     # 512 instead of 256 on 132 SMs) and halve the state each one carries.
+    # OUTPUT (whole Dk rows, BK = DK): the forward's output too, chunk by chunk from the state in registers
+    # (_la_output_fwd's equations), and no snapshots h[c]: one kernel, no h written or read back.
     iv, ik = tl.program_id(0), tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1365,16 +1367,26 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, T, 
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h                   # [C] int64 token-head index of v, G
         tokk = (b * T + t) * HK + hk                # ... and of q, k
-        tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
-        kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        if not OUTPUT:
+            tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
+        kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        vs = vv
         if SSD:  # the value is Δ·x
-            vv = vv * tl.load(dt_ptr + tok, mask=valid, other=0.)[:, None]
-        _, _, Gn, tail, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
-        kd = kk * tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # K * exp(G_n - G)
+            vs = vv * tl.load(dt_ptr + tok, mask=valid, other=0.)[:, None]
+        gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+        if OUTPUT:  # O = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V), S the chunk-start state
+            qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+            eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]
+            P = _dot(qq, tl.trans(kk), PREC) * _la_decay(gm, gh, n, C, DECAY)
+            o = scale * (_dot(qq, S, PREC) * eg + _dot(P, vs, PREC))
+            if SSD:
+                o += tl.load(D_ptr + h) * vv.to(tl.float32)
+            tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+        kd = kk.to(tl.float32) * tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]
         if DECAY > 0:
             S = S * tl.exp(Gn)
-        S += _dot(tl.trans(kd), vv, PREC)
+        S += _dot(tl.trans(kd), vs, PREC)
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
@@ -2021,7 +2033,8 @@ def _la_meta(q, k, v):
 # do each chunk's work in one program). 'out_bv' is the V-tile of _la_output_fwd (0: all of Dv in one program).
 # A key with the suffix '_d64' overrides its setting at Dk <= 64.
 LA_TILE = {'state_warps': 4, 'state_stages': 2, 'state_cover': 1, 'state_min_v': 32,
-           'out_bv': 64, 'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4}
+           'out_bv': 64, 'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4,
+           'fused_fwd': 1, 'fused_warps': 8}
 
 def _la_cfg(name, DK):
     return LA_TILE.get(name + '_d64', LA_TILE[name]) if DK <= 64 else LA_TILE[name]
@@ -2038,16 +2051,21 @@ def _la_state_tiles(B, H, DK, DV, device):
             break
     return BK, BV
 
-def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec):
-    """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None)."""
+def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec, out=None):
+    """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None).
+    out (q, D, o, scale): the fused forward (whole Dk rows), which writes o instead of h (then h is None)."""
     B, T, H, HK, DK, DV, NT, _, _, _ = _la_meta(k, k, v)
     BK, BV = _la_state_tiles(B, H, DK, DV, k.device)
-    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype)
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype) if out is None else None
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
-    _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, dtp, h, h0 if h0 is not None else h,
-                                                      ht if ht is not None else h, T, NT, H, HK, DK, DV, BK, BV,
-                                                      TRITON_CHUNK, DECAY, prec, h0 is not None, ht is not None, SSD,
-                                                      num_warps=_la_cfg('state_warps', DK),
+    q, D, o, scale = out if out is not None else (k, k, k, 1.0)
+    hp = h if h is not None else o
+    _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, dtp, hp, h0 if h0 is not None else hp,
+                                                      ht if ht is not None else hp, q, D, o, scale, T, NT, H, HK,
+                                                      DK, DV, BK, BV, TRITON_CHUNK, DECAY, prec, h0 is not None,
+                                                      ht is not None, SSD, int(out is not None),
+                                                      num_warps=_la_cfg('fused_warps' if out is not None
+                                                                        else 'state_warps', DK),
                                                       num_stages=_la_cfg('state_stages', DK))
     return h, ht
 
@@ -2067,8 +2085,11 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     DECAY, SSD = _decay_kind(g), int(dt is not None)
     gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)  # the raw gates (the kernels sum them)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)
     o = torch.empty_like(v)
+    if LA_TILE['fused_fwd'] and _la_state_tiles(B, H, DK, DV, k.device)[0] == DK:  # whole rows cover the SMs
+        _, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, None, output_final_state, prec, out=(q, Dp, o, scale))
+        return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
+    h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)
     BVo = min(_la_cfg('out_bv', DK) or DV, DV)
     _la_output_fwd_kernel[(DV // BVo, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BVo,
                                                   TRITON_CHUNK, DECAY, prec, SSD, num_warps=_la_cfg('out_warps', DK),

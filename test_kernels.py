@@ -804,6 +804,20 @@ else:  # interpreter: about a second per case
 def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):
     la_triton_check(T, DK, DV, dtype, gate, strength)
 
+@pytest.mark.parametrize("settings", [{"fused_fwd": 0}, {"fused_fwd": 0, "state_cover": 10**9}],
+                         ids=["two-kernel forward", "split state tiles"])
+@pytest.mark.parametrize("T,DK,DV,dtype,gate,strength", [(130, 16, 32, F32, "mamba2", "strong"),
+                                                         (65, 128, 64, F32, "retnet", "strong")], ids=_id)
+def test_linear_attn_triton_launch_settings(settings, T, DK, DV, dtype, gate, strength, monkeypatch):
+    # the forward's two forms (the fused state pass + output where whole Dk rows cover the SMs, else the state pass,
+    # snapshots h[c] and _la_output_fwd) and the state passes' split tiles (key tiles of 64, V-tiles halved to
+    # state_min_v) that a GPU takes at small B*H; on CPU (one "SM") the defaults take the fused form and whole tiles
+    monkeypatch.setattr(kernels, "LA_TILE", dict(kernels.LA_TILE, **settings))
+    la_triton_check(T, DK, DV, dtype, gate, strength)
+    x = la_triton_inputs(2, 40, 4, 2, 16, 16, "mamba2", "mild", F32, seed=8)  # with dt, D
+    x = dict(x, dt=torch.rand(2, 40, 4, device=DEV), D=torch.rand(4, device=DEV))
+    compare_to_reference(kernels.linear_attn_triton, ssd_reference, x, F32, True, 8, "ssd", scale=1.0)
+
 @pytest.mark.parametrize("gate,strength", [("retnet", "mild"), ("mamba2", "strong")])
 def test_linear_attn_triton_batch(gate, strength):
     # B = 2 through the interpreter too (the cases above run B = 1 on CPU, which cannot see a wrong batch offset)

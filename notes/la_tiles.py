@@ -26,13 +26,11 @@ TOL = {"o": 5e-3, "ht": 5e-3, "q": 8e-3, "k": 8e-3, "v": 8e-3, "initial_state": 
 BASE = dict(kernels.LA_TILE)
 VARIANTS = {
     "base": {},
-    "outw2_d64": {"out_warps_d64": 2},
-    "outs2": {"out_stages": 2},
-    "outs4": {"out_stages": 4},
-    "stw2_d64": {"state_warps_d64": 2},
-    "bwdw2_d64": {"dv_warps_d64": 2, "dqkg_warps_d64": 2},
+    "fusedw4": {"fused_warps": 4},
+    "twokernel": {"fused_fwd": 0},
+    "cover0": {"state_cover": 0},
     "cover2": {"state_cover": 2},
-    "outbv0": {"out_bv": 0},
+    "fusedst3": {"state_stages": 3},
 }
 
 

@@ -70,7 +70,8 @@ def la_launches(DK, DV, dt, DECAY):
     inter = "*bf16" if dt == "*bf16" else "*fp32"  # kernels._storage: h[c], dh[c]
     ptr = lambda names: {n: dt for n in names if n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "o_ptr", "dq_ptr",
                                                        "dk_ptr", "dv_ptr")} | {"h_ptr": inter, "dh_ptr": inter}
-    f32 = {n: "*fp32" for n in ("g_ptr", "h0_ptr", "ht_ptr", "dht_ptr", "dh0_ptr", "dg_ptr")} | {"scale": "fp32"}
+    f32 = {n: "*fp32" for n in ("g_ptr", "h0_ptr", "ht_ptr", "dht_ptr", "dh0_ptr", "dg_ptr", "dt_ptr", "D_ptr",
+                                "ddt_ptr", "dD_ptr")} | {"scale": "fp32"}
     prec = "ieee" if dt == "*fp32" else "bf16"
     T = kernels.LA_TILE
     sbk = DK  # whole Dk rows where the programs cover the SMs (kernels._la_state_tiles)
@@ -82,6 +83,11 @@ def la_launches(DK, DV, dt, DECAY):
             ("state_fwd", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=sbk), sw, ss),
             ("state_fwd(bk=64)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=min(DK, 64)), sw, ss),
             ("state_fwd(bk=Dk,w4)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK), 4, ss),
+            ("fused_fwd", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK, OUTPUT=1),
+             T['fused_warps'], ss),
+            ("fused_fwd(w4)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK, OUTPUT=1), 4, ss),
+            ("fused_fwd(bv32)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK, BV=32,
+                                                                 OUTPUT=1), T['fused_warps'], ss),
             ("output_fwd", kernels._la_output_fwd_kernel, dict(BV=min(T['out_bv'] or DV, DV)), T['out_warps'], T['out_stages']),
             ("output_fwd(bv=Dv)", kernels._la_output_fwd_kernel, dict(BV=DV), T['out_warps'], T['out_stages']),
             ("state_bwd", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=sbk), sw, ss),
