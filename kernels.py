@@ -2031,10 +2031,13 @@ def _la_meta(q, k, v):
 # 64 where that gives at least 'state_cover' programs per SM, else key tiles of 64 and then V-tiles halved down to
 # 'state_min_v' (at small B*H, e.g. 2 x 16 heads at T = 16384, large tiles leave SMs idle; at large B*H, whole rows
 # do each chunk's work in one program). 'out_bv' is the V-tile of _la_output_fwd (0: all of Dv in one program).
-# A key with the suffix '_d64' overrides its setting at Dk <= 64.
-LA_TILE = {'state_warps': 4, 'state_stages': 2, 'state_cover': 1, 'state_min_v': 32,
+# 'fused_fwd': the gate kinds (DECAY) whose forward runs the output inside the state pass when whole Dk rows cover
+# the SMs: none and the constant gate; not the per-token gate, whose in-kernel cumsums and decay tile push that kernel
+# to spill at Dk = 128 (it measured slower there than the two kernels). A key with the suffix '_d64' overrides its
+# setting at Dk <= 64.
+LA_TILE = {'state_warps': 4, 'state_stages': 3, 'state_cover': 1, 'state_min_v': 32,
            'out_bv': 64, 'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4,
-           'fused_fwd': 1, 'fused_warps': 8}
+           'fused_fwd': (0, 2), 'fused_warps': 4}
 
 def _la_cfg(name, DK):
     return LA_TILE.get(name + '_d64', LA_TILE[name]) if DK <= 64 else LA_TILE[name]
@@ -2042,7 +2045,7 @@ def _la_cfg(name, DK):
 def _la_state_tiles(B, H, DK, DV, device):
     """-> (BK, BV) of the sequential passes (LA_TILE)."""
     BK, BV = DK, min(DV, 64)
-    while (DV // BV) * (DK // BK) * B * H < LA_TILE['state_cover'] * _sm_count(device):
+    while (DV // BV) * (DK // BK) * B * H < _la_cfg('state_cover', DK) * _sm_count(device):
         if BK > 64:
             BK = 64
         elif BV > LA_TILE['state_min_v']:
@@ -2086,7 +2089,7 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)  # the raw gates (the kernels sum them)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     o = torch.empty_like(v)
-    if LA_TILE['fused_fwd'] and _la_state_tiles(B, H, DK, DV, k.device)[0] == DK:  # whole rows cover the SMs
+    if DECAY in LA_TILE['fused_fwd'] and _la_state_tiles(B, H, DK, DV, k.device)[0] == DK:  # whole rows cover SMs
         _, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, None, output_final_state, prec, out=(q, Dp, o, scale))
         return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
     h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)

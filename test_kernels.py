@@ -804,8 +804,8 @@ else:  # interpreter: about a second per case
 def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):
     la_triton_check(T, DK, DV, dtype, gate, strength)
 
-@pytest.mark.parametrize("settings", [{"fused_fwd": 0}, {"fused_fwd": 0, "state_cover": 10**9}],
-                         ids=["two-kernel forward", "split state tiles"])
+@pytest.mark.parametrize("settings", [{"fused_fwd": ()}, {"fused_fwd": (0, 1, 2)}, {"state_cover": 10**9}],
+                         ids=["two-kernel forward", "fused forward", "split state tiles"])
 @pytest.mark.parametrize("T,DK,DV,dtype,gate,strength", [(130, 16, 32, F32, "mamba2", "strong"),
                                                          (65, 128, 64, F32, "retnet", "strong")], ids=_id)
 def test_linear_attn_triton_launch_settings(settings, T, DK, DV, dtype, gate, strength, monkeypatch):

@@ -26,11 +26,10 @@ TOL = {"o": 5e-3, "ht": 5e-3, "q": 8e-3, "k": 8e-3, "v": 8e-3, "initial_state": 
 BASE = dict(kernels.LA_TILE)
 VARIANTS = {
     "base": {},
-    "fusedw4": {"fused_warps": 4},
-    "twokernel": {"fused_fwd": 0},
-    "cover0": {"state_cover": 0},
-    "cover2": {"state_cover": 2},
-    "fusedst3": {"state_stages": 3},
+    "st2": {"state_stages": 2},
+    "cover0_d64": {"state_cover_d64": 0},
+    "fusedw8_d64": {"fused_warps_d64": 8},
+    "fusedall": {"fused_fwd": (0, 1, 2)},
 }
 
 
