@@ -2035,9 +2035,9 @@ def _la_meta(q, k, v):
 # the SMs: none and the constant gate; not the per-token gate, whose in-kernel cumsums and decay tile push that kernel
 # to spill at Dk = 128 (it measured slower there than the two kernels). A key with the suffix '_d64' overrides its
 # setting at Dk <= 64.
-LA_TILE = {'state_warps': 4, 'state_stages': 3, 'state_cover': 1, 'state_min_v': 32,
+LA_TILE = {'state_warps': 4, 'state_stages': 3, 'state_cover': 1, 'state_cover_d64': 0, 'state_min_v': 32,
            'out_bv': 64, 'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4,
-           'fused_fwd': (0, 2), 'fused_warps': 4}
+           'fused_fwd': (0, 2), 'fused_warps': 4, 'fused_stages': 2, 'fused_stages_d64': 3}
 
 def _la_cfg(name, DK):
     return LA_TILE.get(name + '_d64', LA_TILE[name]) if DK <= 64 else LA_TILE[name]
@@ -2069,7 +2069,8 @@ def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec,
                                                       ht is not None, SSD, int(out is not None),
                                                       num_warps=_la_cfg('fused_warps' if out is not None
                                                                         else 'state_warps', DK),
-                                                      num_stages=_la_cfg('state_stages', DK))
+                                                      num_stages=_la_cfg('fused_stages' if out is not None
+                                                                         else 'state_stages', DK))
     return h, ht
 
 def _la_gate_ptrs(g, dt, D, k):
