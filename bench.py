@@ -5,9 +5,11 @@ chunk_gated_delta_rule, chunk_kda, when importable) and causal softmax attention
 at the same shapes; then the one-token decode step against fla's fused recurrent kernels.
 The scalar-decay family (variants retnet, mamba2; not in the default run) has its own tables: RetNet's Triton kernels
 (kernels.linear_attn_triton, the CUDA default) vs fla chunk_retention, SDPA and the chunked torch path (the CUDA
-default before 2026-11-23); the Mamba2 core (Δ = softplus(dt + dt_bias), v = Δ·x, g = Δ·A, the scan, + D·x: model.py's math between
-the conv output and the gated norm) in absolute times at two mamba_ssm shapes (MAMBA2_SHAPES), next to mamba_ssm's
-mamba_chunk_scan_combined when importable; then a decode-step row per mixer (Triton step vs the torch step).
+default before 2026-11-23); the Mamba2 core (Δ = softplus(dt + dt_bias), g = Δ·A, the scan with the value Δ·x and the
+skip + D·x inside the kernels: model.py's math between the conv output and the gated norm) at two mamba_ssm shapes
+(MAMBA2_SHAPES), next to mamba_ssm's mamba_chunk_scan_combined in the same run when importable (its Triton SSD is pure
+Python: a source tree of state-spaces/mamba on PYTHONPATH is enough, without building its CUDA extensions,
+import_mamba_ssd); then a decode-step row per mixer (Triton step vs the torch step).
 --model_decode and --train measure whole models: decode latency, and training speed, memory and GPU time by kernel
 category per mixer and context.
 
@@ -19,7 +21,7 @@ category per mixer and context.
     python bench.py --chunks 32,64,128 --variants retnet,mamba2   # the scalar-decay kernels at several chunk sizes
     python bench.py --model_decode --mixers softmax 'kda*3,softmax'   # decode ms per token of the 124M models through
                                                          # the CUDA graph, batch 1 and 64, contexts 256..16384 (64k)
-    python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096 and B=2 T=16384 (H=16 D=128);
+    python bench.py --variants retnet,mamba2   # scalar decay: RetNet at B=8 T=4096, B=2 T=16384 (H=16 D=128), B=8 D=64;
                                                # Mamba2 at B=8 T=4096, 32 heads x 64, d_state 128, 1 group, and
                                                # 16 heads x 128, 16 groups; decode at batch 1 and 64
     python bench.py --train    # whole-model training of the 124M models, every mixer x T = 1024, 4096, 8192, 16384

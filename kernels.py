@@ -1274,6 +1274,8 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 # S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
 #   O     = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V)          _la_output_fwd: parallel over chunks
+# or both in _la_state_fwd (OUTPUT) where its programs hold whole Dk rows and cover the SMs (LA_TILE): no h[c].
+# Mamba2's SSD (SSD): V is Δ·x, formed from x and Δ in every kernel that reads V, and O gains D·x.
 # These are the delta-rule state pass and output with Delta = V: no W, no (I + L)^-1. They are small kernels of
 # their own rather than flags on _state_fwd because q, k are indexed per group (below) and P = Q K^T ⊙ D
 # is formed in the output kernel instead of being loaded; they share the rules: exp only of a number <= 0 (masked
@@ -1287,12 +1289,13 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
 # h // (H // HK); no per-head copy is made. The backward's _la_dqkg_bwd runs one program per group (q/k head) and
 # sums its heads' dq, dk in registers, so dq, dk are written once, [B, T, HK, Dk], with no reduction after it.
-# Tiles: every kernel works on [64, 64] tiles of Dk x Dv (BK = BV = 64; _la_dqkg_bwd with groups: BK = 32, which
-# leaves room for the group's fp32 dq, dk, see _linear_attn_bwd): the sequential state passes run one program
-# per (key tile, V-tile), the chunk-parallel kernels loop over the other side's tiles, and the backward's gradients are
-# two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. All run 8 warps. Offline ptxas (sm_90a,
-# Triton 3.9, notes/ptxas_check.py --la): at bf16 and Dk, Dv in {64, 128} nothing spills but _la_output_fwd at
-# Dk = 128 (40 B); shared memory <= 48 KB bf16, <= 96 KB fp32 (notes/perf.md).
+# Dots follow the delta rule's rule (_dot: bf16 operands for bf16 inputs, fp32 accumulation), and the backward's
+# recomputed h[c] and dh[c] are stored in _storage's dtype (bf16 for bf16 inputs), as fla's kernels round them.
+# Tiles: the chunk-parallel kernels work on [64, 64] tiles of Dk x Dv and loop over the other side's tiles; the
+# sequential passes take whole Dk rows or key tiles of 64 and V-tiles of 64 or less by SM coverage (LA_TILE); the
+# backward's gradients are two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. Offline ptxas
+# (notes/ptxas_check.py --la, Triton 3.6, sm_90a, bf16): no spills but the fused forward at Dk = 128 with a per-token
+# gate (248 B; it is not used there) and the 32-head group backward at Dv 64 (336 B).
 # Chunk 64 by measurement (bench.py --chunks; numbers in notes/results.md): faster than 32 for both families, and 128
 # does not fit in shared memory. The CUDA default: the GPU matrix of test_kernels.py passes (runs in notes/perf.md).
 
@@ -1430,7 +1433,7 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_pt
         o = scale * (qs * eg + _dot(P, vv, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
-# Backward (h[c] recomputed by _la_state_fwd in fp32; dh[c] = gradient of the state at the END of chunk c):
+# Backward (h[c] recomputed by _la_state_fwd; dh[c] = gradient of the state at the END of chunk c):
 #   _la_state_bwd, reverse over chunks:  dh[c-1] = Γ_n dh[c] + scale (Q * Γ)^T dO_c    (after chunk 0: d initial_state)
 #   _la_dv_bwd and _la_dqkg_bwd, parallel over chunks, with dA = scale (dO V^T) ⊙ D (the gradient of the decayed scores):
 #     dq = scale (dO h^T) * Γ + dA K
@@ -2008,9 +2011,11 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
     return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 # The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
-# kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd). Saved: q, k, v, g (per
-# token or the constant [H] gate) and the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] in
-# fp32, then runs _la_state_bwd (reverse over chunks), _la_dv_bwd and _la_dqkg_bwd.
+# kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd), or O and the final state
+# from _la_state_fwd alone (OUTPUT, see LA_TILE). Saved: q, k, v, g (per token or the constant [H] gate), dt, D and
+# the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] (bf16 for bf16 inputs), then runs
+# _la_state_bwd (reverse over chunks), _la_dv_bwd (with SSD also dx, dΔ, dD) and _la_dqkg_bwd. Recompute rather
+# than store: h[c] would be 2x q's size at Dk = Dv = 128, and the recompute is one state pass (notes/perf.md (p)).
 
 def _decay_kind(g):
     """0: no gate, 1: a gate per token ([B,T,H]), 2: a constant per head ([H])."""
