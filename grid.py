@@ -20,6 +20,7 @@ $ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_n16_w128
 import argparse
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -59,9 +60,14 @@ def run_name(mixer, size, width, lr):
 
 
 def finished(out_dir):
-    """The run's log has an eval at its config's max_iters (train.py evals there when eval_interval divides it)."""
-    if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
+    """The run's log has an eval at its config's max_iters (train.py evals there when eval_interval divides it), or
+    says it stopped early at stop_at_val_acc."""
+    path = os.path.join(out_dir, 'log.txt')
+    if not os.path.isfile(path):
         return False
+    with open(path) as f:
+        if re.search(r'^stopping at step \d+: val acc', f.read(), re.M):
+            return True
     log = read_log(out_dir)
     return log['config'] is not None and any(e['step'] == log['config']['max_iters'] for e in log['evals'])
 
@@ -125,7 +131,9 @@ def settings(task, out_root):
                          'statetrack': f"{c['statetrack_num_vars']} variables, {c['statetrack_num_queries']} queries"}[task]
                 return (f"Sequences of {c['block_size']} tokens, vocabulary {c['task_vocab_size']}, {extra}; "
                         f"{c['n_layer']} layers; {c['max_iters']:,} steps × {c['batch_size'] * c['gradient_accumulation_steps']} "
-                        f"sequences; accuracy on {c['eval_iters'] * c['batch_size']} fixed val sequences.")
+                        f"sequences" + (f", stopped early at val accuracy ≥ {c['stop_at_val_acc']}"
+                                        if c.get('stop_at_val_acc') else "")
+                        + f"; accuracy on {c['eval_iters'] * c['batch_size']} fixed val sequences.")
     return "No run of this task has a log yet."
 
 

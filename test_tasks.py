@@ -248,6 +248,29 @@ def iter_losses(text):
     return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+): loss ([\d.]+)', text, re.M)}
 
 
+def test_stop_at_val_acc_ends_the_run_and_counts_as_finished(tmp_path):
+    """train.py --stop_at_val_acc stops after the first eval that reaches it (checkpoint written, no further
+    steps), and grid.py counts such a run as finished (so --resume does not run it again); a run that never
+    reaches it goes to max_iters. The threshold is taken from a full run of the same seed (CPU runs are
+    deterministic), just under its first non-zero eval accuracy."""
+    # the grid's --quick cell, 12 steps at a high LR without warmup, so that the answers' accuracy leaves 0 early
+    quick = grid.TASKS['mqar']['quick']['overrides'] + grid.QUICK + SHORT + ['--max_iters=12', '--warmup_iters=0',
+                                                                            '--learning_rate=0.01']
+    cmd = lambda out_dir, *more: [sys.executable, 'train.py'] + grid.train_args(**CELL, out_dir=out_dir,
+                                                                                extra=quick + list(more))
+    full = tmp_path / 'full'
+    run(cmd(full))
+    evals = read_log(full)['evals']
+    first = next(e for e in evals if e['step'] > 0 and e['val_acc'] > 0)
+    assert not grid.finished(tmp_path / 'none') and grid.finished(full)
+    early = tmp_path / 'early'
+    p = run(cmd(early, f"--stop_at_val_acc={first['val_acc'] - 1e-4:.4f}"))
+    assert re.search(rf"^stopping at step {first['step']}: val acc", p.stdout, re.M), p.stdout[-2000:]
+    assert max(iter_losses(p.stdout)) == first['step'] - 1  # no optimizer step after the stopping eval
+    assert os.path.isfile(early / 'ckpt.pt') and grid.finished(early)
+    assert [e['step'] for e in read_log(early)['evals']][-1] == first['step']
+
+
 def test_grid_and_train_py_with_ddp_and_resume(tmp_path, torchrun_train):
     """grid.py runs one cell in one process and writes the table from its log. The same cell under torchrun
     (2 ranks × 1 micro-step) for 3 steps, resumed in one process (1 × 2 micro-steps) to step 6, must continue

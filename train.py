@@ -48,6 +48,8 @@ log_interval = 1                # print a log line every this many iterations
 eval_iters = 200                # batches per split in estimate_loss
 eval_only = False               # if True, evaluate once and exit
 always_save_checkpoint = True   # save ckpt.pt at every eval, not only when val loss improves (best.pt: only then)
+stop_at_val_acc = 0.0           # tasks (mqar, statetrack): stop after the first eval whose val accuracy reaches this
+                                # (0: never); grid.py's runs train to convergence this way
 init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
 # wandb logging (off by default; imported only when on)
 wandb_log = False
@@ -120,6 +122,8 @@ def check_settings():
             raise UserError(f"{k}={globals()[k]} must be >= 0")
     if not learning_rate > 0:
         raise UserError(f"learning_rate={learning_rate} must be > 0")
+    if not 0 <= stop_at_val_acc <= 1:
+        raise UserError(f"stop_at_val_acc={stop_at_val_acc} must be an accuracy in [0, 1] (0: never stop early)")
     if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
         raise UserError(f"beta1={beta1} and beta2={beta2} must be in [0, 1)")
     if init_from not in ('scratch', 'resume'):
@@ -388,6 +392,10 @@ while True:
                         'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
                 print0(f"saving checkpoint to {out_dir}" + (" (best so far, also best.pt)" if improved else ""))
                 save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'), best=os.path.join(out_dir, 'best.pt') if improved else None)
+        if task is not None and stop_at_val_acc > 0 and iter_num > 0 and losses['val_acc'] >= stop_at_val_acc:
+            # every rank sees the same val accuracy (summed over ranks above), so all stop here together
+            print0(f"stopping at step {iter_num}: val acc {losses['val_acc']:.4f} >= stop_at_val_acc {stop_at_val_acc}")
+            break
     if eval_only:
         break
 
