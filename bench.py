@@ -63,6 +63,8 @@ of the two outputs. A kernel that refuses or fails is reported in its row.
 """
 
 import argparse
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -72,6 +74,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from contextlib import nullcontext
 
 import torch
@@ -309,10 +312,6 @@ def import_mamba_ssd():
     """mamba_ssm's mamba_chunk_scan_combined. Its Triton SSD sources are pure Python, but the package's __init__
     imports the CUDA extensions (selective_scan_cuda), which need building; where that import fails, the package is
     registered as a bare module on its own search path, so that its Triton submodules import without the __init__."""
-    import importlib
-    import importlib.util
-    import sys
-    import types
     name = "mamba_ssm.ops.triton.ssd_combined"
     try:
         return importlib.import_module(name).mamba_chunk_scan_combined

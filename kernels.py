@@ -1295,7 +1295,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 # sequential passes take whole Dk rows or key tiles of 64 and V-tiles of 64 or less by SM coverage (LA_TILE); the
 # backward's gradients are two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. Offline ptxas
 # (notes/ptxas_check.py --la, Triton 3.6, sm_90a, bf16): no spills but the fused forward at Dk = 128 with a per-token
-# gate (248 B; it is not used there) and the 32-head group backward at Dv 64 (336 B).
+# gate (a few hundred bytes; it is not used there) and the 32-head group backward (_la_dqkg_bwd with GROUP = 32).
 # Chunk 64 by measurement (bench.py --chunks; numbers in notes/results.md): faster than 32 for both families, and 128
 # does not fit in shared memory. The CUDA default: the GPU matrix of test_kernels.py passes (runs in notes/perf.md).
 
@@ -1348,8 +1348,8 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_p
                          SSD: tl.constexpr = 0, OUTPUT: tl.constexpr = 0):
     # One program per (V-tile, K-tile, b, h) walks the chunks in order with its [BK, BV] state tile in fp32 registers.
     # A scalar decay scales whole rows and columns alike, so the key tiles of the state never mix (the delta rule's
-    # W S would couple them): at Dk = 128 the tiles of 64 double the programs of this sequential pass (B H = 128:
-    # 512 instead of 256 on 132 SMs) and halve the state each one carries.
+    # W S would couple them): where whole rows leave SMs idle, key tiles of 64 multiply the programs of this
+    # sequential pass (_la_state_tiles).
     # OUTPUT (whole Dk rows, BK = DK): the forward's output too, chunk by chunk from the state in registers
     # (_la_output_fwd's equations), and no snapshots h[c]: one kernel, no h written or read back.
     iv, ik = tl.program_id(0), tl.program_id(1)
@@ -1399,7 +1399,7 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_pt
                           DECAY: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (V-tile, chunk, b, h). Q K^T and Q S are sums over key channels: accumulated over key tiles of
     # BK so that no [C, Dk] tile is live, and the row scale Γ of Diag(Γ) Q S is applied after the dot (it commutes),
-    # which leaves Q, K and the snapshot S (k's dtype) as raw 16-bit dot operands.
+    # which leaves Q, K and the snapshot S (_storage's dtype) as the dots' operands, unscaled.
     iv = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     bh = tl.program_id(2).to(tl.int64)
@@ -2035,13 +2035,13 @@ def _la_meta(q, k, v):
 # passes run one program per (V-tile, key tile, b, h), each walking every chunk in turn: whole Dk rows and V-tiles of
 # 64 where that gives at least 'state_cover' programs per SM, else key tiles of 64 and then V-tiles halved down to
 # 'state_min_v' (at small B*H, e.g. 2 x 16 heads at T = 16384, large tiles leave SMs idle; at large B*H, whole rows
-# do each chunk's work in one program). 'out_bv' is the V-tile of _la_output_fwd (0: all of Dv in one program).
+# do each chunk's work in one program). _la_output_fwd runs V-tiles of 64 (all of Dv per program measured no faster).
 # 'fused_fwd': the gate kinds (DECAY) whose forward runs the output inside the state pass when whole Dk rows cover
 # the SMs: none and the constant gate; not the per-token gate, whose in-kernel cumsums and decay tile push that kernel
 # to spill at Dk = 128 (it measured slower there than the two kernels). A key with the suffix '_d64' overrides its
 # setting at Dk <= 64.
 LA_TILE = {'state_warps': 4, 'state_stages': 3, 'state_cover': 1, 'state_cover_d64': 0, 'state_min_v': 32,
-           'out_bv': 64, 'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4,
+           'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4,
            'fused_fwd': (0, 2), 'fused_warps': 4, 'fused_stages': 2, 'fused_stages_d64': 3}
 
 def _la_cfg(name, DK):
@@ -2099,8 +2099,7 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
         _, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, None, output_final_state, prec, out=(q, Dp, o, scale))
         return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
     h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)
-    BVo = min(_la_cfg('out_bv', DK) or DV, DV)
-    _la_output_fwd_kernel[(DV // BVo, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BVo,
+    _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BV,
                                                   TRITON_CHUNK, DECAY, prec, SSD, num_warps=_la_cfg('out_warps', DK),
                                                   num_stages=_la_cfg('out_stages', DK))
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))

@@ -131,7 +131,7 @@ if __name__ == "__main__":
     ap.add_argument("--no-peers", action="store_true", help="time ours only (fla's autotuning takes minutes)")
     ap.add_argument("--warm", action="store_true", help="compile only (the checks, and every timed configuration at a "
                     "small T), to fill Triton's disk cache from parallel processes")
-    ap.add_argument("--set", default="", help="settings for every variant, e.g. state_bk=0,out_bv=0")
+    ap.add_argument("--set", default="", help="settings for every variant, e.g. state_cover=2,out_warps=8")
     args = ap.parse_args()
     import triton
     fixed = {k: int(v) for k, v in (kv.split("=") for kv in args.set.split(",") if kv)}

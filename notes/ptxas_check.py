@@ -66,7 +66,7 @@ def ptxas_report(fn, types, constexprs, num_warps, num_stages=1, aligned=True):
 def la_launches(DK, DV, dt, DECAY):
     """-> [(name, kernel, types, constexprs, warps, stages)]: the scalar-decay kernels with the tiles, warps and stages
     that kernels.py (_la_states, _linear_attn_fwd, _linear_attn_bwd, kernels.LA_TILE) launches them with, and the
-    alternatives notes/la_tiles.py times (whole-Dk state tiles, 4 warps, whole-Dv output tiles)."""
+    alternative state tiles (key tiles of 64) that small B*H takes."""
     inter = "*bf16" if dt == "*bf16" else "*fp32"  # kernels._storage: h[c], dh[c]
     ptr = lambda names: {n: dt for n in names if n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "o_ptr", "dq_ptr",
                                                        "dk_ptr", "dv_ptr")} | {"h_ptr": inter, "dh_ptr": inter}
@@ -82,14 +82,9 @@ def la_launches(DK, DV, dt, DECAY):
     for name, fn, c, warps, stages in (
             ("state_fwd", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=sbk), sw, ss),
             ("state_fwd(bk=64)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=min(DK, 64)), sw, ss),
-            ("state_fwd(bk=Dk,w4)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK), 4, ss),
             ("fused_fwd", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK, OUTPUT=1),
-             T['fused_warps'], ss),
-            ("fused_fwd(w4)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK, OUTPUT=1), 4, ss),
-            ("fused_fwd(bv32)", kernels._la_state_fwd_kernel, dict(HAS_H0=True, STORE_HT=True, BK=DK, BV=32,
-                                                                 OUTPUT=1), T['fused_warps'], ss),
-            ("output_fwd", kernels._la_output_fwd_kernel, dict(BV=min(T['out_bv'] or DV, DV)), T['out_warps'], T['out_stages']),
-            ("output_fwd(bv=Dv)", kernels._la_output_fwd_kernel, dict(BV=DV), T['out_warps'], T['out_stages']),
+             T['fused_warps'], T['fused_stages']),
+            ("output_fwd", kernels._la_output_fwd_kernel, {}, T['out_warps'], T['out_stages']),
             ("state_bwd", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=sbk), sw, ss),
             ("state_bwd(bk=64)", kernels._la_state_bwd_kernel, dict(HAS_DHT=True, STORE_DH0=True, BK=min(DK, 64)), sw, ss),
             ("dv_bwd", kernels._la_dv_bwd_kernel, {}, T['dv_warps'], 1),
