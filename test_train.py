@@ -266,6 +266,7 @@ def train_settings_error(tmp_path, *args, script='train.py'):
     (['--mixer=kda*3,softmax', '--n_layer=6'], "does not tile n_layer=6"),
     (['--kernels=chunked'], "kernels='chunked' must be one of 'auto', 'torch', 'recurrent', 'triton'"),
     (['--stop_at_val_acc=1.5'], r'stop_at_val_acc=1.5 must be an accuracy in \[0, 1\]'),
+    (['--compile_mode=fast'], "compile_mode='fast' is not one of torch.compile's modes: default, reduce-overhead"),
 ])
 def test_settings_that_cannot_train_are_refused(tmp_path, args, msg):
     """Each used to train nonsense (0 layers, constant or nan loss, exit 0) or crash raw (NameError,

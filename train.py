@@ -101,6 +101,7 @@ backend = ''                    # '' = nccl on CUDA, gloo on CPU
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
 compile = None                  # torch.compile the model; None = on for CUDA, off elsewhere
+compile_mode = 'default'        # torch.compile's mode; 'reduce-overhead' adds CUDA graphs (small, launch-bound models)
 seed = 1337
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
@@ -110,6 +111,9 @@ configure(globals(), sys.argv[1:])
 out_dir = out_dir or f"out-{dataset}-{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}"
 config = {k: globals()[k] for k in config_keys}  # goes to the log, the checkpoint and wandb
 # -----------------------------------------------------------------------------
+
+
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
 
 
 def check_settings():
@@ -130,6 +134,8 @@ def check_settings():
         raise UserError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
     if compile not in (None, True, False):
         raise UserError(f"compile must be None (auto), True or False, got {compile!r}")
+    if compile_mode not in COMPILE_MODES:
+        raise UserError(f"compile_mode={compile_mode!r} is not one of torch.compile's modes: {', '.join(COMPILE_MODES)}")
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
               dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state,
               kernels=kernels or 'auto', documents=documents, eot_token=eot_token)  # its own checks
@@ -273,8 +279,8 @@ if checkpoint is not None:
 
 raw_model = model
 if compile:
-    print0("compiling the model... (takes a minute)")
-    model = torch.compile(model)
+    print0(f"compiling the model{'' if compile_mode == 'default' else f' ({compile_mode})'}... (takes a minute)")
+    model = torch.compile(model, mode=compile_mode)
 if ddp:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 

@@ -7,7 +7,8 @@
 # Expected val accuracy per mixer, and the sizing runs that chose these settings: README "Results", notes/results.md.
 dataset = 'mqar'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
-compile = False        # many short runs: compiling each would cost more than it saves
+compile = None         # on for CUDA (off on CPU): a step of these small models is bound by kernel launches,
+compile_mode = 'reduce-overhead'  # so CUDA graphs make it several times faster (notes/perf.md, 2026-11-24 (r))
 
 # task: each sequence holds 16 pairs, then 16 queries of random stored keys (loss on the 16 answers only).
 # Vocabulary 64 (31 keys, 32 values), not Zoology's 8192: in 4,000 steps of fresh sequences each of 8192 embeddings is

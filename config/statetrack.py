@@ -7,7 +7,8 @@
 # Expected val accuracy per mixer: README "Results", notes/results.md.
 dataset = 'statetrack'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
-compile = False        # many short runs: compiling each would cost more than it saves
+compile = None         # on for CUDA (off on CPU): a step of these small models is bound by kernel launches,
+compile_mode = 'reduce-overhead'  # so CUDA graphs make it several times faster (notes/perf.md, 2026-11-24 (r))
 
 # task: 2 x 64 assignment tokens + 3 x 16 query tokens = 176 of the 257; each variable is assigned ~4 times
 task_vocab_size = 256  # PAD, '?', 16 variables, 238 values
