@@ -48,19 +48,27 @@ def read_log(path):
 
 
 def plot(runs, out, metric='val_loss', title=None, ymax=None):
-    """One line per run: metric against tokens. runs: out_dirs or log.txt paths. Writes the PNG to out.
+    """One line per run: metric against tokens. runs: out_dirs or log.txt paths. Writes the PNG to out. When some
+    mixer has several runs (seeds), each mixer gets one color and one legend entry.
     ymax: top of the y axis (the step-0 loss of ~10.8 would otherwise squash the differences that matter)."""
     import matplotlib
     matplotlib.use('Agg')  # files only, no display needed
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in runs:
-        log = read_log(run)
+    logs = [read_log(run) for run in runs]
+    mixers = [(log['config'] or {}).get('mixer') for log in logs]
+    colors = {}  # runs of one mixer (several seeds) share a color and one legend entry: the mixer's name
+    for run, log, mixer in zip(runs, logs, mixers):
         points = [(e['step'] * log['tokens_per_iter'], e[metric]) for e in log['evals'] if e[metric] is not None]
         if not points or log['tokens_per_iter'] is None:
             raise ValueError(f"{run}: no '{METRICS[metric]}' evals in its log (is it a train.py out_dir, and for accuracy a task run?)")
-        label = os.path.basename(os.path.normpath(run if os.path.isdir(run) else os.path.dirname(run) or '.'))
-        ax.plot(*zip(*points), marker='o', markersize=3, label=label)
+        if None not in mixers and len(set(mixers)) < len(mixers):
+            label = None if mixer in colors else mixer + (f" ({mixers.count(mixer)} runs)" if mixers.count(mixer) > 1 else '')
+            color = colors.setdefault(mixer, f"C{len(colors) % 10}")
+        else:
+            label = os.path.basename(os.path.normpath(run if os.path.isdir(run) else os.path.dirname(run) or '.'))
+            color = None
+        ax.plot(*zip(*points), marker='o', markersize=3, label=label, color=color)
     ax.set_xlabel('training tokens')
     ax.set_ylabel(METRICS[metric])
     ax.set_title(title or f"{METRICS[metric]} vs tokens")
