@@ -10,11 +10,24 @@ $ python grid.py --resume           # keep the runs that finished (an interrupte
                                     #   into the same --out_root), run the rest, rewrite the table from all the logs
 $ python grid.py --jobs=16 --start_within=4    # on a time-limited lease: start no run after 4 min, --resume later
 $ python grid.py --learning_rates 3e-4 1e-3 3e-3    # each cell keeps its best LR (Zoology's protocol)
+$ python grid.py --tasks mqar --learning_rates 3e-4 1e-3 --seeds 1337 1338 --jobs 16 --max_iters=16000 \
+    --lr_decay_iters=16000 --eval_interval=500 --stop_at_val_acc=0.99 --plot recall.png
+                                    # 2 seeds per cell; 1e-3 runs only where 3e-4 did not reach 0.99; a figure too
 
 Every run is `python train.py config/<task>.py --mixer=M --<size key>=N --n_embd=W --n_head=W/32 --learning_rate=LR
---out_dir=<out_root>/<task>/<run>` plus any train.py override given here after the grid's own flags (`--device=cpu`,
-`--max_iters=1000`, ...). The table is read back from the runs' log.txt files (plot.py's read_log), so it only
-ever shows what the runs printed. Plot one cell's curves with plot.py, e.g.
+--seed=S --out_dir=<out_root>/<task>/<run>` plus any train.py override given here after the grid's own flags
+(`--device=cpu`, `--max_iters=1000`, ...); <run> is e.g. kda_n16_w128_lr0.001_s1337. The seed sets the model's init
+and the order of the training sequences (tasks.py's TaskLoader); the val set is the same fixed one for every seed.
+
+Seeds and learning rates: a cell shows, over --seeds, the mean of each seed's best final val accuracy over
+--learning_rates, ± half the range over seeds, and the LRs that gave the bests. With --stop_at_val_acc (passed on
+to train.py, which then stops a run at the first eval that reaches it) the LRs of a cell and seed run in the given
+order, and a later LR runs only if no earlier one reached the threshold: put the LR most likely to succeed first.
+The runs of every cell's first LR start first; a later LR starts as soon as its cell's earlier ones are done.
+
+The table is read back from the runs' log.txt files (plot.py's read_log), so it only ever shows what the runs
+printed; --plot draws the same numbers (one row of panels per task, one panel per width, accuracy against size,
+one line per mixer; needs matplotlib). Plot one cell's curves with plot.py, e.g.
 $ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_n16_w128.png
 """
 import argparse
@@ -25,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import namedtuple
 
 import torch
 
@@ -54,74 +68,265 @@ QUICK = ['--batch_size=32', '--max_iters=200', '--lr_decay_iters=200', '--warmup
          '--eval_iters=4', '--log_interval=50']
 
 
-def run_name(mixer, size, width, lr):
+SEED = 1337  # train.py's default seed: the one seed of a grid without --seeds
+
+# one train.py run of the grid; the runs of one (task, mixer, size, width, seed) differ only in lr
+Run = namedtuple('Run', 'task mixer size width seed lr out_dir overrides')
+
+
+def run_name(mixer, size, width, lr, seed):
     # shell- and file-friendly: 'kda*3,softmax' -> 'kdax3+softmax'
-    return f"{mixer.replace('*', 'x').replace(',', '+')}_n{size}_w{width}_lr{lr:g}"
+    return f"{mixer.replace('*', 'x').replace(',', '+')}_n{size}_w{width}_lr{lr:g}_s{seed}"
+
+
+def short_lr(lr):
+    """3e-4, not 0.0003: the way LRs are written in commands and papers, and short enough for a table cell."""
+    mantissa, exponent = f"{lr:e}".split('e')
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def stop_line(out_dir):
+    """(step, val acc) of the line train.py logs when --stop_at_val_acc ended the run early, or None."""
+    path = os.path.join(out_dir, 'log.txt')
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        m = re.search(r'^stopping at step (\d+): val acc ([\d.]+)', f.read(), re.M)
+    return (int(m.group(1)), float(m.group(2))) if m else None
 
 
 def finished(out_dir):
     """The run's log has an eval at its config's max_iters (train.py evals there when eval_interval divides it), or
     says it stopped early at stop_at_val_acc."""
-    path = os.path.join(out_dir, 'log.txt')
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
         return False
-    with open(path) as f:
-        if re.search(r'^stopping at step \d+: val acc', f.read(), re.M):
-            return True
+    if stop_line(out_dir) is not None:
+        return True
     log = read_log(out_dir)
     return log['config'] is not None and any(e['step'] == log['config']['max_iters'] for e in log['evals'])
 
 
-def train_args(task, mixer, size, width, lr, out_dir, extra):
+def reached(out_dir, stop_at_val_acc):
+    """The run stopped early at this threshold, so a later LR of its cell and seed is not needed. The accuracy is
+    compared again because a --resume'd grid may keep a run that an older grid stopped at a lower threshold."""
+    line = stop_line(out_dir)
+    return line is not None and line[1] >= stop_at_val_acc
+
+
+def train_args(task, mixer, size, width, lr, seed, out_dir, extra):
     """train.py's arguments for one cell of the grid (extra: further overrides, which win)."""
     if width % HEAD_WIDTH != 0:
         raise ValueError(f"width {width} is not a multiple of the {HEAD_WIDTH}-wide heads")
     spec = TASKS[task]
     return [spec['config'], f'--mixer={mixer}', f"--{spec['size_key']}={size}", f'--n_embd={width}',
-            f'--n_head={width // HEAD_WIDTH}', f'--learning_rate={lr}', f'--min_lr={lr / 10}', f'--out_dir={out_dir}'] + extra
+            f'--n_head={width // HEAD_WIDTH}', f'--learning_rate={lr}', f'--min_lr={lr / 10}', f'--seed={seed}',
+            f'--out_dir={out_dir}'] + extra
 
 
-def start(task, mixer, size, width, lr, out_dir, extra, env):
+def start(run, env):
     """Start one train.py run in the background; its stdout and stderr go to out_dir/run.txt. Returns the Popen."""
-    cmd = [sys.executable, 'train.py'] + train_args(task, mixer, size, width, lr, out_dir, extra)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, 'run.txt'), 'w') as f:
+    cmd = [sys.executable, 'train.py'] + train_args(run.task, run.mixer, run.size, run.width, run.lr, run.seed,
+                                                    run.out_dir, run.overrides)
+    with open(os.path.join(run.out_dir, 'run.txt'), 'w') as f:
         f.write(' '.join(cmd) + '\n')
         f.flush()
         return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
-def table(task, mixers, sizes, widths, lrs, out_root):
-    """Markdown: one row per mixer, one column per width × size; a cell is the final val answer accuracy of
-    its best LR (with that LR when several were tried), 'failed' when the run stopped early, '—' when absent."""
+def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_within=None):
+    """Run the grid's runs, at most `jobs` at once; launch(run) starts one (run.out_dir exists and is empty) and
+    returns its Popen. runs: in the table's order, the LRs of a (task, mixer, size, width, seed) in the order tried.
+
+    Without stop_at_val_acc every run is independent and they start in the given order. With it, a run starts only
+    once the earlier LRs of its cell and seed are done, and not at all (printed 'not needed') when one of them reached
+    the threshold; to keep the slots full, the first LR of every cell goes first, then each later LR as soon as its
+    cell is ready. With resume a finished run is kept; without, the out_dir of a run not started (start_within,
+    or not needed) is removed, so that no older grid's log stands in the table.
+    Returns (the out_dirs of failed runs, the number not started for start_within, the number not needed)."""
+    earlier = {}  # out_dir -> the out_dirs of the earlier LRs of its (task, mixer, size, width, seed)
+    so_far = {}   # (task, mixer, size, width, seed) -> its out_dirs met so far, in LR order
+    for r in runs:
+        chain = so_far.setdefault(r[:5], [])
+        earlier[r.out_dir] = list(chain)
+        chain.append(r.out_dir)
+    number = {r.out_dir: k for k, r in enumerate(runs, 1)}  # for the progress lines, in the table's order
+    if stop_at_val_acc > 0:  # the wave of first LRs, then second LRs, ...; sorted() is stable: the table's order within
+        runs = sorted(runs, key=lambda r: len(earlier[r.out_dir]))
+    done, lr_of = {}, {r.out_dir: r.lr for r in runs}  # done: out_dir -> whether it reached stop_at_val_acc
+    pending, running = list(runs), []  # running: (run, Popen, start time)
+    failures, not_started, not_needed, t_start = [], 0, 0, time.time()
+
+    def wait_for_one():
+        while True:
+            for item in running:
+                run, proc, t0 = item
+                if proc.poll() is not None:
+                    running.remove(item)
+                    evals = read_log(run.out_dir)['evals'] if os.path.isfile(os.path.join(run.out_dir, 'log.txt')) else []
+                    ok = proc.returncode == 0 and len(evals) > 0
+                    done[run.out_dir] = ok and stop_at_val_acc > 0 and reached(run.out_dir, stop_at_val_acc)
+                    result = f"val acc {evals[-1]['val_acc']:.3f}" if ok else f"FAILED, see {run.out_dir}/run.txt"
+                    if done[run.out_dir]:
+                        result += f", reached stop_at_val_acc at step {stop_line(run.out_dir)[0]}"
+                    print(f"[{number[run.out_dir]}/{len(runs)}] {run.out_dir}: {result} ({time.time() - t0:.0f}s)", flush=True)
+                    if not ok:
+                        failures.append(run.out_dir)
+                    return
+            time.sleep(0.1)
+
+    while pending or running:
+        # the first pending run whose earlier LRs are all done (without stop_at_val_acc: the first pending run)
+        run = next((r for r in pending if stop_at_val_acc <= 0 or all(d in done for d in earlier[r.out_dir])), None)
+        if run is None:  # every pending run waits for a running one (one always runs then: a chain's first is ready)
+            wait_for_one()
+            continue
+        tag = f"[{number[run.out_dir]}/{len(runs)}] {run.out_dir}"
+        if resume and finished(run.out_dir):
+            pending.remove(run)
+            done[run.out_dir] = stop_at_val_acc > 0 and reached(run.out_dir, stop_at_val_acc)
+            print(f"{tag}: finished earlier, kept")
+            continue
+        winner = next((d for d in earlier[run.out_dir] if done[d]), None) if stop_at_val_acc > 0 else None
+        if winner is not None:
+            pending.remove(run)
+            done[run.out_dir] = False
+            not_needed += 1
+            if not resume:  # this grid reruns every cell: an older log there must not stand in the table
+                shutil.rmtree(run.out_dir, ignore_errors=True)
+            print(f"{tag}: not needed: lr {short_lr(lr_of[winner])} reached stop_at_val_acc {stop_at_val_acc:g}")
+            continue
+        if len(running) == jobs:  # wait for a slot, then choose again: the run that ended may have readied another
+            wait_for_one()
+            continue
+        pending.remove(run)
+        if start_within is not None and time.time() - t_start > 60 * start_within:
+            done[run.out_dir] = False
+            not_started += 1
+            if not resume:  # as for a run not needed: no older log may stand in the table
+                shutil.rmtree(run.out_dir, ignore_errors=True)
+            continue
+        shutil.rmtree(run.out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
+        os.makedirs(run.out_dir)
+        running.append((run, launch(run), time.time()))
+    return failures, not_started, not_needed
+
+
+def collect(task, mixers, sizes, widths, lrs, seeds, out_root):
+    """Per cell (mixer, width, size), what the table and the plot show, read from the runs' logs: {'mean': over the
+    seeds that have a finished run, of each seed's best final val accuracy over lrs (None if no seed has one),
+    'spread': half the range (max - min) of those bests over seeds, 'lrs': the LRs that gave them (in lrs order,
+    each once), 'seeds': the seeds that have a finished run, 'state': 'failed' when runs left logs but none
+    finished, '—' when there is no log at all}."""
+    cells = {}
+    for mixer in mixers:
+        for w in widths:
+            for n in sizes:
+                bests, state = {}, '—'  # bests: seed -> (val acc, lr) of its best finished run
+                for seed in seeds:
+                    for lr in lrs:
+                        out_dir = os.path.join(out_root, task, run_name(mixer, n, w, lr, seed))
+                        if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
+                            continue
+                        if not finished(out_dir):
+                            state = 'failed'
+                            continue
+                        acc = read_log(out_dir)['evals'][-1]['val_acc']
+                        if seed not in bests or acc > bests[seed][0]:  # a tie keeps the earlier LR
+                            bests[seed] = (acc, lr)
+                accs = [acc for acc, _ in bests.values()]
+                best_lrs = {lr for _, lr in bests.values()}
+                cells[mixer, w, n] = {'mean': sum(accs) / len(accs) if accs else None,
+                                      'spread': (max(accs) - min(accs)) / 2 if accs else None,
+                                      'lrs': [lr for lr in lrs if lr in best_lrs],
+                                      'seeds': [s for s in seeds if s in bests], 'state': state}
+    return cells
+
+
+def table(task, mixers, sizes, widths, lrs, seeds, out_root):
+    """Markdown: one row per mixer, one column per width × size. A cell is collect()'s mean over seeds, '±' half
+    the range over seeds (2+ seeds), the LRs that gave each seed's best (when several were given), and
+    ', n=1 of 2 seeds' when some seeds have no finished run; 'failed' or '—' when no seed has one."""
     spec = TASKS[task]
+    cells = collect(task, mixers, sizes, widths, lrs, seeds, out_root)
     cols = [(w, n) for w in widths for n in sizes]
     lines = ["| mixer | " + ' | '.join(f"w={w}, {n} {spec['size_name']}" for w, n in cols) + ' |',
              '|---|' + '---|' * len(cols)]
     for mixer in mixers:
-        cells = []
+        texts = []
         for w, n in cols:
-            best, state = None, '—'
-            for lr in lrs:
-                out_dir = os.path.join(out_root, task, run_name(mixer, n, w, lr))
-                if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
-                    continue
-                if not finished(out_dir):
-                    state = 'failed'
-                    continue
-                acc = read_log(out_dir)['evals'][-1]['val_acc']
-                if best is None or acc > best[0]:
-                    best = (acc, lr)
-            if best is None:
-                cells.append(state)
-            else:
-                cells.append(f"{best[0]:.3f}" + (f" ({best[1]:g})" if len(lrs) > 1 else ''))
-        lines.append(f"| `{mixer}` | " + ' | '.join(cells) + ' |')
+            c = cells[mixer, w, n]
+            if c['mean'] is None:
+                texts.append(c['state'])
+                continue
+            text = f"{c['mean']:.3f}"
+            if len(c['seeds']) > 1:
+                text += f" ±{c['spread']:.3f}"
+            if len(lrs) > 1:
+                text += f" ({', '.join(short_lr(lr) for lr in c['lrs'])})"
+            if len(c['seeds']) < len(seeds):
+                text += f", n={len(c['seeds'])} of {len(seeds)} seeds"
+            texts.append(text)
+        lines.append(f"| `{mixer}` | " + ' | '.join(texts) + ' |')
     return '\n'.join(lines)
 
 
-def settings(task, out_root):
-    """The shared settings of a task's runs, as their logs state them (from the first run that has a log)."""
+def plot(results, path):
+    """The table's numbers as a figure: one row of panels per task, one panel per width; x = size, y = the
+    cell's mean over seeds with error bars of half the range, one line per mixer; for MQAR chance (1/pairs) dotted.
+    results: [(task, mixers, sizes, widths, collect()'s cells)]. Writes the PNG to path; returns the figure."""
+    import matplotlib
+    matplotlib.use('Agg')  # files only, no display needed
+    import matplotlib.pyplot as plt
+    ncols = max(len(widths) for _, _, _, widths, _ in results)
+    fig, axes = plt.subplots(len(results), ncols, figsize=(4.5 * ncols, 3.6 * len(results)), squeeze=False,
+                             sharey=True)
+    for row, (task, mixers, sizes, widths, cells) in enumerate(results):
+        xs = sorted(sizes)
+        for col, ax in enumerate(axes[row]):
+            if col >= len(widths):  # a task with fewer widths than another leaves its last panels empty
+                ax.axis('off')
+                continue
+            w = widths[col]
+            for mixer in mixers:
+                cs = [cells[mixer, w, n] for n in xs]
+                nan = float('nan')  # no result: matplotlib leaves a gap in the line
+                ax.errorbar(xs, [nan if c['mean'] is None else c['mean'] for c in cs],
+                            yerr=[nan if c['mean'] is None else c['spread'] for c in cs],
+                            marker='o', markersize=4, capsize=3, label=mixer)
+            if task == 'mqar':  # guessing among the N stored values
+                ax.plot(xs, [1 / n for n in xs], ':', color='grey', label='chance (1/pairs)')
+            ax.set_title(f"{task}, width {w}")
+            ax.set_xlabel(TASKS[task]['size_name'])
+            ax.set_xticks(xs)
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel('final val accuracy')  # the table's number: mean over seeds of each one's best LR
+        axes[row][0].legend(fontsize=7)
+    fig.suptitle("final val answer accuracy: mean over seeds of each seed's best LR, bars: half the range over seeds",
+                 fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)  # pyplot lets go of it; the figure itself stays readable (the tests check what it drew)
+    return fig
+
+
+def settings(task, out_root, lrs, seeds, stop_at_val_acc):
+    """The shared settings of a task's runs, as their logs state them (from the first run that has a log), then
+    what a cell shows: the seeds and LRs of this grid."""
+    seed_text = f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})"
+    what = ("final val accuracy" if len(lrs) == 1 else
+            f"best final val accuracy over the LRs {', '.join(short_lr(lr) for lr in lrs)}")
+    if len(seeds) > 1:
+        protocol = f" Each cell: over {seed_text}, the mean ± half the range of each seed's {what}"
+    else:
+        protocol = f" Each cell: {seed_text}, its {what}"
+    if len(lrs) > 1:
+        protocol += f", then in parentheses {'the LRs that gave those bests' if len(seeds) > 1 else 'the LR that gave it'}"
+        if stop_at_val_acc > 0:
+            protocol += (f"; the LRs were tried in this order, and a later LR is tried only where the earlier ones "
+                         f"did not reach it (stop_at_val_acc {stop_at_val_acc:g})")
+    protocol += '.'
     task_dir = os.path.join(out_root, task)
     for name in sorted(os.listdir(task_dir)) if os.path.isdir(task_dir) else []:
         if os.path.isfile(os.path.join(task_dir, name, 'log.txt')):
@@ -133,8 +338,8 @@ def settings(task, out_root):
                         f"{c['n_layer']} layers; {c['max_iters']:,} steps × {c['batch_size'] * c['gradient_accumulation_steps']} "
                         f"sequences" + (f", stopped early at val accuracy ≥ {c['stop_at_val_acc']}"
                                         if c.get('stop_at_val_acc') else "")
-                        + f"; accuracy on {c['eval_iters'] * c['batch_size']} fixed val sequences.")
-    return "No run of this task has a log yet."
+                        + f"; accuracy on {c['eval_iters'] * c['batch_size']} fixed val sequences." + protocol)
+    return "No run of this task has a log yet." + protocol
 
 
 def describe_device(extra):
@@ -151,9 +356,15 @@ def main():
     ap.add_argument('--mixers', nargs='+', default=MIXERS, help="mixer patterns (default: the six mixers and 'kda*3,softmax')")
     ap.add_argument('--sizes', nargs='+', type=int, help="pairs (mqar) / assignments (statetrack); default per task")
     ap.add_argument('--widths', nargs='+', type=int, help="n_embd values, multiples of 32; default per task")
-    ap.add_argument('--learning_rates', nargs='+', type=float, default=[1e-3], help="each cell keeps its best")
+    ap.add_argument('--learning_rates', nargs='+', type=float, default=[1e-3],
+                    help="each cell and seed keeps its best; with --stop_at_val_acc=X tried in this order, a later "
+                         "one only where the earlier ones did not reach X")
+    ap.add_argument('--seeds', nargs='+', type=int, default=[SEED],
+                    help=f"train.py seeds (init and training data order; the val set is fixed), default {SEED}: "
+                         f"a cell shows the mean over seeds ± half the range")
     ap.add_argument('--quick', action='store_true', help="tiny tasks and 200 steps per run: a CPU-sized smoke run")
-    ap.add_argument('--resume', action='store_true', help="skip runs whose log already ends at max_iters")
+    ap.add_argument('--resume', action='store_true', help="keep the runs that finished (an eval at max_iters, or stopped at "
+                    "stop_at_val_acc) and run the rest")
     ap.add_argument('--jobs', type=int, default=1, help="runs at once on the same device; small models leave a GPU "
                     "mostly idle (on an H100, 4 at once each ran as fast as alone, 12 at once each 2-2.6x slower)")
     ap.add_argument('--start_within', type=float, default=None, metavar='MIN',
@@ -161,17 +372,34 @@ def main():
                          "the rest show '—' in the table; run the same command with --resume later to fill them in")
     ap.add_argument('--out_root', default=None, help="runs go to <out_root>/<task>/<run> (default out-grid, out-grid-quick)")
     ap.add_argument('--table', default=None, help="the markdown file to write (default <out_root>/results.md)")
+    ap.add_argument('--plot', default=None, metavar='PATH.png',
+                    help="also draw the table as a figure: a row per task, a panel per width, accuracy vs size")
     args, extra = ap.parse_known_args()
     # the keys the grid sets for each run come from its own flags; an override would silently break the table
     owned = {'out_dir': '--out_root', 'mixer': '--mixers', 'n_embd': '--widths', 'n_head': '--widths',
-             'learning_rate': '--learning_rates', 'min_lr': '--learning_rates (min_lr = LR / 10)',
+             'learning_rate': '--learning_rates', 'min_lr': '--learning_rates (min_lr = LR / 10)', 'seed': '--seeds',
              'mqar_num_pairs': '--sizes', 'statetrack_num_assignments': '--sizes'}
+    stop_at_val_acc = 0.0  # train.py's default; read here because it decides which later LRs run
     for a in extra:
         if not (a.startswith('--') and '=' in a):
             ap.error(f"unrecognised argument {a!r}: train.py overrides must look like --key=value")
-        key = a[2:].split('=', 1)[0]
+        key, value = a[2:].split('=', 1)
         if key in owned:
             ap.error(f"{a}: the grid sets {key} for each run; use {owned[key]}")
+        if key == 'stop_at_val_acc':  # the last one wins, as in train.py
+            try:
+                stop_at_val_acc = float(value)
+            except ValueError:
+                ap.error(f"{a}: stop_at_val_acc must be a number, an accuracy in [0, 1]")
+    # two runs with the same name would share an out_dir (and train.py's lock would stop the second)
+    for flag, values in (('--seeds', args.seeds), ('--learning_rates', [f'{lr:g}' for lr in args.learning_rates])):
+        if len(set(values)) < len(values):
+            ap.error(f"{flag} {' '.join(map(str, values))}: give each value once")
+    if args.plot:  # now, not after hours of runs
+        try:
+            import matplotlib  # noqa: F401 (only checked here; plot() imports it to draw)
+        except ImportError:
+            ap.error("--plot needs matplotlib, which is not installed: pip install matplotlib")
     out_root = args.out_root or ('out-grid-quick' if args.quick else 'out-grid')
     table_path = args.table or os.path.join(out_root, 'results.md')
 
@@ -183,45 +411,19 @@ def main():
         overrides = (spec['quick']['overrides'] + QUICK if args.quick else []) + extra  # the user's come last and win
         plan.append((task, args.mixers, sizes, widths, overrides))
 
-    runs = [(task, mixer, size, width, lr, os.path.join(out_root, task, run_name(mixer, size, width, lr)), overrides)
+    runs = [Run(task, mixer, size, width, seed, lr, os.path.join(out_root, task, run_name(mixer, size, width, lr, seed)),
+                overrides)
             for task, mixers, sizes, widths, overrides in plan
-            for width in widths for size in sizes for mixer in mixers for lr in args.learning_rates]
-    print(f"grid: {len(runs)} runs into {out_root}/, {args.jobs} at a time, table -> {table_path}")
+            for width in widths for size in sizes for mixer in mixers for seed in args.seeds
+            for lr in args.learning_rates]
+    print(f"grid: {'up to ' if stop_at_val_acc > 0 and len(args.learning_rates) > 1 else ''}{len(runs)} runs into "
+          f"{out_root}/, {args.jobs} at a time, table -> {table_path}")
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault('OMP_NUM_THREADS', '1')  # the runs share the CPU too: one thread each, unless the caller chose
-    failures, running, t_start, skipped = [], [], time.time(), 0  # running: (k, out_dir, Popen, start time)
-
-    def wait_for_one():
-        while True:
-            for item in running:
-                k, out_dir, proc, t0 = item
-                if proc.poll() is not None:
-                    running.remove(item)
-                    evals = read_log(out_dir)['evals'] if os.path.isfile(os.path.join(out_dir, 'log.txt')) else []
-                    ok = proc.returncode == 0 and len(evals) > 0
-                    result = f"val acc {evals[-1]['val_acc']:.3f}" if ok else f"FAILED, see {out_dir}/run.txt"
-                    print(f"[{k}/{len(runs)}] {out_dir}: {result} ({time.time() - t0:.0f}s)", flush=True)
-                    if not ok:
-                        failures.append(out_dir)
-                    return
-            time.sleep(0.5)
-
-    for k, (task, mixer, size, width, lr, out_dir, overrides) in enumerate(runs, 1):
-        if args.resume and finished(out_dir):
-            print(f"[{k}/{len(runs)}] {out_dir}: finished earlier, kept")
-            continue
-        if len(running) == args.jobs:
-            wait_for_one()
-        if args.start_within is not None and time.time() - t_start > 60 * args.start_within:
-            if not args.resume:  # this grid reruns every cell: an older log there must not stand in the table
-                shutil.rmtree(out_dir, ignore_errors=True)
-            skipped += 1
-            continue
-        shutil.rmtree(out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
-        running.append((k, out_dir, start(task, mixer, size, width, lr, out_dir, overrides, env), time.time()))
-    while running:
-        wait_for_one()
+    t_start = time.time()
+    failures, not_started, not_needed = run_all(runs, lambda run: start(run, env), args.jobs, stop_at_val_acc,
+                                                args.resume, args.start_within)
 
     cmd = ' '.join(['python', 'grid.py'] + sys.argv[1:])
     parts = ["# Recall grid: final val answer accuracy\n",
@@ -230,14 +432,21 @@ def main():
              f"(`config/<task>.py`){' with the --quick overrides in grid.py' if args.quick else ''}, "
              f"n_embd = w, 32-wide heads; logs in `{out_root}/<task>/`.\n"]
     for task, mixers, sizes, widths, overrides in plan:
-        parts.append(f"## {task}\n\n{settings(task, out_root)}\n\n{table(task, mixers, sizes, widths, args.learning_rates, out_root)}\n")
+        parts.append(f"## {task}\n\n{settings(task, out_root, args.learning_rates, args.seeds, stop_at_val_acc)}\n\n"
+                     f"{table(task, mixers, sizes, widths, args.learning_rates, args.seeds, out_root)}\n")
     os.makedirs(os.path.dirname(os.path.abspath(table_path)), exist_ok=True)
     with open(table_path, 'w') as f:
         f.write('\n'.join(parts))
     print('\n'.join(parts))
     print(f"wrote {table_path}")
-    if skipped:
-        print(f"{skipped} runs not started (--start_within {args.start_within:g} min): add --resume to run them")
+    if args.plot:
+        plot([(task, mixers, sizes, widths, collect(task, mixers, sizes, widths, args.learning_rates, args.seeds, out_root))
+              for task, mixers, sizes, widths, _ in plan], args.plot)
+        print(f"wrote {args.plot}")
+    if not_needed:
+        print(f"{not_needed} runs not needed: an earlier LR of their cell and seed reached stop_at_val_acc {stop_at_val_acc:g}")
+    if not_started:
+        print(f"{not_started} runs not started (--start_within {args.start_within:g} min): add --resume to run them")
     if failures:
         print(f"{len(failures)} runs failed: " + ', '.join(failures))
         sys.exit(1)

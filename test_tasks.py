@@ -3,7 +3,9 @@ Recall-task tests (CPU, under a minute): the MQAR and state-tracking generators 
 documents, checked against independent readings of the token stream; targets are -1 except at answers;
 sequences are deterministic for a seed, ranks get disjoint shares and a resume continues the stream; a tiny
 softmax model learns a tiny MQAR; train.py trains on a task (one process, and DDP then resumed in one
-process, which must agree), prints and logs the answer accuracy, and grid.py turns the logs into its table.
+process, which must agree), prints and logs the answer accuracy, and grid.py turns the logs into its table and
+figure (the mean over seeds of each seed's best LR, a later LR run only where the earlier ones did not reach
+stop_at_val_acc: checked with stand-in runs and fake logs, and end to end).
 
 $ python -m pytest test_tasks.py -q
 """
@@ -231,7 +233,7 @@ def test_tiny_softmax_model_learns_tiny_mqar():
 # --- train.py and grid.py -------------------------------------------------------------------------------
 
 # one grid cell (MQAR, softmax, 2 pairs, width 64), 6 steps of 2 micro-batches of 8 sequences, evals at 0, 3, 6
-CELL = dict(task='mqar', mixer='softmax', size=2, width=64, lr=1e-3)
+CELL = dict(task='mqar', mixer='softmax', size=2, width=64, lr=1e-3, seed=grid.SEED)
 SHORT = ['--max_iters=6', '--eval_interval=3', '--gradient_accumulation_steps=2', '--batch_size=8', '--eval_iters=2',
          '--log_interval=1', '--device=cpu']
 
@@ -278,13 +280,14 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path, torchrun_train):
     out_root = tmp_path / 'grid'
     run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
          f'--out_root={out_root}'] + SHORT)
-    single_dir = out_root / 'mqar' / grid.run_name(CELL['mixer'], CELL['size'], CELL['width'], CELL['lr'])
+    single_dir = out_root / 'mqar' / 'softmax_n2_w64_lr0.001_s1337'  # the default seed is train.py's
     with open(single_dir / 'log.txt') as f:
         single_log = f.read()
     assert 'task mqar: vocab_size 32' in single_log
     assert re.search(r'^step 6: train loss [\d.]+, val loss [\d.]+, train acc [\d.]+, val acc [\d.]+$', single_log, re.M)
     log = read_log(single_dir)
     assert [e['step'] for e in log['evals']] == [0, 3, 6] and log['config']['mqar_num_pairs'] == 2
+    assert log['config']['seed'] == 1337
     with open(out_root / 'results.md') as f:
         results = f.read()
     assert re.search(rf"^\| `softmax` \| {log['evals'][-1]['val_acc']:.3f} \|$", results, re.M), results
@@ -349,7 +352,7 @@ def test_grid_start_within_starts_nothing_late(tmp_path):
     """--start_within=0: the deadline has passed before the first run, so none starts, the table marks every
     cell absent (also one where an older grid left a finished log) and the output says how many were not started."""
     out_root = tmp_path / 'grid'
-    stale = out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3)  # a log left by an older grid
+    stale = out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3, grid.SEED)  # a log left by an older grid
     stale.mkdir(parents=True)
     (stale / 'log.txt').write_text("config: {'max_iters': 200}\nstep 200: train loss 1.0, val loss 1.0, "
                                    "train acc 0.9, val acc 0.9\n")
@@ -359,3 +362,213 @@ def test_grid_start_within_starts_nothing_late(tmp_path):
     assert not stale.exists()  # without --resume the grid reruns every cell, so the old log does not stand
     results = (out_root / 'results.md').read_text()
     assert '| `softmax` | — |' in results and '| `retnet` | — |' in results
+
+
+# a stand-in for train.py in run_all's tests: sleeps, then writes a log.txt as train.py would (an eval at max_iters 10,
+# or at step 5 with the stopping line when the accuracy reaches stop), and its start and end times to times.txt
+FAKE_TRAIN = """
+import sys, time
+out_dir, seconds, acc, stop = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+t0 = time.time()
+time.sleep(seconds)
+step = 5 if 0 < stop <= acc else 10
+lines = ["config: {'max_iters': 10}", "step 0: train loss 3.0000, val loss 3.0000, train acc 0.0000, val acc 0.0000",
+         f"step {step}: train loss 1.0000, val loss 1.0000, train acc {acc:.4f}, val acc {acc:.4f}"]
+if step == 5:
+    lines.append(f"stopping at step 5: val acc {acc:.4f} >= stop_at_val_acc {stop}")
+open(out_dir + '/log.txt', 'w').write('\\n'.join(lines) + '\\n')
+open(out_dir + '/times.txt', 'w').write(f"{t0} {time.time()}")
+"""
+
+
+def fake_log(out_dir, acc, max_iters=10, stopped_at=None, stop=0.99):
+    """A train.py log.txt: evals at 0 and at max_iters with val acc `acc`, or, stopped_at=N, at N with train.py's
+    stopping line; with max_iters=None an unfinished run (its last eval before max_iters 10)."""
+    os.makedirs(out_dir, exist_ok=True)
+    step = stopped_at or max_iters or 5
+    config = {'dataset': 'mqar', 'block_size': 32, 'task_vocab_size': 32, 'n_layer': 4, 'max_iters': 10,
+              'batch_size': 8, 'gradient_accumulation_steps': 1, 'eval_iters': 2, 'seed': 1,
+              'stop_at_val_acc': stop if stopped_at else 0.0,
+              'statetrack_num_vars': 16, 'statetrack_num_queries': 16}  # the keys grid.settings reads
+    text = (f"config: {config}\n"
+            f"step 0: train loss 3.0000, val loss 3.0000, train acc 0.0000, val acc 0.0000\n"
+            f"step {step}: train loss 1.0000, val loss 1.0000, train acc {acc:.4f}, val acc {acc:.4f}\n")
+    if stopped_at:
+        text += f"stopping at step {stopped_at}: val acc {acc:.4f} >= stop_at_val_acc {stop}\n"
+    with open(os.path.join(out_dir, 'log.txt'), 'w') as f:
+        f.write(text)
+
+
+def test_grid_run_all_tries_later_lrs_only_where_needed(tmp_path, capsys):
+    """With stop_at_val_acc, run_all (grid.py's scheduler) starts every cell's first LR before any second LR, a
+    cell's second LR only after its first has ended, as soon as it has (not in table order), never more than `jobs`
+    at once, and not at all where the first reached the threshold (an older log there is removed). --resume keeps
+    every finished run and starts nothing; without stop_at_val_acc every LR runs, in table order; start_within=0
+    starts none. The runs are a stand-in for train.py that sleeps and writes a log."""
+    lrs = [3e-4, 1e-3]
+    # (mixer, lr) -> (seconds, val acc): c's first LR reaches 0.99; b's first is slow, so d's second LR starts first
+    fake = {('a', 3e-4): (0.05, 0.5), ('a', 1e-3): (0.05, 0.6), ('b', 3e-4): (4.0, 0.5), ('b', 1e-3): (0.05, 0.7),
+            ('c', 3e-4): (0.05, 0.995), ('c', 1e-3): (0.05, 0.5), ('d', 3e-4): (0.05, 0.2), ('d', 1e-3): (0.05, 0.999)}
+
+    def grid_runs(out_root):
+        return [grid.Run('mqar', m, 2, 64, 1, lr, str(out_root / grid.run_name(m, 2, 64, lr, 1)), [])
+                for m in 'abcd' for lr in lrs]
+
+    def launcher(stop, launched):
+        def launch(r):
+            launched.append((r.mixer, r.lr))
+            seconds, acc = fake[r.mixer, r.lr]
+            return subprocess.Popen([sys.executable, '-c', FAKE_TRAIN, r.out_dir, str(seconds), str(acc), str(stop)])
+        return launch
+
+    out_root = tmp_path / 'stop'
+    stale = out_root / grid.run_name('c', 2, 64, 1e-3, 1)
+    fake_log(stale, 0.3)  # an older grid's finished run of c's second LR: it must not stand in the table
+    launched = []
+    assert grid.run_all(grid_runs(out_root), launcher(0.99, launched), jobs=2, stop_at_val_acc=0.99) == ([], 0, 1)
+    # 2 slots: a and b start; a ends: c's first (not a's second); c ends: d's first; then a's and d's second, while
+    # b's first still runs; b's second last
+    assert launched == [('a', 3e-4), ('b', 3e-4), ('c', 3e-4), ('d', 3e-4), ('a', 1e-3), ('d', 1e-3), ('b', 1e-3)]
+    assert not stale.exists()
+    out = capsys.readouterr().out
+    assert f"{stale}: not needed: lr 3e-4 reached stop_at_val_acc 0.99" in out
+    times = {(m, lr): [float(t) for t in (out_root / grid.run_name(m, 2, 64, lr, 1) / 'times.txt').read_text().split()]
+             for m, lr in launched}
+    for m in 'abd':  # a second LR starts after its first has ended
+        assert times[m, 1e-3][0] >= times[m, 3e-4][1]
+    for t0, _ in times.values():  # at most 2 at once
+        assert sum(s <= t0 < e for s, e in times.values()) <= 2
+
+    launched = []  # --resume: every run that ran is finished, c's second LR is still not needed
+    assert grid.run_all(grid_runs(out_root), launcher(0.99, launched), jobs=2, stop_at_val_acc=0.99, resume=True) \
+        == ([], 0, 1)
+    assert launched == [] and capsys.readouterr().out.count('finished earlier, kept') == 7
+
+    launched = []  # without stop_at_val_acc: every LR, in table order
+    for r in grid_runs(tmp_path / 'all'):
+        fake[r.mixer, r.lr] = (0.05, fake[r.mixer, r.lr][1])
+    assert grid.run_all(grid_runs(tmp_path / 'all'), launcher(0.0, launched), jobs=2) == ([], 0, 0)
+    assert launched == [(m, lr) for m in 'abcd' for lr in lrs]
+
+    launched = []  # past the deadline at once: nothing starts, with or without stop_at_val_acc
+    assert grid.run_all(grid_runs(tmp_path / 'late'), launcher(0.99, launched), jobs=2, stop_at_val_acc=0.99,
+                        start_within=0) == ([], 8, 0)
+    assert launched == []
+
+
+def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
+    """collect() and the table from fake logs: a cell is the mean over seeds of each seed's best final val accuracy,
+    ± half the range, the LRs of those bests (each once, a tie keeps the earlier LR); a seed with no finished run
+    leaves the mean over the others with 'n=1 of 2 seeds'; 'failed' when no run finished, '—' when none has a log.
+    A run reached stop_at_val_acc (so later LRs are skipped) when its log's stopping line meets the threshold."""
+    root = tmp_path / 'grid'
+    d = lambda mixer, n, lr, seed: root / 'mqar' / grid.run_name(mixer, n, 64, lr, seed)
+    fake_log(d('softmax', 2, 3e-4, 1), 0.990, stopped_at=5)  # seed 1: reached at 3e-4, so 1e-3 never ran
+    fake_log(d('softmax', 2, 3e-4, 2), 0.950)
+    fake_log(d('softmax', 2, 1e-3, 2), 0.996)                 # seed 2: best at 1e-3
+    fake_log(d('softmax', 4, 3e-4, 1), 0.500)
+    fake_log(d('softmax', 4, 1e-3, 1), 0.700)                 # seed 2 of this cell: no log
+    fake_log(d('kda', 2, 3e-4, 1), 0.800)
+    fake_log(d('kda', 2, 3e-4, 2), 0.600)
+    fake_log(d('kda', 2, 1e-3, 2), 0.600)                     # a tie: 3e-4 stays the best of seed 2
+    fake_log(d('kda', 4, 3e-4, 1), 0.900, max_iters=None)     # did not finish
+    mixers, lrs, seeds = ['softmax', 'kda', 'retnet'], [3e-4, 1e-3], [1, 2]
+    # reached: the stopping line at an accuracy that meets this grid's threshold (a resumed grid may ask for more)
+    assert grid.reached(d('softmax', 2, 3e-4, 1), 0.99) and not grid.reached(d('softmax', 2, 3e-4, 1), 0.995)
+    assert not grid.reached(d('softmax', 2, 1e-3, 2), 0.5)  # finished at max_iters, not stopped early
+
+    cells = grid.collect('mqar', mixers, [2, 4], [64], lrs, seeds, str(root))
+    c = cells['softmax', 64, 2]
+    assert c['seeds'] == [1, 2] and c['lrs'] == [3e-4, 1e-3]
+    assert c['mean'] == pytest.approx(0.993) and c['spread'] == pytest.approx(0.003)
+    assert cells['softmax', 64, 4]['seeds'] == [1] and cells['softmax', 64, 4]['mean'] == pytest.approx(0.7)
+    assert cells['kda', 64, 2]['lrs'] == [3e-4]
+    assert cells['kda', 64, 4]['mean'] is None and cells['kda', 64, 4]['state'] == 'failed'
+
+    lines = grid.table('mqar', mixers, [2, 4], [64], lrs, seeds, str(root)).splitlines()
+    assert lines[0] == '| mixer | w=64, 2 pairs | w=64, 4 pairs |'
+    assert lines[2] == '| `softmax` | 0.993 ±0.003 (3e-4, 1e-3) | 0.700 (1e-3), n=1 of 2 seeds |'
+    assert lines[3] == '| `kda` | 0.700 ±0.100 (3e-4) | failed |'
+    assert lines[4] == '| `retnet` | — | — |'
+    # one seed: no ±; one LR: no LRs (the cells read only the runs of the given seeds and LRs)
+    lines = grid.table('mqar', ['softmax'], [2, 4], [64], [3e-4], [1], str(root)).splitlines()
+    assert lines[2] == '| `softmax` | 0.990 | 0.500 |'
+    lines = grid.table('mqar', ['softmax'], [2, 4], [64], [1e-3], [1, 2], str(root)).splitlines()
+    assert lines[2] == '| `softmax` | 0.996, n=1 of 2 seeds | 0.700, n=1 of 2 seeds |'
+    text = grid.settings('mqar', str(root), lrs, seeds, 0.99)
+    assert '2 seeds (1, 2)' in text and 'a later LR is tried only where the earlier ones did not reach it' in text
+    assert 'a later LR' not in grid.settings('mqar', str(root), lrs, seeds, 0.0)
+
+
+def test_grid_end_to_end_skips_the_second_lr_where_the_first_reached(tmp_path):
+    """grid.py with 2 seeds, 2 LRs and a stop_at_val_acc that any right answer reaches: each seed's run at the
+    first LR (high, no warmup) stops early, so the second LR does not run (no out_dir) wherever the first's log
+    has the stopping line; the runs got their seeds; the table is the mean over seeds ± half the range."""
+    out_root = tmp_path / 'grid'
+    r = run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+             '--learning_rates', '1e-2', '1e-3', '--seeds', '1337', '1338', '--jobs', '2', f'--out_root={out_root}']
+            + SHORT + ['--max_iters=12', '--warmup_iters=0', '--stop_at_val_acc=0.0001'])
+    best = {}
+    for seed in (1337, 1338):
+        first = out_root / 'mqar' / f'softmax_n2_w64_lr0.01_s{seed}'
+        second = out_root / 'mqar' / f'softmax_n2_w64_lr0.001_s{seed}'
+        log = read_log(first)
+        assert log['config']['seed'] == seed and log['config']['learning_rate'] == 0.01
+        stopped = re.search(r'^stopping at step \d+: val acc', (first / 'log.txt').read_text(), re.M)
+        assert second.exists() != bool(stopped)
+        accs = [(read_log(d)['evals'][-1]['val_acc'], lr) for d, lr in ((first, '1e-2'), (second, '1e-3'))
+                if d.exists()]
+        best[seed] = max(accs, key=lambda a: a[0])  # (max keeps the first of a tie, as the grid does)
+    assert not (out_root / 'mqar' / 'softmax_n2_w64_lr0.001_s1337').exists(), r.stdout  # 12 steps at 1e-2 reach it
+    assert 'not needed: lr 1e-2 reached stop_at_val_acc 0.0001' in r.stdout
+    a, b = best[1337][0], best[1338][0]
+    lrs = ', '.join(lr for lr in ('1e-2', '1e-3') if lr in (best[1337][1], best[1338][1]))
+    results = (out_root / 'results.md').read_text()
+    assert f"| `softmax` | {(a + b) / 2:.3f} ±{abs(a - b) / 2:.3f} ({lrs}) |" in results, results
+    assert '2 seeds (1337, 1338)' in results
+
+
+def test_grid_resume_plot_redraws_without_running(tmp_path):
+    """grid.py --resume --plot over a grid whose runs all finished starts no run, rewrites the table and draws the
+    PNG; plot() draws the table's numbers (per mixer: the means, with half the range as error bars) and chance."""
+    pytest.importorskip('matplotlib')
+    root = tmp_path / 'grid'
+    accs = {('softmax', 2): (0.9, 1.0), ('softmax', 4): (0.7, 0.8), ('kda', 2): (0.5, 0.6), ('kda', 4): (0.3, 0.3)}
+    for (mixer, n), per_seed in accs.items():
+        for seed, acc in zip((1, 2), per_seed):
+            fake_log(root / 'mqar' / grid.run_name(mixer, n, 64, 1e-3, seed), acc)
+    png = tmp_path / 'recall.png'
+    r = run([sys.executable, 'grid.py', '--resume', '--plot', str(png), '--tasks', 'mqar', '--mixers', 'softmax', 'kda',
+             '--sizes', '2', '4', '--widths', '64', '--seeds', '1', '2', f'--out_root={root}', '--device=cpu',
+             '--start_within=0'])  # a safety net: a run started by mistake would train for minutes
+    assert r.stdout.count('finished earlier, kept') == 8 and not list(root.glob('mqar/*/run.txt'))
+    assert '| `softmax` | 0.950 ±0.050 | 0.750 ±0.050 |' in (root / 'results.md').read_text()
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+    cells = grid.collect('mqar', ['softmax', 'kda'], [4, 2], [64], [1e-3], [1, 2], str(root))
+    fig = grid.plot([('mqar', ['softmax', 'kda'], [4, 2], [64], cells)], str(tmp_path / 'direct.png'))
+    ax = fig.axes[0]
+    drawn = {c.get_label(): c for c in ax.containers}  # one errorbar per mixer
+    assert list(drawn) == ['softmax', 'kda']
+    assert list(drawn['softmax'].lines[0].get_xdata()) == [2, 4]  # sizes in order
+    assert list(drawn['softmax'].lines[0].get_ydata()) == pytest.approx([0.95, 0.75])
+    assert list(drawn['kda'].lines[0].get_ydata()) == pytest.approx([0.55, 0.3])
+    chance = next(line for line in ax.lines if line.get_label() == 'chance (1/pairs)')
+    assert list(chance.get_ydata()) == pytest.approx([0.5, 0.25])
+
+
+def test_grid_refuses_seed_override_and_plot_without_matplotlib(tmp_path):
+    """--seed=... is the grid's to set (use --seeds); --plot without matplotlib stops at once, saying to install it."""
+    def fails(cmd, env=None):
+        # --start_within=0: should the grid not refuse, it starts no run (the default grid trains for hours)
+        p = subprocess.run([sys.executable, 'grid.py', '--tasks', 'mqar', '--start_within=0', f'--out_root={tmp_path}']
+                           + cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode != 0 and not (tmp_path / 'mqar').exists()
+        return p.stderr.strip().splitlines()[-1]
+    assert '--seed=3: the grid sets seed for each run; use --seeds' in fails(['--seed=3'])
+    assert 'give each value once' in fails(['--seeds', '1', '1'])
+    blocked = tmp_path / 'blocked'  # a matplotlib that fails to import, as if it were not installed
+    (blocked / 'matplotlib').mkdir(parents=True)
+    (blocked / 'matplotlib' / '__init__.py').write_text("raise ImportError('no matplotlib here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(blocked), os.environ.get('PYTHONPATH')) if p))
+    assert 'pip install matplotlib' in fails(['--plot', str(tmp_path / 'x.png')], env)
