@@ -421,6 +421,7 @@ def main():
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault('OMP_NUM_THREADS', '1')  # the runs share the CPU too: one thread each, unless the caller chose
+        env.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')  # and torch.compile's workers: one each, not one per core
     t_start = time.time()
     failures, not_started, not_needed = run_all(runs, lambda run: start(run, env), args.jobs, stop_at_val_acc,
                                                 args.resume, args.start_within)
