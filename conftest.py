@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
-# Runs train.py, then saves this rank's weights to out_dir/rank<RANK>.pt so that a test can check that DDP kept the
+# Runs train.py, then saves this rank's weights (under FSDP its shards) to out_dir/rank<RANK>.pt so that a test can check that DDP kept the
 # replicas identical, then leaves without the interpreter's teardown: during it a C++ thread of gloo (CPU) aborted a
 # rank now and then with "terminate called without an active exception" (a minimal DDP script: 3 of 40 runs; with
 # os._exit: 0 of 45), which failed the DDP tests at random although the run had finished.
@@ -29,7 +29,8 @@ train = {train!r}
 sys.argv[0] = train
 sys.path.insert(0, os.path.dirname(train))
 g = runpy.run_path(train, run_name='__main__')
-torch.save(g['raw_model'].state_dict(), os.path.join(g['out_dir'], f"rank{{os.environ['RANK']}}.pt"))
+state = {{k: (v.to_local() if hasattr(v, 'to_local') else v) for k, v in g['raw_model'].state_dict().items()}}  # FSDP: the shard
+torch.save(state, os.path.join(g['out_dir'], f"rank{{os.environ['RANK']}}.pt"))
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)

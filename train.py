@@ -1,5 +1,6 @@
 """
-Train a GPT whose token mixer is chosen per layer. One process, or several through torchrun (DDP).
+Train a GPT whose token mixer is chosen per layer. One process, or several through torchrun (DDP, or FSDP2 with
+--fsdp=True for models that do not fit one GPU).
 
 CPU, a few minutes (the offline default dataset; run `python data/pystdlib/prepare.py` once):
 $ python train.py config/pystdlib.py                       # the 3:1 KDA:softmax hybrid, 4 layers x 128
@@ -12,6 +13,7 @@ $ python train.py config/statetrack.py --mixer='kda*3,softmax'
 GPT-2-small-class model on OpenWebText, one GPU, or DDP on 8 GPUs of one node (NCCL; gloo on CPU):
 $ python train.py config/owt.py --mixer=kda
 $ torchrun --standalone --nproc_per_node=8 train.py config/kda_hybrid.py
+$ torchrun --standalone --nproc_per_node=8 train.py config/kda_hybrid.py --fsdp=True   # sharded, same checkpoints
 
 Any global below can be overridden: `python train.py config/x.py --batch_size=8 --compile=False`;
 `python train.py --help` lists them with their defaults. The loss is the mean cross-entropy of the next token in
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.tensor import DTensor
 
 from model import GPTConfig, GPT, gpu_peak_flops
 from checkpoint import save_checkpoint, load_checkpoint
@@ -97,6 +100,9 @@ lr_decay_iters = 600000         # ~= max_iters per Chinchilla
 min_lr = 6e-5                   # ~= learning_rate / 10
 # DDP
 backend = ''                    # '' = nccl on CUDA, gloo on CPU
+fsdp = False                    # under torchrun: shard weights, gradients and optimizer state over the ranks (FSDP2)
+                                # instead of a full replica per rank (DDP), for models that do not fit one GPU;
+                                # checkpoints stay full state dicts, gathered on save, so they resume on any number of ranks
 # system
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
@@ -264,12 +270,56 @@ else:
     model = GPT(GPTConfig(**model_args))
 print0(model.describe())
 model.to(device)
+sharded = ddp and fsdp
+if fsdp and not ddp:
+    print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
+if sharded:
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
+        get_optimizer_state_dict, set_optimizer_state_dict
+    # every rank starts from rank 0's weights, as DDP makes sure on wrapping (each rank seeds its RNG with seed + rank,
+    # so their inits differ, and a shard of each would make a model nobody initialised)
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t, src=0)
+    # each block's weights are gathered just before its forward and backward and freed after: peak memory is one
+    # block's full weights on top of each rank's 1/world_size share of everything
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)  # the rest: embedding (tied to lm_head), final norm
 train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+# the optimizer's parameters by name, in its order: a checkpoint's optimizer state is plain optimizer.state_dict()'s
+# (parameter i = the i-th of these), which the FSDP state-dict API keys by name instead
+param_names = [{p: n for n, p in model.named_parameters()}[p] for g in optimizer.param_groups for p in g['params']]
+
+
+def full_state():
+    """(model state dict, optimizer state dict) as one process holds them; under FSDP gathered from every rank onto
+    rank 0's CPU (a collective: every rank calls it; the other ranks get empty dicts)."""
+    if not sharded:
+        return raw_model.state_dict(), optimizer.state_dict()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(raw_model, options=options)
+    osd = get_optimizer_state_dict(raw_model, optimizer, options=options)
+    if not master_process:
+        return {}, {}
+    index = {name: i for i, name in enumerate(param_names)}
+    return model_sd, {'state': {index[n]: v for n, v in osd['state'].items()},
+                      'param_groups': [dict(g, params=[index[n] for n in g['params']]) for g in osd['param_groups']]}
+
+
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint['optimizer'])
+    if sharded:  # every rank passes the full state; each keeps its shard
+        osd = checkpoint['optimizer']
+        set_optimizer_state_dict(model, optimizer, {
+            'state': {param_names[i]: v for i, v in osd['state'].items()},
+            'param_groups': [dict(g, params=[param_names[i] for i in g['params']]) for g in osd['param_groups']]},
+            options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(checkpoint['optimizer'])
     # the loaded param groups carry the old hyperparameters; this run's config wins (lr is set every step)
     for group, wd in zip(optimizer.param_groups, (weight_decay, 0.0)):
         group['weight_decay'], group['betas'] = wd, (beta1, beta2)
@@ -281,7 +331,7 @@ raw_model = model
 if compile:
     print0(f"compiling the model{'' if compile_mode == 'default' else f' ({compile_mode})'}... (takes a minute)")
     model = torch.compile(model, mode=compile_mode)
-if ddp:
+if ddp and not sharded:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
 
@@ -392,8 +442,9 @@ while True:
                 loader_states, rng_states = [None] * ddp_world_size, [None] * ddp_world_size
                 dist.all_gather_object(loader_states, train_loader_state)
                 dist.all_gather_object(rng_states, rng)
+            model_sd, optimizer_sd = full_state()
             if master_process:
-                ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
+                ckpt = {'model': model_sd, 'optimizer': optimizer_sd, 'model_args': model_args,
                         'iter_num': iter_num, 'val_loss': losses['val'], 'best_val_loss': best_val_loss, 'config': config,
                         'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
                 print0(f"saving checkpoint to {out_dir}" + (" (best so far, also best.pt)" if improved else ""))
@@ -405,10 +456,12 @@ while True:
     if eval_only:
         break
 
-    # forward/backward with gradient accumulation; DDP syncs gradients on the last micro-step only
+    # forward/backward with gradient accumulation; DDP and FSDP sync gradients on the last micro-step only
     step_loss = torch.zeros((), device=device)  # the mean loss over the micro-steps
     for micro_step in range(gradient_accumulation_steps):
-        if ddp:
+        if sharded:
+            raw_model.set_requires_gradient_sync(micro_step == gradient_accumulation_steps - 1)
+        elif ddp:
             model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
         with ctx:
             logits, loss = model(X, Y)
@@ -421,6 +474,8 @@ while True:
         step_loss += loss.detach()
     scaler.unscale_(optimizer)  # a no-op without the fp16 scaler
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)  # inf: measure, do not clip
+    if isinstance(grad_norm, DTensor):  # FSDP: the norm over every rank's shards
+        grad_norm = grad_norm.full_tensor()
     # every step, before the weights change: a non-finite loss or gradient norm stops the run (one CPU-GPU sync).
     # With fp16 the scaler skips inf/nan gradients by design; 16 skips in a row (the scale / 65536) mean divergence.
     lossf, normf = torch.stack([step_loss.float(), grad_norm.float()]).tolist()
