@@ -366,7 +366,7 @@ def main():
     ap.add_argument('--resume', action='store_true', help="keep the runs that finished (an eval at max_iters, or stopped at "
                     "stop_at_val_acc) and run the rest")
     ap.add_argument('--jobs', type=int, default=1, help="runs at once on the same device; small models leave a GPU "
-                    "mostly idle (on an H100, 4 at once each ran as fast as alone, 12 at once each 2-2.6x slower)")
+                    "mostly idle, so up to about one run per CPU core (each run's own CPU work is then the limit)")
     ap.add_argument('--start_within', type=float, default=None, metavar='MIN',
                     help="start no run after this many minutes (a time-limited GPU lease): the runs under way finish, "
                          "the rest show '—' in the table; run the same command with --resume later to fill them in")
@@ -422,14 +422,20 @@ def main():
     if args.jobs > 1:
         env.setdefault('OMP_NUM_THREADS', '1')  # the runs share the CPU too: one thread each, unless the caller chose
         env.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')  # and torch.compile's workers: one each, not one per core
-    t_start = time.time()
-    failures, not_started, not_needed = run_all(runs, lambda run: start(run, env), args.jobs, stop_at_val_acc,
-                                                args.resume, args.start_within)
+    t_start, started = time.time(), []
+
+    def launch(run):
+        started.append(run)
+        return start(run, env)
+    failures, not_started, not_needed = run_all(runs, launch, args.jobs, stop_at_val_acc, args.resume, args.start_within)
 
     cmd = ' '.join(['python', 'grid.py'] + sys.argv[1:])
     parts = ["# Recall grid: final val answer accuracy\n",
-             f"Made by `{cmd}` on {describe_device(extra)}, {time.strftime('%Y-%m-%d')}; "
-             f"this invocation ran for {(time.time() - t_start) / 60:.1f} min. Every run: its task config "
+             f"Made by `{cmd}`, {time.strftime('%Y-%m-%d')}: "
+             + (f"on {describe_device(extra)}, {len(started)} runs in {(time.time() - t_start) / 60:.1f} min; "
+                if started else "from the logs of earlier invocations only (this one started no run; their logs "
+                                "name the device); ")
+             + "every run: its task config "
              f"(`config/<task>.py`){' with the --quick overrides in grid.py' if args.quick else ''}, "
              f"n_embd = w, 32-wide heads; logs in `{out_root}/<task>/`.\n"]
     for task, mixers, sizes, widths, overrides in plan:
