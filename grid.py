@@ -7,23 +7,30 @@ $ python grid.py --jobs=8           # the real run, on one GPU: config/mqar.py a
 $ python grid.py --quick            # a tiny version (vocab 32, 32 tokens, 200 steps per run) that runs on 2 CPU cores
 $ python grid.py --tasks mqar --mixers softmax kda 'kda*3,softmax' --sizes 8 24 --widths 128 --device=cuda:1
 $ python grid.py --resume           # keep the runs that finished (an interrupted grid, or parts run on other GPUs
-                                    #   into the same --out_root), run the rest, rewrite the table from all the logs
+                                    #   into the same --out_root), continue the unfinished ones from their ckpt.pt,
+                                    #   run the rest, rewrite the table from all the logs
 $ python grid.py --jobs=16 --start_within=4    # on a time-limited lease: start no run after 4 min, --resume later
 $ python grid.py --learning_rates 3e-4 1e-3 3e-3    # each cell keeps its best LR (Zoology's protocol)
 $ python grid.py --tasks mqar --learning_rates 3e-4 1e-3 --seeds 1337 1338 --jobs 16 --max_iters=16000 \
     --lr_decay_iters=16000 --eval_interval=500 --stop_at_val_acc=0.99 --plot recall.png
                                     # 2 seeds per cell; 1e-3 runs only where 3e-4 did not reach 0.99; a figure too
+$ python grid.py ... --learning_rates 3e-4 1e-3 --batch_sizes 64 256 --stop_at_val_acc=0.99
+                                    # then, where neither LR reached 0.99, both again at 256 sequences a step
 
 Every run is `python train.py config/<task>.py --mixer=M --<size key>=N --n_embd=W --n_head=W/32 --learning_rate=LR
 --seed=S --out_dir=<out_root>/<task>/<run>` plus any train.py override given here after the grid's own flags
-(`--device=cpu`, `--max_iters=1000`, ...); <run> is e.g. kda_n16_w128_lr0.001_s1337. The seed sets the model's init
-and the order of the training sequences (tasks.py's TaskLoader); the val set is the same fixed one for every seed.
+(`--device=cpu`, `--max_iters=1000`, ...); <run> is e.g. kda_n16_w128_lr0.001_s1337, with _bs256 appended at a
+--batch_sizes batch other than the config's. The seed sets the model's init and the order of the training sequences
+(tasks.py's TaskLoader); the val set is the same fixed one for every seed.
 
 Seeds and learning rates: a cell shows, over --seeds, the mean of each seed's best final val accuracy over
 --learning_rates, ± half the range over seeds, and the LRs that gave the bests. With --stop_at_val_acc (passed on
 to train.py, which then stops a run at the first eval that reaches it) the LRs of a cell and seed run in the given
 order, and a later LR runs only if no earlier one reached the threshold: put the LR most likely to succeed first.
 The runs of every cell's first LR start first; a later LR starts as soon as its cell's earlier ones are done.
+--batch_sizes extends the same ladder: all the LRs at the first batch size, then all at the next, and so on (for
+softmax attention on MQAR more sequences a step made the recall circuit form where more steps did not: notes/perf.md
+2026-11-25 (s)); a cell then names its best as e.g. '1e-3 bs256'.
 
 The table is read back from the runs' log.txt files (plot.py's read_log), so it only ever shows what the runs
 printed; --plot draws the same numbers (one row of panels per task, one panel per width, accuracy against size,
@@ -70,13 +77,38 @@ QUICK = ['--batch_size=32', '--max_iters=200', '--lr_decay_iters=200', '--warmup
 
 SEED = 1337  # train.py's default seed: the one seed of a grid without --seeds
 
-# one train.py run of the grid; the runs of one (task, mixer, size, width, seed) differ only in lr
-Run = namedtuple('Run', 'task mixer size width seed lr out_dir overrides')
+# one train.py run of the grid; the runs of one (task, mixer, size, width, seed) differ only in lr and batch, the
+# settings tried in turn (batch None: the config's; overrides then hold the run's --batch_size and --eval_iters)
+Run = namedtuple('Run', 'task mixer size width seed lr out_dir overrides batch', defaults=(None,))
 
 
-def run_name(mixer, size, width, lr, seed):
-    # shell- and file-friendly: 'kda*3,softmax' -> 'kdax3+softmax'
-    return f"{mixer.replace('*', 'x').replace(',', '+')}_n{size}_w{width}_lr{lr:g}_s{seed}"
+def run_name(mixer, size, width, lr, seed, batch=None):
+    # shell- and file-friendly: 'kda*3,softmax' -> 'kdax3+softmax'; '_bs256' only where the batch is not the config's
+    return (f"{mixer.replace('*', 'x').replace(',', '+')}_n{size}_w{width}_lr{lr:g}_s{seed}"
+            + (f"_bs{batch}" if batch is not None else ''))
+
+
+def setting_label(lr, batch=None):
+    """How a table cell names the setting that gave a seed's best: '3e-4', or '3e-4 bs256' off the config's batch."""
+    return short_lr(lr) + (f" bs{batch}" if batch is not None else '')
+
+
+def batch_overrides(config, overrides, batch):
+    """train.py's --batch_size and --eval_iters for a run of `batch` sequences a step, with eval_iters scaled so that
+    its evals see the same val sequences as the config's batch (eval_iters × batch_size of them); and whether that
+    batch is the config's own (then the run keeps the name it would have without --batch_sizes)."""
+    values = {}
+    with open(os.path.join(ROOT, config)) as f:  # a config is plain assignments (configurator.py execs it too)
+        exec(f.read(), {}, values)
+    for a in overrides:  # --quick's (or the user's) overrides change the base, as in train.py: the last one wins
+        key, _, value = a[2:].partition('=')
+        if key in ('batch_size', 'eval_iters'):
+            values[key] = int(value)
+    base, val_sequences = values['batch_size'], values['eval_iters'] * values['batch_size']
+    if val_sequences % batch != 0:
+        raise ValueError(f"batch {batch} does not divide the {val_sequences} val sequences of {config}'s evals "
+                         f"(eval_iters × batch_size): use a divisor so every batch size is scored on the same ones")
+    return [f'--batch_size={batch}', f'--eval_iters={val_sequences // batch}'], batch == base
 
 
 def short_lr(lr):
@@ -140,8 +172,9 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     Without stop_at_val_acc every run is independent and they start in the given order. With it, a run starts only
     once the earlier LRs of its cell and seed are done, and not at all (printed 'not needed') when one of them reached
     the threshold; to keep the slots full, the first LR of every cell goes first, then each later LR as soon as its
-    cell is ready. With resume a finished run is kept; without, the out_dir of a run not started (start_within,
-    or not needed) is removed, so that no older grid's log stands in the table.
+    cell is ready. With resume a finished run is kept and an unfinished one that left a ckpt.pt is continued from it
+    (launched with --init_from=resume); without, every run starts afresh and the out_dir of a run not started
+    (start_within, or not needed) is removed, so that no older grid's log stands in the table.
     Returns (the out_dirs of failed runs, the number not started for start_within, the number not needed)."""
     earlier = {}  # out_dir -> the out_dirs of the earlier LRs of its (task, mixer, size, width, seed)
     so_far = {}   # (task, mixer, size, width, seed) -> its out_dirs met so far, in LR order
@@ -205,49 +238,58 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
             if not resume:  # as for a run not needed: no older log may stand in the table
                 shutil.rmtree(run.out_dir, ignore_errors=True)
             continue
-        shutil.rmtree(run.out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
-        os.makedirs(run.out_dir)
+        if resume and os.path.isfile(os.path.join(run.out_dir, 'ckpt.pt')):
+            # unfinished, with a checkpoint (a lease ended under it): go on from its last eval; the log goes on too
+            print(f"{tag}: unfinished, continued from its ckpt.pt")
+            run = run._replace(overrides=run.overrides + ['--init_from=resume'])
+        else:
+            shutil.rmtree(run.out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
+            os.makedirs(run.out_dir)
         running.append((run, launch(run), time.time()))
     return failures, not_started, not_needed
 
 
-def collect(task, mixers, sizes, widths, lrs, seeds, out_root):
+def collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
     """Per cell (mixer, width, size), what the table and the plot show, read from the runs' logs: {'mean': over the
-    seeds that have a finished run, of each seed's best final val accuracy over lrs (None if no seed has one),
-    'spread': half the range (max - min) of those bests over seeds, 'lrs': the LRs that gave them (in lrs order,
-    each once), 'seeds': the seeds that have a finished run, 'state': 'failed' when runs left logs but none
-    finished, '—' when there is no log at all}."""
+    seeds that have a finished run, of each seed's best final val accuracy over the settings (each batch in batches,
+    None for the config's, with each of lrs) (None if no seed has one), 'spread': half the range (max - min) of those
+    bests over seeds, 'settings': the (lr, batch) that gave them (in the order tried, each once), 'lrs': their LRs
+    (in lrs order, each once), 'seeds': the
+    seeds that have a finished run, 'state': 'failed' when runs left logs but none finished, '—' when there is no
+    log at all}."""
+    tried = [(lr, batch) for batch in batches for lr in lrs]
     cells = {}
     for mixer in mixers:
         for w in widths:
             for n in sizes:
-                bests, state = {}, '—'  # bests: seed -> (val acc, lr) of its best finished run
+                bests, state = {}, '—'  # bests: seed -> (val acc, (lr, batch)) of its best finished run
                 for seed in seeds:
-                    for lr in lrs:
-                        out_dir = os.path.join(out_root, task, run_name(mixer, n, w, lr, seed))
+                    for lr, batch in tried:
+                        out_dir = os.path.join(out_root, task, run_name(mixer, n, w, lr, seed, batch))
                         if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
                             continue
                         if not finished(out_dir):
                             state = 'failed'
                             continue
                         acc = read_log(out_dir)['evals'][-1]['val_acc']
-                        if seed not in bests or acc > bests[seed][0]:  # a tie keeps the earlier LR
-                            bests[seed] = (acc, lr)
+                        if seed not in bests or acc > bests[seed][0]:  # a tie keeps the earlier setting
+                            bests[seed] = (acc, (lr, batch))
                 accs = [acc for acc, _ in bests.values()]
                 best_lrs = {lr for _, lr in bests.values()}
                 cells[mixer, w, n] = {'mean': sum(accs) / len(accs) if accs else None,
                                       'spread': (max(accs) - min(accs)) / 2 if accs else None,
-                                      'lrs': [lr for lr in lrs if lr in best_lrs],
+                                      'settings': [t for t in tried if t in best_lrs],
+                                      'lrs': [lr for lr in lrs if any(t[0] == lr for t in best_lrs)],
                                       'seeds': [s for s in seeds if s in bests], 'state': state}
     return cells
 
 
-def table(task, mixers, sizes, widths, lrs, seeds, out_root):
+def table(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
     """Markdown: one row per mixer, one column per width × size. A cell is collect()'s mean over seeds, '±' half
     the range over seeds (2+ seeds), the LRs that gave each seed's best (when several were given), and
     ', n=1 of 2 seeds' when some seeds have no finished run; 'failed' or '—' when no seed has one."""
     spec = TASKS[task]
-    cells = collect(task, mixers, sizes, widths, lrs, seeds, out_root)
+    cells = collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches)
     cols = [(w, n) for w in widths for n in sizes]
     lines = ["| mixer | " + ' | '.join(f"w={w}, {n} {spec['size_name']}" for w, n in cols) + ' |',
              '|---|' + '---|' * len(cols)]
@@ -261,8 +303,8 @@ def table(task, mixers, sizes, widths, lrs, seeds, out_root):
             text = f"{c['mean']:.3f}"
             if len(c['seeds']) > 1:
                 text += f" ±{c['spread']:.3f}"
-            if len(lrs) > 1:
-                text += f" ({', '.join(short_lr(lr) for lr in c['lrs'])})"
+            if len(lrs) * len(batches) > 1:
+                text += f" ({', '.join(setting_label(*t) for t in c['settings'])})"
             if len(c['seeds']) < len(seeds):
                 text += f", n={len(c['seeds'])} of {len(seeds)} seeds"
             texts.append(text)
@@ -311,24 +353,27 @@ def plot(results, path):
     return fig
 
 
-def settings(task, out_root, lrs, seeds, stop_at_val_acc):
+def settings(task, out_root, lrs, seeds, stop_at_val_acc, batches=(None,)):
     """The shared settings of a task's runs, as their logs state them (from the first run that has a log), then
     what a cell shows: the seeds and LRs of this grid."""
     seed_text = f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))})"
-    what = ("final val accuracy" if len(lrs) == 1 else
-            f"best final val accuracy over the LRs {', '.join(short_lr(lr) for lr in lrs)}")
+    tried = [setting_label(lr, b) for b in batches for lr in lrs]
+    kind = 'LRs' if batches == (None,) else 'settings (LR, and batch where not the one below)'
+    what = "final val accuracy" if len(tried) == 1 else f"best final val accuracy over the {kind} {', '.join(tried)}"
     if len(seeds) > 1:
         protocol = f" Each cell: over {seed_text}, the mean ± half the range of each seed's {what}"
     else:
         protocol = f" Each cell: {seed_text}, its {what}"
-    if len(lrs) > 1:
-        protocol += f", then in parentheses {'the LRs that gave those bests' if len(seeds) > 1 else 'the LR that gave it'}"
+    if len(tried) > 1:
+        which = 'LR' if batches == (None,) else 'setting'
+        protocol += f", then in parentheses {f'the {which}s that gave those bests' if len(seeds) > 1 else f'the {which} that gave it'}"
         if stop_at_val_acc > 0:
-            protocol += (f"; the LRs were tried in this order, and a later LR is tried only where the earlier ones "
-                         f"did not reach it (stop_at_val_acc {stop_at_val_acc:g})")
+            protocol += (f"; the {which}s were tried in this order, and a later {which} is tried only where the earlier "
+                         f"ones did not reach it (stop_at_val_acc {stop_at_val_acc:g})")
     protocol += '.'
     task_dir = os.path.join(out_root, task)
-    for name in sorted(os.listdir(task_dir)) if os.path.isdir(task_dir) else []:
+    # a run at the config's batch where there is one (its name has no '_bs'): the batch the sentence names
+    for name in sorted(os.listdir(task_dir), key=lambda n: ('_bs' in n, n)) if os.path.isdir(task_dir) else []:
         if os.path.isfile(os.path.join(task_dir, name, 'log.txt')):
             c = read_log(os.path.join(task_dir, name))['config']
             if c is not None:
@@ -359,12 +404,15 @@ def main():
     ap.add_argument('--learning_rates', nargs='+', type=float, default=[1e-3],
                     help="each cell and seed keeps its best; with --stop_at_val_acc=X tried in this order, a later "
                          "one only where the earlier ones did not reach X")
+    ap.add_argument('--batch_sizes', nargs='+', type=int, default=None,
+                    help="sequences per step, tried after all --learning_rates of the one before (like a later LR); "
+                         "eval_iters is scaled so every batch is scored on the same val sequences; default: the config's")
     ap.add_argument('--seeds', nargs='+', type=int, default=[SEED],
                     help=f"train.py seeds (init and training data order; the val set is fixed), default {SEED}: "
                          f"a cell shows the mean over seeds ± half the range")
     ap.add_argument('--quick', action='store_true', help="tiny tasks and 200 steps per run: a CPU-sized smoke run")
     ap.add_argument('--resume', action='store_true', help="keep the runs that finished (an eval at max_iters, or stopped at "
-                    "stop_at_val_acc) and run the rest")
+                    "stop_at_val_acc), continue the unfinished ones that left a ckpt.pt, and run the rest")
     ap.add_argument('--jobs', type=int, default=1, help="runs at once on the same device; small models leave a GPU "
                     "mostly idle, so up to about one run per CPU core (each run's own CPU work is then the limit)")
     ap.add_argument('--start_within', type=float, default=None, metavar='MIN',
@@ -379,6 +427,8 @@ def main():
     owned = {'out_dir': '--out_root', 'mixer': '--mixers', 'n_embd': '--widths', 'n_head': '--widths',
              'learning_rate': '--learning_rates', 'min_lr': '--learning_rates (min_lr = LR / 10)', 'seed': '--seeds',
              'mqar_num_pairs': '--sizes', 'statetrack_num_assignments': '--sizes'}
+    if args.batch_sizes:  # each setting's batch and eval_iters come from --batch_sizes
+        owned.update(batch_size='--batch_sizes', eval_iters='--batch_sizes (scaled to the same val sequences)')
     stop_at_val_acc = 0.0  # train.py's default; read here because it decides which later LRs run
     for a in extra:
         if not (a.startswith('--') and '=' in a):
@@ -392,7 +442,8 @@ def main():
             except ValueError:
                 ap.error(f"{a}: stop_at_val_acc must be a number, an accuracy in [0, 1]")
     # two runs with the same name would share an out_dir (and train.py's lock would stop the second)
-    for flag, values in (('--seeds', args.seeds), ('--learning_rates', [f'{lr:g}' for lr in args.learning_rates])):
+    for flag, values in (('--seeds', args.seeds), ('--learning_rates', [f'{lr:g}' for lr in args.learning_rates]),
+                         ('--batch_sizes', args.batch_sizes or [])):
         if len(set(values)) < len(values):
             ap.error(f"{flag} {' '.join(map(str, values))}: give each value once")
     if args.plot:  # now, not after hours of runs
@@ -411,11 +462,24 @@ def main():
         overrides = (spec['quick']['overrides'] + QUICK if args.quick else []) + extra  # the user's come last and win
         plan.append((task, args.mixers, sizes, widths, overrides))
 
-    runs = [Run(task, mixer, size, width, seed, lr, os.path.join(out_root, task, run_name(mixer, size, width, lr, seed)),
-                overrides)
-            for task, mixers, sizes, widths, overrides in plan
+    # the settings of a task, in the order tried: (train.py overrides, batch for the run's name: None at the config's)
+    tried = {}
+    for task, _, _, _, overrides in plan:
+        tried[task] = [(overrides, None)]
+        if args.batch_sizes:
+            tried[task] = []
+            for b in args.batch_sizes:
+                try:
+                    more, is_base = batch_overrides(TASKS[task]['config'], overrides, b)
+                except ValueError as e:
+                    ap.error(f"--batch_sizes: {e}")
+                tried[task].append((overrides + more, None if is_base else b))
+    batches = {task: tuple(b for _, b in tried[task]) for task in tried}
+    runs = [Run(task, mixer, size, width, seed, lr,
+                os.path.join(out_root, task, run_name(mixer, size, width, lr, seed, batch)), run_overrides, batch)
+            for task, mixers, sizes, widths, _ in plan
             for width in widths for size in sizes for mixer in mixers for seed in args.seeds
-            for lr in args.learning_rates]
+            for run_overrides, batch in tried[task] for lr in args.learning_rates]
     print(f"grid: {'up to ' if stop_at_val_acc > 0 and len(args.learning_rates) > 1 else ''}{len(runs)} runs into "
           f"{out_root}/, {args.jobs} at a time, table -> {table_path}")
     env = dict(os.environ)
@@ -439,15 +503,16 @@ def main():
              f"(`config/<task>.py`){' with the --quick overrides in grid.py' if args.quick else ''}, "
              f"n_embd = w, 32-wide heads; logs in `{out_root}/<task>/`.\n"]
     for task, mixers, sizes, widths, overrides in plan:
-        parts.append(f"## {task}\n\n{settings(task, out_root, args.learning_rates, args.seeds, stop_at_val_acc)}\n\n"
-                     f"{table(task, mixers, sizes, widths, args.learning_rates, args.seeds, out_root)}\n")
+        parts.append(f"## {task}\n\n{settings(task, out_root, args.learning_rates, args.seeds, stop_at_val_acc, batches[task])}"
+                     f"\n\n{table(task, mixers, sizes, widths, args.learning_rates, args.seeds, out_root, batches[task])}\n")
     os.makedirs(os.path.dirname(os.path.abspath(table_path)), exist_ok=True)
     with open(table_path, 'w') as f:
         f.write('\n'.join(parts))
     print('\n'.join(parts))
     print(f"wrote {table_path}")
     if args.plot:
-        plot([(task, mixers, sizes, widths, collect(task, mixers, sizes, widths, args.learning_rates, args.seeds, out_root))
+        plot([(task, mixers, sizes, widths, collect(task, mixers, sizes, widths, args.learning_rates, args.seeds, out_root,
+                                                    batches[task]))
               for task, mixers, sizes, widths, _ in plan], args.plot)
         print(f"wrote {args.plot}")
     if not_needed:

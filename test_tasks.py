@@ -456,6 +456,55 @@ def test_grid_run_all_tries_later_lrs_only_where_needed(tmp_path, capsys):
     assert launched == []
 
 
+def test_grid_resume_continues_an_unfinished_run_from_its_checkpoint(tmp_path, capsys):
+    """--resume launches an unfinished run that left a ckpt.pt with --init_from=resume and keeps its out_dir (log and
+    checkpoint); an unfinished run without a checkpoint, and every run without --resume, starts afresh in an emptied
+    out_dir. The launcher records what it was given instead of training."""
+    def runs(root):
+        return [grid.Run('mqar', m, 2, 64, 1, 1e-3, str(root / grid.run_name(m, 2, 64, 1e-3, 1)), ['--x=1'])
+                for m in ('cut', 'nockpt')]
+    for resume in (True, False):
+        root = tmp_path / f'resume{resume}'
+        for r in runs(root):
+            fake_log(r.out_dir, 0.4, max_iters=None)  # evals at 0 and 5 of 10: unfinished
+        (root / grid.run_name('cut', 2, 64, 1e-3, 1) / 'ckpt.pt').write_bytes(b'the checkpoint of step 5')
+        seen = {}
+
+        def launch(r):
+            seen[r.mixer] = (r.overrides, sorted(os.listdir(r.out_dir)))
+            return subprocess.Popen([sys.executable, '-c', FAKE_TRAIN, r.out_dir, '0', '0.5', '0'])
+        assert grid.run_all(runs(root), launch, jobs=2, resume=resume) == ([], 0, 0)
+        if resume:
+            assert seen['cut'] == (['--x=1', '--init_from=resume'], ['ckpt.pt', 'log.txt'])
+            assert 'unfinished, continued from its ckpt.pt' in capsys.readouterr().out
+        else:
+            assert seen['cut'] == (['--x=1'], [])
+        assert seen['nockpt'] == (['--x=1'], [])
+
+
+def test_grid_batch_sizes_ladder(tmp_path):
+    """--batch_sizes: each batch size is a further setting of every cell, its run named with _bs<B> unless it is the
+    config's batch, scored on the same val sequences (eval_iters scaled); the table shows each seed's best setting
+    over all of them. A batch that does not divide the val sequences, or batch_size / eval_iters given beside
+    --batch_sizes, is refused with a one-line error. Real CPU runs of the --quick cell (batch 32, 4 × 32 val sequences)."""
+    out_root = tmp_path / 'grid'
+    base = [sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+            f'--out_root={out_root}', '--max_iters=6', '--eval_interval=3', '--log_interval=1', '--device=cpu']
+    run(base + ['--batch_sizes', '32', '64'])
+    d32, d64 = (out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3, grid.SEED, b) for b in (None, 64))
+    c32, c64 = read_log(d32)['config'], read_log(d64)['config']
+    assert (c32['batch_size'], c32['eval_iters'], c64['batch_size'], c64['eval_iters']) == (32, 4, 64, 2)
+    accs = {label: read_log(d)['evals'][-1]['val_acc'] for label, d in (('1e-3', d32), ('1e-3 bs64', d64))}
+    best = max(accs, key=lambda k: (accs[k], k == '1e-3'))  # a tie keeps the earlier setting
+    results = (out_root / 'results.md').read_text()
+    assert re.search(rf"^\| `softmax` \| {accs[best]:.3f} \({best}\) \|$", results, re.M), results
+    assert 'settings (LR, and batch where not the one below) 1e-3, 1e-3 bs64' in results
+    for bad, message in ((['--batch_sizes', '48'], 'does not divide the 128 val sequences'),
+                         (['--batch_sizes', '64', '--batch_size=8'], 'the grid sets batch_size for each run')):
+        p = subprocess.run(base + bad, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
 def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     """collect() and the table from fake logs: a cell is the mean over seeds of each seed's best final val accuracy,
     ± half the range, the LRs of those bests (each once, a tie keeps the earlier LR); a seed with no finished run
