@@ -255,7 +255,9 @@ checkpoint = None
 if init_from == 'resume':
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     print0(f"Resuming training from {ckpt_path}")
-    checkpoint = load_checkpoint(ckpt_path, map_location=device)
+    # onto the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses CUDA ones, so a resume on CUDA
+    # failed), the model is moved below and the optimizer's state goes to its parameters' device on loading
+    checkpoint = load_checkpoint(ckpt_path, map_location='cpu')
     # the architecture comes from the checkpoint (dropout may be changed on resume, and kernels when given; checkpoints
     # older than the kernels key run 'auto'): say what it overrides
     for k, v in checkpoint['model_args'].items():
