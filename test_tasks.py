@@ -354,7 +354,8 @@ def test_resume_on_cuda_under_cuda_graphs_continues_the_run(tmp_path):
     losses as 6 steps in one go (the checkpoint's RNG states once came back as CUDA tensors, which
     torch.set_rng_state refuses: every resume on CUDA failed)."""
     extra = grid.TASKS['mqar']['quick']['overrides'] + grid.QUICK + SHORT[:-1] + [
-        '--device=cuda', '--compile=True', '--compile_mode=reduce-overhead', '--dtype=float32']
+        '--device=cuda', '--compile=True', '--compile_mode=reduce-overhead', '--dtype=float32',
+        '--gradient_accumulation_steps=1', '--batch_size=16']
     cmd = lambda out_dir, *more: [sys.executable, 'train.py'] + grid.train_args(**CELL, out_dir=out_dir,
                                                                                 extra=extra + list(more))
     whole = iter_losses(run(cmd(tmp_path / 'whole')).stdout)
