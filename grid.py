@@ -185,7 +185,8 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     number = {r.out_dir: k for k, r in enumerate(runs, 1)}  # for the progress lines, in the table's order
     if stop_at_val_acc > 0:  # the wave of first LRs, then second LRs, ...; sorted() is stable: the table's order within
         runs = sorted(runs, key=lambda r: len(earlier[r.out_dir]))
-    done, lr_of = {}, {r.out_dir: r.lr for r in runs}  # done: out_dir -> whether it reached stop_at_val_acc
+    done = {}  # out_dir -> whether it reached stop_at_val_acc
+    setting_of = {r.out_dir: ('lr ' if r.batch is None else '') + setting_label(r.lr, r.batch) for r in runs}
     pending, running = list(runs), []  # running: (run, Popen, start time)
     failures, not_started, not_needed, t_start = [], 0, 0, time.time()
 
@@ -226,7 +227,7 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
             not_needed += 1
             if not resume:  # this grid reruns every cell: an older log there must not stand in the table
                 shutil.rmtree(run.out_dir, ignore_errors=True)
-            print(f"{tag}: not needed: lr {short_lr(lr_of[winner])} reached stop_at_val_acc {stop_at_val_acc:g}")
+            print(f"{tag}: not needed: {setting_of[winner]} reached stop_at_val_acc {stop_at_val_acc:g}")
             continue
         if len(running) == jobs:  # wait for a slot, then choose again: the run that ended may have readied another
             wait_for_one()
@@ -344,7 +345,7 @@ def plot(results, path):
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel('final val accuracy')  # the table's number: mean over seeds of each one's best LR
         axes[row][0].legend(fontsize=7)
-    fig.suptitle("final val answer accuracy: mean over seeds of each seed's best LR, bars: half the range over seeds",
+    fig.suptitle("final val answer accuracy: mean over seeds of each seed's best setting (LR, batch), bars: half the range over seeds",
                  fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -516,7 +517,7 @@ def main():
               for task, mixers, sizes, widths, _ in plan], args.plot)
         print(f"wrote {args.plot}")
     if not_needed:
-        print(f"{not_needed} runs not needed: an earlier LR of their cell and seed reached stop_at_val_acc {stop_at_val_acc:g}")
+        print(f"{not_needed} runs not needed: an earlier setting of their cell and seed reached stop_at_val_acc {stop_at_val_acc:g}")
     if not_started:
         print(f"{not_started} runs not started (--start_within {args.start_within:g} min): add --resume to run them")
     if failures:

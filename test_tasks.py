@@ -366,6 +366,17 @@ def test_resume_on_cuda_under_cuda_graphs_continues_the_run(tmp_path):
         assert abs(resumed[i] - whole[i]) < 1e-3, (i, resumed[i], whole[i])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cuda_graphs_with_gradient_accumulation_is_refused(tmp_path):
+    """compile_mode='reduce-overhead' with 2 micro-steps failed deep in torch at the first backward (a CUDA-graph
+    replay overwrote the previous micro-step's gradient); train.py now refuses it at once with one line."""
+    p = subprocess.run([sys.executable, 'train.py'] + grid.train_args(**CELL, out_dir=str(tmp_path), extra=grid.TASKS[
+        'mqar']['quick']['overrides'] + SHORT[:-1] + ['--device=cuda', '--compile=True', '--compile_mode=reduce-overhead']),
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "cannot accumulate gradients over 2 micro-steps" in p.stdout + p.stderr
+    assert 'Traceback' not in p.stderr, p.stderr[-2000:]
+
+
 def test_grid_start_within_starts_nothing_late(tmp_path):
     """--start_within=0: the deadline has passed before the first run, so none starts, the table marks every
     cell absent (also one where an older grid left a finished log) and the output says how many were not started."""
