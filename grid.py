@@ -255,9 +255,10 @@ def collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
     seeds that have a finished run, of each seed's best final val accuracy over the settings (each batch in batches,
     None for the config's, with each of lrs) (None if no seed has one), 'spread': half the range (max - min) of those
     bests over seeds, 'settings': the (lr, batch) that gave them (in the order tried, each once), 'lrs': their LRs
-    (in lrs order, each once), 'seeds': the
-    seeds that have a finished run, 'state': 'failed' when runs left logs but none finished, '—' when there is no
-    log at all}."""
+    (in lrs order, each once), 'seeds': the seeds that have a finished run, 'state': 'failed' when runs left logs
+    but none finished, '—' when there is no log at all}. A seed's settings after one that stopped early (reached
+    stop_at_val_acc) are not counted, as a grid would not have run them: a log left there by an interrupted or
+    older grid does not change the cell."""
     tried = [(lr, batch) for batch in batches for lr in lrs]
     cells = {}
     for mixer in mixers:
@@ -275,6 +276,8 @@ def collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
                         acc = read_log(out_dir)['evals'][-1]['val_acc']
                         if seed not in bests or acc > bests[seed][0]:  # a tie keeps the earlier setting
                             bests[seed] = (acc, (lr, batch))
+                        if stop_line(out_dir) is not None:  # it reached the threshold: the ladder ends here
+                            break
                 accs = [acc for acc, _ in bests.values()]
                 best_lrs = {lr for _, lr in bests.values()}
                 cells[mixer, w, n] = {'mean': sum(accs) / len(accs) if accs else None,

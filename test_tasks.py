@@ -538,7 +538,8 @@ def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     """collect() and the table from fake logs: a cell is the mean over seeds of each seed's best final val accuracy,
     ± half the range, the LRs of those bests (each once, a tie keeps the earlier LR); a seed with no finished run
     leaves the mean over the others with 'n=1 of 2 seeds'; 'failed' when no run finished, '—' when none has a log.
-    A run reached stop_at_val_acc (so later LRs are skipped) when its log's stopping line meets the threshold."""
+    A run reached stop_at_val_acc (so later LRs are skipped) when its log's stopping line meets the threshold; a
+    seed's later LRs after a run that stopped early are not counted."""
     root = tmp_path / 'grid'
     d = lambda mixer, n, lr, seed: root / 'mqar' / grid.run_name(mixer, n, 64, lr, seed)
     fake_log(d('softmax', 2, 3e-4, 1), 0.990, stopped_at=5)  # seed 1: reached at 3e-4, so 1e-3 never ran
@@ -573,6 +574,10 @@ def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     assert lines[2] == '| `softmax` | 0.990 | 0.500 |'
     lines = grid.table('mqar', ['softmax'], [2, 4], [64], [1e-3], [1, 2], str(root)).splitlines()
     assert lines[2] == '| `softmax` | 0.996, n=1 of 2 seeds | 0.700, n=1 of 2 seeds |'
+    # a log left at a setting after one that reached the threshold (an interrupted grid ran it) does not count: seed 1
+    # of softmax at 2 pairs stopped early at 3e-4, so its 1e-3 run is not part of the cell, however well it did
+    fake_log(d('softmax', 2, 1e-3, 1), 0.999)
+    assert grid.collect('mqar', mixers, [2, 4], [64], lrs, seeds, str(root))['softmax', 64, 2] == c
     text = grid.settings('mqar', str(root), lrs, seeds, 0.99)
     assert '2 seeds (1, 2)' in text and 'a later LR is tried only where the earlier ones did not reach it' in text
     assert 'a later LR' not in grid.settings('mqar', str(root), lrs, seeds, 0.0)
