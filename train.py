@@ -168,8 +168,8 @@ master_process = ddp_rank == 0
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 compile = (device_type == 'cuda') if compile is None else compile
 if compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'max-autotune') and gradient_accumulation_steps > 1:
-    # measured on an H100 (torch 2.11): the second micro-step's CUDA-graph replay overwrites the tied embedding's
-    # gradient of the first before autograd adds the two, and the step fails
+    # the second micro-step's CUDA-graph replay overwrites the tied embedding's gradient of the first before autograd
+    # adds the two, and the step fails deep in torch (notes/perf.md 2026-11-25 (s))
     raise UserError(f"compile_mode={compile_mode!r} (CUDA graphs) cannot accumulate gradients over "
                     f"{gradient_accumulation_steps} micro-steps: use gradient_accumulation_steps=1 with a larger batch_size, "
                     f"or compile_mode='default' or 'max-autotune-no-cudagraphs'")
