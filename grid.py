@@ -16,6 +16,8 @@ $ python grid.py --tasks mqar --learning_rates 3e-4 1e-3 --seeds 1337 1338 --job
                                     # 2 seeds per cell; 1e-3 runs only where 3e-4 did not reach 0.99; a figure too
 $ python grid.py ... --learning_rates 3e-4 1e-3 --batch_sizes 64 256 --stop_at_val_acc=0.99
                                     # then, where neither LR reached 0.99, both again at 256 sequences a step
+$ python grid.py ... --ahead        # a cell's later settings start without waiting for its earlier ones, and are
+                                    #   stopped if one of those reaches the threshold: the same table, sooner
 
 Every run is `python train.py config/<task>.py --mixer=M --<size key>=N --n_embd=W --n_head=W/32 --learning_rate=LR
 --seed=S --out_dir=<out_root>/<task>/<run>` plus any train.py override given here after the grid's own flags
@@ -165,7 +167,7 @@ def start(run, env):
         return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
-def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_within=None):
+def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_within=None, ahead=False):
     """Run the grid's runs, at most `jobs` at once; launch(run) starts one (run.out_dir exists and is empty) and
     returns its Popen. runs: in the table's order, the LRs of a (task, mixer, size, width, seed) in the order tried.
 
@@ -175,6 +177,10 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     cell is ready. With resume a finished run is kept and an unfinished one that left a ckpt.pt is continued from it
     (launched with --init_from=resume); without, every run starts afresh and the out_dir of a run not started
     (start_within, or not needed) is removed, so that no older grid's log stands in the table.
+    With ahead (and stop_at_val_acc) a later LR does not wait for the earlier ones of its cell and seed: it starts
+    when a slot is free (still after every first LR), and is stopped, as not needed, as soon as an earlier one reaches
+    the threshold. The table is the same (collect() counts no setting after one that reached it); the grid takes less
+    wall time where many cells need every setting, and more GPU time where an earlier one would have reached.
     Returns (the out_dirs of failed runs, the number not started for start_within, the number not needed)."""
     earlier = {}  # out_dir -> the out_dirs of the earlier LRs of its (task, mixer, size, width, seed)
     so_far = {}   # (task, mixer, size, width, seed) -> its out_dirs met so far, in LR order
@@ -188,7 +194,23 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     done = {}  # out_dir -> whether it reached stop_at_val_acc
     setting_of = {r.out_dir: ('lr ' if r.batch is None else '') + setting_label(r.lr, r.batch) for r in runs}
     pending, running = list(runs), []  # running: (run, Popen, start time)
-    failures, not_started, not_needed, t_start = [], 0, 0, time.time()
+    failures, not_started, t_start = [], 0, time.time()
+    not_needed = 0
+
+    def stop_later_ones(winner):
+        """ahead: stop the running later LRs of winner's cell and seed, which it made not needed."""
+        nonlocal not_needed
+        for item in [item for item in running if winner in earlier[item[0].out_dir]]:
+            run, proc, _ = item
+            proc.terminate()
+            proc.wait()
+            running.remove(item)
+            done[run.out_dir] = False
+            not_needed += 1
+            if not resume:  # as for a run not needed: its partial log must not stand in a later table
+                shutil.rmtree(run.out_dir, ignore_errors=True)
+            print(f"[{number[run.out_dir]}/{len(runs)}] {run.out_dir}: stopped, not needed: {setting_of[winner]} "
+                  f"reached stop_at_val_acc {stop_at_val_acc:g}", flush=True)
 
     def wait_for_one():
         while True:
@@ -205,12 +227,15 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
                     print(f"[{number[run.out_dir]}/{len(runs)}] {run.out_dir}: {result} ({time.time() - t0:.0f}s)", flush=True)
                     if not ok:
                         failures.append(run.out_dir)
+                    if done[run.out_dir]:
+                        stop_later_ones(run.out_dir)
                     return
             time.sleep(0.1)
 
     while pending or running:
         # the first pending run whose earlier LRs are all done (without stop_at_val_acc: the first pending run)
-        run = next((r for r in pending if stop_at_val_acc <= 0 or all(d in done for d in earlier[r.out_dir])), None)
+        run = next((r for r in pending if stop_at_val_acc <= 0 or ahead or all(d in done for d in earlier[r.out_dir])),
+                   None)
         if run is None:  # every pending run waits for a running one (one always runs then: a chain's first is ready)
             wait_for_one()
             continue
@@ -220,7 +245,7 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
             done[run.out_dir] = stop_at_val_acc > 0 and reached(run.out_dir, stop_at_val_acc)
             print(f"{tag}: finished earlier, kept")
             continue
-        winner = next((d for d in earlier[run.out_dir] if done[d]), None) if stop_at_val_acc > 0 else None
+        winner = next((d for d in earlier[run.out_dir] if done.get(d)), None) if stop_at_val_acc > 0 else None
         if winner is not None:
             pending.remove(run)
             done[run.out_dir] = False
@@ -422,6 +447,10 @@ def main():
     ap.add_argument('--start_within', type=float, default=None, metavar='MIN',
                     help="start no run after this many minutes (a time-limited GPU lease): the runs under way finish, "
                          "the rest show '—' in the table; run the same command with --resume later to fill them in")
+    ap.add_argument('--ahead', action='store_true',
+                    help="with --stop_at_val_acc: start a cell's later settings without waiting for its earlier ones "
+                         "(when a slot is free), and stop them when an earlier one reaches the threshold; the same "
+                         "table in less wall time where most cells need every setting, more GPU time where they do not")
     ap.add_argument('--out_root', default=None, help="runs go to <out_root>/<task>/<run> (default out-grid, out-grid-quick)")
     ap.add_argument('--table', default=None, help="the markdown file to write (default <out_root>/results.md)")
     ap.add_argument('--plot', default=None, metavar='PATH.png',
@@ -445,6 +474,8 @@ def main():
                 stop_at_val_acc = float(value)
             except ValueError:
                 ap.error(f"{a}: stop_at_val_acc must be a number, an accuracy in [0, 1]")
+    if args.ahead and stop_at_val_acc <= 0:
+        ap.error("--ahead needs --stop_at_val_acc=X: without a threshold every setting runs anyway, none waits")
     # two runs with the same name would share an out_dir (and train.py's lock would stop the second)
     for flag, values in (('--seeds', args.seeds), ('--learning_rates', [f'{lr:g}' for lr in args.learning_rates]),
                          ('--batch_sizes', args.batch_sizes or [])):
@@ -495,7 +526,8 @@ def main():
     def launch(run):
         started.append(run)
         return start(run, env)
-    failures, not_started, not_needed = run_all(runs, launch, args.jobs, stop_at_val_acc, args.resume, args.start_within)
+    failures, not_started, not_needed = run_all(runs, launch, args.jobs, stop_at_val_acc, args.resume, args.start_within,
+                                                args.ahead)
 
     cmd = ' '.join(['python', 'grid.py'] + sys.argv[1:])
     parts = ["# Recall grid: final val answer accuracy\n",

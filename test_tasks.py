@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -483,6 +484,39 @@ def test_grid_run_all_tries_later_lrs_only_where_needed(tmp_path, capsys):
     assert grid.run_all(grid_runs(tmp_path / 'late'), launcher(0.99, launched), jobs=2, stop_at_val_acc=0.99,
                         start_within=0) == ([], 8, 0)
     assert launched == []
+
+
+def test_grid_run_all_ahead_starts_later_lrs_at_once_and_stops_them_when_not_needed(tmp_path, capsys):
+    """ahead=True: a cell's second LR starts while its first still runs (after every first LR), and is stopped when
+    the first reaches the threshold (its out_dir removed without --resume); a second LR whose first has already
+    reached does not start. grid.py refuses --ahead without --stop_at_val_acc."""
+    lrs = [3e-4, 1e-3]
+    # (mixer, lr) -> (seconds, val acc): a's first reaches 0.99 slowly while its second (slower still) runs;
+    # b needs both; c's first reaches at once, so its second is not needed
+    fake = {('a', 3e-4): (2.0, 0.995), ('a', 1e-3): (30.0, 0.5), ('b', 3e-4): (0.05, 0.5), ('b', 1e-3): (0.05, 0.7),
+            ('c', 3e-4): (0.05, 0.995), ('c', 1e-3): (0.05, 0.5)}
+    runs = [grid.Run('mqar', m, 2, 64, 1, lr, str(tmp_path / grid.run_name(m, 2, 64, lr, 1)), [])
+            for m in 'abc' for lr in lrs]
+    launched, t_launch = [], {}
+
+    def launch(r):
+        launched.append((r.mixer, r.lr))
+        t_launch[r.mixer, r.lr] = time.time()
+        seconds, acc = fake[r.mixer, r.lr]
+        return subprocess.Popen([sys.executable, '-c', FAKE_TRAIN, r.out_dir, str(seconds), str(acc), '0.99'])
+    t0 = time.time()
+    assert grid.run_all(runs, launch, jobs=3, stop_at_val_acc=0.99, ahead=True) == ([], 0, 2)
+    assert time.time() - t0 < 20  # a's second LR (30 s) was stopped, not waited for
+    assert launched == [('a', 3e-4), ('b', 3e-4), ('c', 3e-4), ('a', 1e-3), ('b', 1e-3)]
+    a_first_end = float((tmp_path / grid.run_name('a', 2, 64, 3e-4, 1) / 'times.txt').read_text().split()[1])
+    assert t_launch['a', 1e-3] < a_first_end  # it did not wait
+    assert not (tmp_path / grid.run_name('a', 2, 64, 1e-3, 1)).exists()
+    out = capsys.readouterr().out
+    assert f"{tmp_path / grid.run_name('a', 2, 64, 1e-3, 1)}: stopped, not needed: lr 3e-4 reached" in out
+    assert f"{tmp_path / grid.run_name('c', 2, 64, 1e-3, 1)}: not needed: lr 3e-4 reached" in out
+    p = subprocess.run([sys.executable, 'grid.py', '--quick', '--ahead', f'--out_root={tmp_path / "x"}'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and '--ahead needs --stop_at_val_acc' in p.stderr, p.stderr
 
 
 def test_grid_resume_continues_an_unfinished_run_from_its_checkpoint(tmp_path, capsys):
