@@ -179,7 +179,8 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     (start_within, or not needed) is removed, so that no older grid's log stands in the table.
     With ahead (and stop_at_val_acc) a later LR does not wait for the earlier ones of its cell and seed: it starts
     when a slot is free (still after every first LR), and is stopped, as not needed, as soon as an earlier one reaches
-    the threshold. The table is the same (collect() counts no setting after one that reached it); the grid takes less
+    the threshold. Once every run has ended the table is the same (collect() counts no setting after one that reached
+    it; while an earlier one is unfinished, a later one that finished counts); the grid takes less
     wall time where many cells need every setting, and more GPU time where an earlier one would have reached.
     Returns (the out_dirs of failed runs, the number not started for start_within, the number not needed)."""
     earlier = {}  # out_dir -> the out_dirs of the earlier LRs of its (task, mixer, size, width, seed)
