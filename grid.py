@@ -180,8 +180,8 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     With ahead (and stop_at_val_acc) a later LR does not wait for the earlier ones of its cell and seed: it starts
     when a slot is free (still after every first LR), and is stopped, as not needed, as soon as an earlier one reaches
     the threshold. Once every run has ended the table is the same (collect() counts no setting after one that reached
-    it; while an earlier one is unfinished, a later one that finished counts); the grid takes less
-    wall time where many cells need every setting, and more GPU time where an earlier one would have reached.
+    it; while an earlier one is unfinished, a later one that finished counts); the grid takes less wall time where
+    many cells need every setting, and more GPU time where an earlier one would have reached.
     Returns (the out_dirs of failed runs, the number not started for start_within, the number not needed)."""
     earlier = {}  # out_dir -> the out_dirs of the earlier LRs of its (task, mixer, size, width, seed)
     so_far = {}   # (task, mixer, size, width, seed) -> its out_dirs met so far, in LR order
@@ -195,8 +195,7 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     done = {}  # out_dir -> whether it reached stop_at_val_acc
     setting_of = {r.out_dir: ('lr ' if r.batch is None else '') + setting_label(r.lr, r.batch) for r in runs}
     pending, running = list(runs), []  # running: (run, Popen, start time)
-    failures, not_started, t_start = [], 0, time.time()
-    not_needed = 0
+    failures, not_started, not_needed, t_start = [], 0, 0, time.time()
 
     def stop_later_ones(winner):
         """ahead: stop the running later LRs of winner's cell and seed, which it made not needed."""
