@@ -1,14 +1,17 @@
 # One device call of issue 20's grids (notes/perf.md 2026-11-25 (u)): MQAR's RetNet / Mamba2 batch-256 rungs
 # (--ahead) beside state tracking's LR ladder, both continued with --resume from the runs' ckpt.pt on a warm machine.
-# $ bash notes/grid_call.sh TAG SECONDS [mps]
+# $ bash notes/grid_call.sh TAG SECONDS [mps|nomps] [cut|st256]
 #   TAG      names the files written to $OUT: TAG-rm.txt, TAG-st.txt (the grids' output), TAG-mon.txt (GPU, memory
 #            and load every 45 s), TAG-logs.tgz (every run's log.txt)
 #   SECONDS  when the grids are stopped (their train.py runs keep a ckpt.pt from their last eval)
 #   mps      run the grids' processes under CUDA MPS (a user daemon with its pipe in /tmp; no GPU setting changes),
 #            so their small kernels share the SMs instead of time-slicing; off again when the call ends
-# Expects out-grid-s/mqar and out-grid-t/statetrack (carried in the first call, kept on the warm machine after).
+#   cut      (default) the runs cut last session: MQAR's RetNet / Mamba2 batch-256 rungs (out-grid-s/mqar) beside
+#            state tracking's LR ladder (out-grid-t/statetrack)
+#   st256    state tracking's batch-256 rung at width 256, every mixer (out-grid-t/statetrack)
+# Expects those out dirs (carried in the first call, kept on the warm machine after).
 set -u
-tag=$1; secs=$2; mode=${3:-}
+tag=$1; secs=$2; mode=${3:-}; part=${4:-cut}
 out=${OUT:-out-call}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/$tag-env.txt"
 python -c "import torch, triton, sys; print(torch.__version__, triton.__version__, sys.version.split()[0])" >> "$out/$tag-env.txt"
@@ -35,18 +38,26 @@ fi
   done ) > "$out/$tag-mon.txt" 2>&1 &
 mon=$!
 
-timeout "$secs" python grid.py --tasks mqar --mixers retnet mamba2 --learning_rates 3e-4 1e-3 --batch_sizes 64 256 \
-    --seeds 1337 1338 --max_iters=16000 --lr_decay_iters=16000 --eval_interval=500 --stop_at_val_acc=0.99 \
-    --jobs=20 --resume --ahead --out_root out-grid-s --table out-grid-s/rm.md > "$out/$tag-rm.txt" 2>&1 &
-rm_pid=$!
-timeout "$secs" python grid.py --tasks statetrack --learning_rates 3e-4 1e-3 --seeds 1337 1338 \
-    --stop_at_val_acc=0.99 --jobs=8 --resume --out_root out-grid-t --table out-grid-t/st.md > "$out/$tag-st.txt" 2>&1 &
-st_pid=$!
+if [ "$part" = cut ]; then
+    timeout "$secs" python grid.py --tasks mqar --mixers retnet mamba2 --learning_rates 3e-4 1e-3 --batch_sizes 64 256 \
+        --seeds 1337 1338 --max_iters=16000 --lr_decay_iters=16000 --eval_interval=500 --stop_at_val_acc=0.99 \
+        --jobs=20 --resume --ahead --out_root out-grid-s --table out-grid-s/rm.md > "$out/$tag-rm.txt" 2>&1 &
+    rm_pid=$!
+    timeout "$secs" python grid.py --tasks statetrack --learning_rates 3e-4 1e-3 --seeds 1337 1338 \
+        --stop_at_val_acc=0.99 --jobs=8 --resume --out_root out-grid-t --table out-grid-t/st.md > "$out/$tag-st.txt" 2>&1 &
+    st_pid=$!
+else
+    rm_pid=
+    timeout "$secs" python grid.py --tasks statetrack --widths 256 --learning_rates 3e-4 1e-3 --batch_sizes 64 256 \
+        --seeds 1337 1338 --stop_at_val_acc=0.99 --jobs=28 --resume --ahead --out_root out-grid-t \
+        --table out-grid-t/st256.md > "$out/$tag-st.txt" 2>&1 &
+    st_pid=$!
+fi
 wait $rm_pid $st_pid
 pkill -f "^[^ ]*python[^ ]* train.py"  # anchored: a bare 'train.py' pattern would match this shell's own command line
 sleep 5
 kill $mon
 [ "$mode" = mps ] && [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
-tar czf "$out/$tag-logs.tgz" out-grid-s/mqar/*/log.txt out-grid-t/statetrack/*/log.txt out-grid-s/rm.md out-grid-t/st.md 2> /dev/null
+tar czf "$out/$tag-logs.tgz" out-grid-*/*/*/log.txt out-grid-*/*.md 2> /dev/null
 ls out-grid-s/mqar/*/ckpt.pt out-grid-t/statetrack/*/ckpt.pt 2> /dev/null | wc -l
-tail -3 "$out/$tag-rm.txt" "$out/$tag-st.txt"
+for f in "$out/$tag"-rm.txt "$out/$tag"-st.txt; do [ -f "$f" ] && tail -n 3 "$f"; done; true
