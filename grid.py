@@ -280,7 +280,8 @@ def collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
     seeds that have a finished run, of each seed's best final val accuracy over the settings (each batch in batches,
     None for the config's, with each of lrs) (None if no seed has one), 'spread': half the range (max - min) of those
     bests over seeds, 'settings': the (lr, batch) that gave them (in the order tried, each once), 'lrs': their LRs
-    (in lrs order, each once), 'seeds': the seeds that have a finished run, 'state': 'failed' when runs left logs
+    (in lrs order, each once), 'seeds': the seeds that have a finished run, 'short': those of them whose ladder was cut short (a
+    setting they needed, after no earlier one reached stop_at_val_acc, has no finished run), 'state': 'failed' when runs left logs
     but none finished, '—' when there is no log at all}. A seed's settings after one that stopped early (reached
     stop_at_val_acc) are not counted, as a grid would not have run them: a log left there by an interrupted or
     older grid does not change the cell."""
@@ -290,33 +291,40 @@ def collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
         for w in widths:
             for n in sizes:
                 bests, state = {}, '—'  # bests: seed -> (val acc, (lr, batch)) of its best finished run
+                short = []  # seeds whose ladder was cut short: a setting it needed has no finished run
                 for seed in seeds:
+                    missing = False
                     for lr, batch in tried:
                         out_dir = os.path.join(out_root, task, run_name(mixer, n, w, lr, seed, batch))
                         if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
+                            missing = True
                             continue
                         if not finished(out_dir):
-                            state = 'failed'
+                            state, missing = 'failed', True
                             continue
                         acc = read_log(out_dir)['evals'][-1]['val_acc']
                         if seed not in bests or acc > bests[seed][0]:  # a tie keeps the earlier setting
                             bests[seed] = (acc, (lr, batch))
                         if stop_line(out_dir) is not None:  # it reached the threshold: the ladder ends here
+                            missing = False  # the settings after it were not needed
                             break
+                    if missing and seed in bests:
+                        short.append(seed)
                 accs = [acc for acc, _ in bests.values()]
                 best_lrs = {lr for _, lr in bests.values()}
                 cells[mixer, w, n] = {'mean': sum(accs) / len(accs) if accs else None,
                                       'spread': (max(accs) - min(accs)) / 2 if accs else None,
                                       'settings': [t for t in tried if t in best_lrs],
                                       'lrs': [lr for lr in lrs if any(t[0] == lr for t in best_lrs)],
-                                      'seeds': [s for s in seeds if s in bests], 'state': state}
+                                      'seeds': [s for s in seeds if s in bests], 'short': short, 'state': state}
     return cells
 
 
 def table(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
     """Markdown: one row per mixer, one column per width × size. A cell is collect()'s mean over seeds, '±' half
     the range over seeds (2+ seeds), the LRs that gave each seed's best (when several were given), and
-    ', n=1 of 2 seeds' when some seeds have no finished run; 'failed' or '—' when no seed has one."""
+    ', n=1 of 2 seeds' when some seeds have no finished run, and ' †' (with a footnote) when a seed's ladder was cut
+    short; 'failed' or '—' when no seed has one."""
     spec = TASKS[task]
     cells = collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches)
     cols = [(w, n) for w in widths for n in sizes]
@@ -336,14 +344,20 @@ def table(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
                 text += f" ({', '.join(setting_label(*t) for t in c['settings'])})"
             if len(c['seeds']) < len(seeds):
                 text += f", n={len(c['seeds'])} of {len(seeds)} seeds"
+            if c['short']:
+                text += ' †'
             texts.append(text)
         lines.append(f"| `{mixer}` | " + ' | '.join(texts) + ' |')
+    if any(c['short'] for c in cells.values()):
+        lines.append("\n† Not every setting this cell needed ran (an interrupted grid, --start_within, or a grid of "
+                     "fewer settings into the same out_root): the cell is the best of those that did.")
     return '\n'.join(lines)
 
 
 def plot(results, path):
     """The table's numbers as a figure: one row of panels per task, one panel per width; x = size, y = the
-    cell's mean over seeds with error bars of half the range, one line per mixer; for MQAR chance (1/pairs) dotted.
+    cell's mean over seeds with error bars of half the range, one line per mixer, hollow where the table has '†';
+    for MQAR chance (1/pairs) dotted.
     results: [(task, mixers, sizes, widths, collect()'s cells)]. Writes the PNG to path; returns the figure."""
     import matplotlib
     matplotlib.use('Agg')  # files only, no display needed
@@ -351,6 +365,8 @@ def plot(results, path):
     ncols = max(len(widths) for _, _, _, widths, _ in results)
     fig, axes = plt.subplots(len(results), ncols, figsize=(4.5 * ncols, 3.6 * len(results)), squeeze=False,
                              sharey=True)
+    any_short = False
+    color = {m: f'C{i}' for i, m in enumerate(dict.fromkeys(m for r in results for m in r[1]))}  # same in every panel
     for row, (task, mixers, sizes, widths, cells) in enumerate(results):
         xs = sorted(sizes)
         for col, ax in enumerate(axes[row]):
@@ -361,9 +377,14 @@ def plot(results, path):
             for mixer in mixers:
                 cs = [cells[mixer, w, n] for n in xs]
                 nan = float('nan')  # no result: matplotlib leaves a gap in the line
-                ax.errorbar(xs, [nan if c['mean'] is None else c['mean'] for c in cs],
-                            yerr=[nan if c['mean'] is None else c['spread'] for c in cs],
-                            marker='o', markersize=4, capsize=3, label=mixer)
+                bars = ax.errorbar(xs, [nan if c['mean'] is None else c['mean'] for c in cs],
+                                   yerr=[nan if c['mean'] is None else c['spread'] for c in cs],
+                                   marker='o', markersize=4, capsize=3, label=mixer, color=color[mixer])
+                short = [(n, c['mean']) for n, c in zip(xs, cs) if c['mean'] is not None and c['short']]
+                if short:  # the table's '†': hollow markers over those points
+                    any_short = True
+                    ax.plot(*zip(*short), 'o', markersize=7, markerfacecolor='white',
+                            markeredgecolor=bars.lines[0].get_color(), label='_short')
             if task == 'mqar':  # guessing among the N stored values
                 ax.plot(xs, [1 / n for n in xs], ':', color='grey', label='chance (1/pairs)')
             ax.set_title(f"{task}, width {w}")
@@ -373,8 +394,8 @@ def plot(results, path):
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel('final val accuracy')  # the table's number: mean over seeds of each one's best LR
         axes[row][0].legend(fontsize=7)
-    fig.suptitle("final val answer accuracy: mean over seeds of each seed's best setting (LR, batch), bars: half the range over seeds",
-                 fontsize=10)
+    fig.suptitle("final val answer accuracy: mean over seeds of each seed's best setting (LR, batch), bars: half the range over seeds"
+                 + ("\nhollow: not every setting that cell needed ran (the table's †)" if any_short else ''), fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -443,7 +464,8 @@ def main():
     ap.add_argument('--resume', action='store_true', help="keep the runs that finished (an eval at max_iters, or stopped at "
                     "stop_at_val_acc), continue the unfinished ones that left a ckpt.pt, and run the rest")
     ap.add_argument('--jobs', type=int, default=1, help="runs at once on the same device; small models leave a GPU "
-                    "mostly idle, so up to about one run per CPU core (each run's own CPU work is then the limit)")
+                    "mostly idle, so up to about one run per CPU core (each run's own CPU work is then the limit), "
+                    "and no more than fit in GPU memory (each run keeps its own CUDA graphs and compile workspace)")
     ap.add_argument('--start_within', type=float, default=None, metavar='MIN',
                     help="start no run after this many minutes (a time-limited GPU lease): the runs under way finish, "
                          "the rest show '—' in the table; run the same command with --resume later to fill them in")

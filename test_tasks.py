@@ -601,7 +601,7 @@ def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     lines = grid.table('mqar', mixers, [2, 4], [64], lrs, seeds, str(root)).splitlines()
     assert lines[0] == '| mixer | w=64, 2 pairs | w=64, 4 pairs |'
     assert lines[2] == '| `softmax` | 0.993 ±0.003 (3e-4, 1e-3) | 0.700 (1e-3), n=1 of 2 seeds |'
-    assert lines[3] == '| `kda` | 0.700 ±0.100 (3e-4) | failed |'
+    assert lines[3] == '| `kda` | 0.700 ±0.100 (3e-4) † | failed |'  # seed 1's 1e-3 run is missing: '†' below
     assert lines[4] == '| `retnet` | — | — |'
     # one seed: no ±; one LR: no LRs (the cells read only the runs of the given seeds and LRs)
     lines = grid.table('mqar', ['softmax'], [2, 4], [64], [3e-4], [1], str(root)).splitlines()
@@ -615,6 +615,25 @@ def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     text = grid.settings('mqar', str(root), lrs, seeds, 0.99)
     assert '2 seeds (1, 2)' in text and 'a later LR is tried only where the earlier ones did not reach it' in text
     assert 'a later LR' not in grid.settings('mqar', str(root), lrs, seeds, 0.0)
+    # a seed whose ladder was cut short (no setting reached the threshold and a later one has no finished run) is
+    # marked '†' with a footnote; one whose later setting reached it while an earlier one was cut (--ahead) is not
+    fake_log(d('retnet', 2, 3e-4, 1), 0.800)                  # its 1e-3 run: no log
+    fake_log(d('retnet', 2, 3e-4, 2), 0.850)
+    fake_log(d('retnet', 2, 1e-3, 2), 0.900, max_iters=None)  # cut: did not finish
+    fake_log(d('retnet', 4, 1e-3, 1), 0.995, stopped_at=5)    # its 3e-4 run: no log
+    cells = grid.collect('mqar', mixers, [2, 4], [64], lrs, seeds, str(root))
+    assert cells['retnet', 64, 2]['short'] == [1, 2] and cells['retnet', 64, 4]['short'] == []
+    assert cells['softmax', 64, 2]['short'] == [] and cells['softmax', 64, 4]['short'] == []
+    lines = grid.table('mqar', mixers, [2, 4], [64], lrs, seeds, str(root)).splitlines()
+    assert lines[4] == '| `retnet` | 0.825 ±0.025 (3e-4) † | 0.995 (1e-3), n=1 of 2 seeds |'
+    assert lines[-1].startswith('† Not every setting this cell needed ran')
+    assert '†' not in grid.table('mqar', ['softmax'], [2, 4], [64], lrs, seeds, str(root))
+    pytest.importorskip('matplotlib')
+    fig = grid.plot([('mqar', mixers, [2, 4], [64], cells)], str(tmp_path / 'grid.png'))
+    hollow = [line for line in fig.axes[0].lines if line.get_label() == '_short']
+    assert len(hollow) == 2 and '†' in fig._suptitle.get_text()  # kda and retnet, each at 2 pairs
+    assert [list(line.get_xdata()) for line in hollow] == [[2], [2]]
+    assert list(hollow[1].get_ydata()) == pytest.approx([0.825])
 
 
 def test_grid_end_to_end_skips_the_second_lr_where_the_first_reached(tmp_path):
