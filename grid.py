@@ -280,11 +280,11 @@ def collect(task, mixers, sizes, widths, lrs, seeds, out_root, batches=(None,)):
     seeds that have a finished run, of each seed's best final val accuracy over the settings (each batch in batches,
     None for the config's, with each of lrs) (None if no seed has one), 'spread': half the range (max - min) of those
     bests over seeds, 'settings': the (lr, batch) that gave them (in the order tried, each once), 'lrs': their LRs
-    (in lrs order, each once), 'seeds': the seeds that have a finished run, 'short': those of them whose ladder was cut short (a
-    setting they needed, after no earlier one reached stop_at_val_acc, has no finished run), 'state': 'failed' when runs left logs
-    but none finished, '—' when there is no log at all}. A seed's settings after one that stopped early (reached
-    stop_at_val_acc) are not counted, as a grid would not have run them: a log left there by an interrupted or
-    older grid does not change the cell."""
+    (in lrs order, each once), 'seeds': the seeds that have a finished run, 'short': those of them whose ladder
+    was cut short (a setting they needed, after no earlier one reached stop_at_val_acc, has no finished run),
+    'state': 'failed' when runs left logs but none finished, '—' when there is no log at all}. A seed's settings
+    after one that stopped early (reached stop_at_val_acc) are not counted, as a grid would not have run them: a log
+    left there by an interrupted or older grid does not change the cell."""
     tried = [(lr, batch) for batch in batches for lr in lrs]
     cells = {}
     for mixer in mixers:
@@ -394,8 +394,9 @@ def plot(results, path):
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel('final val accuracy')  # the table's number: mean over seeds of each one's best LR
         axes[row][0].legend(fontsize=7)
-    fig.suptitle("final val answer accuracy: mean over seeds of each seed's best setting (LR, batch), bars: half the range over seeds"
-                 + ("\nhollow: not every setting that cell needed ran (the table's †)" if any_short else ''), fontsize=10)
+    title = "final val answer accuracy: mean over seeds of each seed's best setting (LR, batch), bars: half the range"
+    fig.suptitle(title + " over seeds" + ("\nhollow: not every setting that cell needed ran (the table's †)"
+                                          if any_short else ''), fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
