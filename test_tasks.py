@@ -628,12 +628,31 @@ def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     assert lines[4] == '| `retnet` | 0.825 ±0.025 (3e-4) † | 0.995 (1e-3), n=1 of 2 seeds |'
     assert lines[-1].startswith('† Not every setting this cell needed ran')
     assert '†' not in grid.table('mqar', ['softmax'], [2, 4], [64], lrs, seeds, str(root))
+
+
+def test_grid_plot_draws_cut_short_cells_hollow(tmp_path):
+    """plot(): a cell the table marks '†' (a seed's ladder cut short) gets a hollow marker over its point, in its
+    mixer's colour, and the title says what hollow means; a complete cell gets none."""
     pytest.importorskip('matplotlib')
-    fig = grid.plot([('mqar', mixers, [2, 4], [64], cells)], str(tmp_path / 'grid.png'))
+    root = tmp_path / 'grid'
+    d = lambda mixer, n, lr: root / 'mqar' / grid.run_name(mixer, n, 64, lr, 1)
+    fake_log(d('kda', 2, 3e-4), 0.995, stopped_at=5)  # complete: reached at the first LR
+    fake_log(d('kda', 4, 3e-4), 0.600)
+    fake_log(d('kda', 4, 1e-3), 0.700)                # complete: both LRs ran
+    fake_log(d('retnet', 2, 3e-4), 0.400)             # cut short: its 1e-3 run has no log
+    fake_log(d('retnet', 4, 3e-4), 0.300)
+    fake_log(d('retnet', 4, 1e-3), 0.200, max_iters=None)  # cut short: its 1e-3 run did not finish
+    cells = grid.collect('mqar', ['kda', 'retnet'], [2, 4], [64], [3e-4, 1e-3], [1], str(root))
+    fig = grid.plot([('mqar', ['kda', 'retnet'], [2, 4], [64], cells)], str(tmp_path / 'grid.png'))
     hollow = [line for line in fig.axes[0].lines if line.get_label() == '_short']
-    assert len(hollow) == 2 and '†' in fig._suptitle.get_text()  # kda and retnet, each at 2 pairs
-    assert [list(line.get_xdata()) for line in hollow] == [[2], [2]]
-    assert list(hollow[1].get_ydata()) == pytest.approx([0.825])
+    assert len(hollow) == 1 and 'hollow' in fig._suptitle.get_text()
+    assert list(hollow[0].get_xdata()) == [2, 4] and list(hollow[0].get_ydata()) == pytest.approx([0.4, 0.3])
+    bars = {c.get_label(): c for c in fig.axes[0].containers}
+    assert hollow[0].get_markeredgecolor() == bars['retnet'].lines[0].get_color() != bars['kda'].lines[0].get_color()
+    complete = grid.collect('mqar', ['kda'], [2, 4], [64], [3e-4, 1e-3], [1], str(root))
+    fig = grid.plot([('mqar', ['kda'], [2, 4], [64], complete)], str(tmp_path / 'complete.png'))
+    assert not [line for line in fig.axes[0].lines if line.get_label() == '_short']
+    assert 'hollow' not in fig._suptitle.get_text()
 
 
 def test_grid_end_to_end_skips_the_second_lr_where_the_first_reached(tmp_path):
