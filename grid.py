@@ -377,14 +377,14 @@ def plot(results, path):
             for mixer in mixers:
                 cs = [cells[mixer, w, n] for n in xs]
                 nan = float('nan')  # no result: matplotlib leaves a gap in the line
-                bars = ax.errorbar(xs, [nan if c['mean'] is None else c['mean'] for c in cs],
-                                   yerr=[nan if c['mean'] is None else c['spread'] for c in cs],
-                                   marker='o', markersize=4, capsize=3, label=mixer, color=color[mixer])
+                ax.errorbar(xs, [nan if c['mean'] is None else c['mean'] for c in cs],
+                            yerr=[nan if c['mean'] is None else c['spread'] for c in cs],
+                            marker='o', markersize=4, capsize=3, label=mixer, color=color[mixer])
                 short = [(n, c['mean']) for n, c in zip(xs, cs) if c['mean'] is not None and c['short']]
                 if short:  # the table's '†': hollow markers over those points
                     any_short = True
-                    ax.plot(*zip(*short), 'o', markersize=7, markerfacecolor='white',
-                            markeredgecolor=bars.lines[0].get_color(), label='_short')
+                    ax.plot(*zip(*short), 'o', markersize=7, markerfacecolor='white', markeredgecolor=color[mixer],
+                            label='_short')
             if task == 'mqar':  # guessing among the N stored values
                 ax.plot(xs, [1 / n for n in xs], ':', color='grey', label='chance (1/pairs)')
             ax.set_title(f"{task}, width {w}")
