@@ -3,7 +3,7 @@
 # (Python standard library source, 5.1M train tokens). The mixer is an override; one run per mixer, then the table
 # and the picture:
 # $ for m in softmax retnet mamba2 deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m; done
-# $ python plot.py out-text/* --table && python plot.py out-text/* --out=text_val_loss.png --title="pystdlib, 8 x 384"
+# $ python plot.py out-text/* --table && python plot.py out-text/* --out=assets/text_val_loss.png --title="pystdlib, 8 x 384"
 # Hardware: one GPU (bf16); on 2 CPU cores a run would take hours.
 # Expected val loss per mixer: README "Results" (the text table), notes/results.md.
 dataset = 'pystdlib'
