@@ -4,7 +4,8 @@
 # $ python train.py config/mqar.py --mixer='kda*3,softmax' --mqar_num_pairs=24 --n_embd=256 --n_head=8
 # grid.py runs every mixer x pairs x width from this file and writes the results table.
 # Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use grid.py --quick's tiny sizes.
-# Expected val accuracy per mixer, and the sizing runs that chose these settings: README "Results", notes/results.md.
+# Expected val accuracy per mixer: README "Results", notes/results.md §8.1 (its w=128, 16-pair cell);
+# the sizing runs that chose these settings: notes/results.md §8.6.
 dataset = 'mqar'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
 compile = None         # on for CUDA (off on CPU): a step of these small models is bound by kernel launches,
@@ -12,7 +13,7 @@ compile_mode = 'reduce-overhead'  # so CUDA graphs make it several times faster 
 
 # task: each sequence holds 16 pairs, then 16 queries of random stored keys (loss on the 16 answers only).
 # Vocabulary 64 (31 keys, 32 values), not Zoology's 8192: in 4,000 steps of fresh sequences each of 8192 embeddings is
-# seen too rarely to train, and 256 trained slowly (the sizing runs in notes/results.md)
+# seen too rarely to train, and 256 trained slowly (the sizing runs, notes/results.md §8.6)
 task_vocab_size = 64
 block_size = 128
 mqar_num_pairs = 16    # up to 31 (the keys) and (block_size + 1) // 4 = 32

@@ -4,7 +4,7 @@
 # $ python train.py config/statetrack.py --mixer=retnet --statetrack_num_assignments=96
 # grid.py runs every mixer x assignments x width from this file and writes the results table.
 # Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use grid.py --quick's tiny sizes.
-# Expected val accuracy per mixer: README "Results", notes/results.md.
+# Expected val accuracy per mixer: README "Results", notes/results.md §8.1.
 dataset = 'statetrack'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
 compile = None         # on for CUDA (off on CPU): a step of these small models is bound by kernel launches,

@@ -5,7 +5,7 @@
 # $ for m in softmax retnet mamba2 deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m; done
 # $ python plot.py out-text/* --table && python plot.py out-text/* --out=assets/text_val_loss.png --title="pystdlib, 8 x 384"
 # Hardware: one GPU (bf16); on 2 CPU cores a run would take hours.
-# Expected val loss per mixer: README "Results" (the text table), notes/results.md.
+# Expected val loss per mixer: README "Results" (the text column), notes/results.md §9.1.
 dataset = 'pystdlib'
 # mixer: train.py's default, softmax, unless given (--mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax')
 out_dir = 'out-text/' + mixer.replace('*', 'x').replace(',', '+')  # one folder per mixer: plot.py out-text/*
