@@ -45,9 +45,20 @@ everything runs the torch paths. 'torch' forces the chunked torch path, 'recurre
 and the short conv have one torch version for both), 'triton' the Triton kernels (on CPU it needs TRITON_INTERPRET=1
 set before triton is imported, which runs them through Triton's interpreter).
 
+Contents (read top to bottom; each family's section in the same order: reference recurrence, chunked torch, Triton
+forward, Triton backward, the custom ops, the decode step):
+  1. the public calls (delta_rule, delta_rule_step, linear_attn, linear_attn_step, short_conv, short_conv_step)
+     and _pick_path, the one place a path is chosen
+  2. TUNING: every launch setting of the Triton kernels (tiles, warps, stages), one table
+  3. shared helpers: argument checks, the torch paths' chunks, the Triton kernels' numerical rules and _dot
+  4. the delta rule: DeltaNet, GDN, KDA (GATE_NONE, GATE_SCALAR, GATE_CHANNEL)
+  5. scalar-decay linear attention: RetNet, Mamba2 (GATE_CONST, GATE_SCALAR)
+  6. the short convolution (short_conv, short_conv_step)
+
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
 small shapes; with a GPU: the full Triton matrix of docs/mixers.md §8)
-Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,mamba2   (scalar decay)
+Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,mamba2   (scalar decay);
+           python bench.py --tiles delta|scalar|conv   (the TUNING candidates);  python bench.py --ptxas   (offline)
 """
 
 import functools
@@ -70,8 +81,251 @@ except ImportError:  # no triton wheel off Linux: the kernels below are defined 
 # Triton reads TRITON_INTERPRET when it is imported and takes 1 / true / on / yes (any case) as "interpret"
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
-# -----------------------------------------------------------------------------
-# argument checks (shared by every path; a wrong shape fails here with its name, not deep inside an einsum)
+# Gate kinds, one vocabulary for both families: the kernels' GATE argument and the host's choice of kernels.
+# tl.constexpr, so that the Triton kernels can compare against them; int(...) where the host needs a plain number.
+GATE_NONE = tl.constexpr(0)     # no decay: DeltaNet, plain linear attention
+GATE_SCALAR = tl.constexpr(1)   # one log-decay per token and head, g [B, T, H]: GDN, Mamba2 (Δ·A)
+GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA
+GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (log γ; not differentiated)
+TRITON_CHUNK = 64  # tokens per chunk of the Triton kernels; (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md
+                   # §4.3.3); faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks)
+
+# =====================================================================================================================
+# 1. The public calls, and the one place a path is chosen
+# =====================================================================================================================
+
+CHUNK_SIZE = 64  # chunk of the chunked torch path
+CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
+PATHS = ("auto", "torch", "recurrent", "triton")  # the path argument of the public calls (model.py: GPTConfig.kernels)
+_logged = set()
+
+def check_path(path):
+    """Refuse a path argument that is not one of PATHS: a one-line ValueError naming it and the allowed ones."""
+    if not isinstance(path, str) or path not in PATHS:
+        raise ValueError(f"kernels path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
+
+def _pick_path(fn, x, v, state=None, path="auto"):
+    """The one place a path is chosen: every public call asks here. -> (path, note for the log line):
+    'recurrent' | 'chunked' | 'triton' for the two families, 'torch' | 'triton' for the short conv (fn 'short_conv*',
+    v its weight [D, W]). x: q (the conv's x); state: a decode step's state. path 'auto': on CUDA the Triton kernels
+    where they take the inputs (else the torch path, and the note says why), on CPU the torch paths; 'torch'
+    (chunked), 'recurrent' and 'triton' force one ('recurrent' is the torch version for the short conv)."""
+    check_path(path)
+    conv = fn.startswith("short_conv")
+    torch_path = "torch" if conv else "chunked"
+    if conv and v.shape[1] != 4:
+        return "torch", f" (the Triton kernels are written for width 4, got {v.shape[1]})"
+    if path != "auto":
+        if path == "triton" and not HAVE_TRITON:
+            raise ValueError(f"{fn}: path 'triton' but triton is not installed (use 'auto' or 'torch')")
+        if path == "triton" and not x.is_cuda and not _INTERPRETING:
+            raise ValueError(f"{fn}: path 'triton' on CPU needs TRITON_INTERPRET=1, set before triton is imported "
+                             f"(or use 'auto' or 'torch')")
+        if conv and path == "triton" and state is not None and not state.is_contiguous():
+            return "torch", " (the Triton step needs a contiguous state)"
+        if conv:
+            return ("triton" if path == "triton" else "torch"), f" (kernels={path!r})"
+        return ("chunked" if path == "torch" else path), f" (kernels={path!r})"
+    if not x.is_cuda:
+        return torch_path, ""
+    why = _triton_unsupported(x, v, state, conv)
+    return (torch_path, f" ({why})") if why else ("triton", "")
+
+def _triton_unsupported(x, v, state=None, conv=False):
+    """Why the Triton kernels cannot take these inputs, or None when they can (_pick_path's note, and the error of
+    the *_triton calls). conv: the short conv (any channel count; v is its weight)."""
+    if not HAVE_TRITON:
+        return "triton is not installed"
+    pow2 = lambda d: 16 <= d <= 128 and d & (d - 1) == 0
+    if not conv and not (pow2(x.shape[-1]) and pow2(v.shape[-1])):
+        return f"the Triton kernels need Dk, Dv powers of two in [16, 128], got {x.shape[-1]}, {v.shape[-1]}"
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype}"
+    if conv and state is not None and not state.is_contiguous():
+        return "the Triton step needs a contiguous state"
+    if not conv and state is not None and not (state.dtype == torch.float32 and state.is_contiguous()):
+        return "the Triton step needs a contiguous fp32 state"
+    return None
+
+def _say_once(line):
+    if line not in _logged:
+        _logged.add(line)
+        print(line)
+
+def _log_path(fn, path, note, x):
+    what = {"recurrent": "the recurrent torch path", "chunked": "the chunked torch path", "triton": "the Triton kernels",
+            "step": "the torch step", "triton step": "the Triton step kernel", "torch": "torch"}[path]
+    line = f"kernels: {fn} uses {what} on {x.device.type}{note}"
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace print: say it once while tracing (comptime runs at trace time), with no guard on
+        # _logged (a guard would recompile the model once the line is logged). Imported here: torch._dynamo is
+        # loaded by then, and importing it with kernels.py costs eager users seconds of start-up.
+        from torch._dynamo.comptime import comptime
+        comptime(lambda ctx: _say_once(ctx.get_local("line").as_python_constant()))
+    else:
+        _say_once(line)
+
+def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto",
+               A_log=None, dt_bias=None):
+    """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
+    path, note = _pick_path("delta_rule", q, v, path=path)
+    _log_path("delta_rule", path, note, q)
+    if path == "triton":
+        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)
+    if A_log is not None:  # the torch paths form the gate first
+        _check_gate_fn("delta_rule", g, A_log, dt_bias)
+        g = decay_gate(g, A_log, dt_bias)
+    if path == "recurrent":
+        return delta_rule_recurrent(q, k, v, beta, g, scale, initial_state, output_final_state)
+    C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.ndim == 4 else CHUNK_SIZE
+    return delta_rule_chunked(q, k, v, beta, g, scale, initial_state, output_final_state, chunk_size=C)
+
+def delta_rule_step(q, k, v, beta, g, state, scale=None, path="auto"):
+    """One delta-rule decode token (state updated in place); see the module docstring. -> o"""
+    path, note = _pick_path("delta_rule_step", q, v, state, path=path)
+    _log_path("delta_rule_step", "triton step" if path == "triton" else "step", note, q)
+    if path == "triton":
+        return delta_rule_step_triton(q, k, v, beta, g, state, scale)
+    return delta_rule_step_torch(q, k, v, beta, g, state, scale)
+
+def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto", dt=None,
+                D=None):
+    """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
+    path, note = _pick_path("linear_attn", q, v, path=path)
+    _log_path("linear_attn", path, note, q)
+    if path == "recurrent":
+        return _ssd_torch(linear_attn_recurrent, q, k, v, g, scale, initial_state, output_final_state, dt, D)
+    if path == "triton":
+        return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state, dt, D)
+    return _ssd_torch(linear_attn_chunked, q, k, v, g, scale, initial_state, output_final_state, dt, D,
+                      chunk_size=CHUNK_SIZE)
+
+def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
+    """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
+    path, note = _pick_path("linear_attn_step", q, v, state, path=path)
+    _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
+    if path == "triton":
+        return linear_attn_step_triton(q, k, v, g, state, scale)
+    return linear_attn_step_torch(q, k, v, g, state, scale)
+
+def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto", doc_pos=None, split=None):
+    """silu(causal depthwise conv) over x [B, T, D] with weight [D, 4], bias [D] | None; initial [B, 3, D] | None
+    holds the raw inputs before x (zeros when None); norm G > 0 divides each group of G channels by its l2 norm.
+    doc_pos [B, T] | None (documents): each token's position inside its document, any integer dtype (uint8 with
+    values clipped at W-1 is enough); tap x_{t-j} is used only where j <= doc_pos_t, so no window reaches into an
+    earlier document (None: every tap, the plain kernels). -> y [B, T, D] in x's dtype. split (channel counts summing
+    to D): -> one contiguous y per part instead, norm then one value for all parts or one per part; x's gradient
+    comes back whole (the parts of one matmul's output: no cat of their gradients). path 'auto': Triton on CUDA,
+    torch elsewhere; 'triton' forces the kernels, 'torch' and 'recurrent' the torch version; differentiable in x,
+    weight, bias (and initial)."""
+    if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
+        _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
+    sizes = [x.shape[-1]] if split is None else [int(n) for n in split]
+    if sum(sizes) != x.shape[-1] or min(sizes) < 1:
+        _fail("short_conv", f"split must be positive channel counts summing to D={x.shape[-1]}, got {split}")
+    norms = [int(n) for n in norm] if isinstance(norm, (list, tuple)) else [int(norm)] * len(sizes)
+    if len(norms) != len(sizes):
+        _fail("short_conv", f"norm must be one value or one per part of split ({len(sizes)}), got {norm}")
+    for n, g in zip(sizes, norms):
+        if g and (n % g or g & (g - 1) or not 16 <= g <= 256):
+            _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={n}, got {g}")
+    if doc_pos is not None and (_shape(doc_pos) != _shape(x)[:2] or doc_pos.is_floating_point()):
+        _fail("short_conv", f"doc_pos must be integers [B, T] = {_shape(x)[:2]}, got {doc_pos.dtype} {_shape(doc_pos)}")
+    path, note = _pick_path("short_conv", x, weight, path=path)
+    _log_path("short_conv", path, note, x)
+    P = 0
+    if initial is not None:  # prefill after earlier tokens: run over (initial, x) and drop the first W-1 outputs
+        P = initial.shape[1]
+        x = torch.cat([initial.to(x.dtype), x], dim=1)
+        if doc_pos is not None:  # the initial rows' outputs are dropped; x's rows keep their positions
+            doc_pos = torch.cat([doc_pos.new_full((x.shape[0], P), P), doc_pos], dim=1)
+    if path == "triton":
+        ys = _ShortConv.apply(x, weight, bias, sizes, norms, doc_pos)
+    else:
+        ys = [short_conv_torch(x[..., c0:c1], weight[c0:c1], None if bias is None else bias[c0:c1], g, doc_pos)
+              for c0, c1, g in _conv_parts(sizes, norms)]
+    ys = [y[:, P:] for y in ys] if P else ys
+    return ys[0] if split is None else ys
+
+def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
+    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]; path as
+    short_conv."""
+    path, note = _pick_path("short_conv_step", x, weight, state, path=path)
+    _log_path("short_conv_step", "triton step" if path == "triton" else "step", note, x)
+    if path == "triton":
+        return _short_conv_step_op(x, state, weight, bias, norm)
+    return short_conv_step_torch(x, state, weight, bias, norm)
+
+# =====================================================================================================================
+# 2. Tuning: every launch setting of the Triton kernels, in one table
+# =====================================================================================================================
+
+# TUNING[name] is read at every launch, so a changed value takes effect at the next call (bench.py --tiles sets
+# candidates this way; tests set the tiles that small shapes do not reach). The delta rule's and the scalar decay's
+# entries were measured at B8 T4096 H16 D128 bf16 (and Dk = 64 where said) on an H100 with Triton 3.6, the short
+# conv's at [8, 4096, 768] bf16. `python bench.py --tiles delta|scalar|conv` checks each candidate against the fp64
+# recurrence in its own process (Triton 3.6 miscompiles some settings on Hopper: wrong gradients or illegal addresses
+# for the gradient kernels with V-tiles of 16 or 32 and for KDA's key tile 32 with 4 warps), then times the ones that
+# pass; `python bench.py --ptxas` reports registers and spills of every launch offline. No entry changes a result
+# beyond rounding, except the inverse's precision, which the tests' tolerances cover.
+TUNING = {
+    # Delta rule (section 4). The sequential state passes (_state_fwd, _state_bwd), one program per (V-tile, b, h)
+    # walking every chunk: V-tile 'v' (halved down to 'min_v' while the programs do not cover the SMs: small B*H,
+    # e.g. 2 x 16 heads at T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate
+    # tile beside q, k, w spills at 4; 'out_warps': the forward's pass, which also forms the output; 'stages' /
+    # 'bwd_stages' 2: three buffers of their tiles would pass Hopper's 227 KB of shared memory at Dk = 128 (the forward,
+    # which also loads Q and P_qk, needs 262 KB).
+    'state': dict(v=64, warps=4, kda_bwd_warps=8, min_v=32, out_warps=4, stages=2, bwd_stages=2),
+    # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
+    # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
+    'grams': dict(k=64, kda_k=16, warps=1),
+    # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
+    # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
+    # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
+    # for fp16, IEEE for fp32.
+    'inverse': dict(warps=1, prec={'bf16': 'tf32', 'tf32': 'tf32x3', 'ieee': 'ieee'}),
+    # DeltaNet's and GDN's gradient kernels (_wy_grads_bwd; GDN's _wy_grads_bwd_phased at Dk <= 64): V-tile 'v'
+    # (smaller tiles were miscompiled or slower), 8 warps at Dk = 128 ([64, 128] fp32 tiles: 64 registers a thread at
+    # 4), 'warps_d64' at Dk <= 64 by gate kind (DeltaNet, GDN).
+    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}),
+    # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
+    # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
+    # bytes offline).
+    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8),
+    # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
+    'step': dict(v=32),
+    # Scalar decay (section 5). The sequential passes (_la_state_fwd, _la_state_bwd), one program per (V-tile, key
+    # tile, b, h): whole Dk rows and V-tiles of 64 where that gives at least 'state_cover' programs per SM, else key
+    # tiles of 64 and then V-tiles halved down to 'state_min_v' (at large B*H whole rows do each chunk's work in one
+    # program; at small B*H they leave SMs idle). 'out_*': _la_output_fwd (V-tiles of 64; all of Dv per program
+    # measured no faster); 'dv_warps', 'dqkg_warps': the chunk-parallel gradient kernels. 'fused_fwd': the gate kinds
+    # whose forward forms the output inside the state pass when whole Dk rows cover the SMs: none and the constant
+    # gate, not the per-token gate, whose in-kernel cumsums and decay tile make that kernel spill at Dk = 128 (it
+    # measured slower there than the two kernels). 'group_k', 'group_stages': _la_dqkg_bwd with grouped q/k (a loop
+    # over the H / HK heads carrying fp32 dq, dk): key tiles of 64, 2 stages when Dv is one V-tile (the head loop is
+    # then the innermost loop and its loads are pipelined): the fastest of the four (key tile, stages) pairs on the
+    # GPU, although offline ptxas counts more spilled bytes for it than for key tiles of 32. A key with the suffix
+    # '_d64' overrides its setting at Dk <= 64.
+    'scalar': dict(state_warps=4, state_stages=3, state_cover=1, state_cover_d64=0, state_min_v=32,
+                   out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,
+                   fused_fwd=(int(GATE_NONE), int(GATE_CONST)), fused_warps=4, fused_stages=2, fused_stages_d64=3,
+                   group_k=64, group_stages=2),
+    # Short conv (section 6): the row kernels. 'L' rows per program (per work item in the backward); 'BD' channels
+    # per program without the norm, with it 'heads' groups (heads x norm channels); 'warps'; 'ahead' rows loaded
+    # ahead (4 or 8); 'unroll' the row loop's unroll factor (a multiple of ahead: without it about one row is in
+    # flight, see 6.3); backward only, 'parts': programs along the rows, each summing dw, db over items parts apart
+    # (0: one item each, B*T/L partial sums per channel). The fastest of each at [8, 4096, 768] bf16, with and without
+    # the norm: forward 32 rows x 128 channels, one warp, 4 ahead, unrolled by 4; backward 128 x 128, one warp, 8
+    # ahead, unrolled by 8.
+    'conv_fwd': dict(L=32, BD=128, heads=1, warps=1, ahead=4, unroll=4),
+    'conv_bwd': dict(L=128, BD=128, heads=1, warps=1, ahead=8, unroll=8, parts=0),
+}
+
+# =====================================================================================================================
+# 3. Shared helpers (both families and the short conv)
+# =====================================================================================================================
+
+# ---- argument checks (every path; a wrong shape fails here with its name, not deep inside an einsum) ---------------
 
 def _fail(name, msg):
     raise ValueError(f"{name}: {msg}")
@@ -145,14 +399,6 @@ def _check_gate_fn(name, u, A_log, dt_bias):
         _fail(name, f"A_log must be [H] = {(H,)} and dt_bias hold {math.prod(u.shape[2:])} values (g's last dims "
                     f"{_shape(u)[2:]}), got {_shape(A_log)} and {_shape(dt_bias)}")
 
-def decay_gate(u, A_log, dt_bias):
-    """The Mamba-style log-decay g = -exp(A_log) softplus(u + dt_bias) in fp32 (GDN's and KDA's gate): u [B, T, H] or
-    [B, T, H, Dk], A_log [H], dt_bias with u's last dims' values. delta_rule(..., g=u, A_log=, dt_bias=) forms the
-    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out)."""
-    dt = _compute_dtype(u)
-    A = torch.exp(A_log.to(dt)).view((-1,) + (1,) * (u.dim() - 3))
-    return -A * F.softplus(u.to(dt) + dt_bias.to(dt).view(u.shape[2:]))
-
 def _compute_dtype(x):
     # fp64 inputs stay fp64 (tight tests); everything else (bf16, fp16, fp32) computes in fp32
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -169,45 +415,9 @@ def _scalar_gate(g, B, T, H, dtype, device):
         return g.detach().to(dtype).expand(B, T, H)
     return g.to(dtype)
 
-# -----------------------------------------------------------------------------
-# reference recurrences: one token at a time, fp32 (fp64 stays fp64), differentiable by autograd
-#   linear attention:  S_t = exp(g_t) S_{t-1} + k_t v_t^T;                            o_t = s S_t^T q_t
-#   delta rule:        S~ = Diag(exp g_t) S_{t-1};  S_t = S~ + beta_t k_t (v_t - S~^T k_t)^T;  o_t = s S_t^T q_t
+# ---- the chunked torch paths: chunks and decays (docs/mixers.md §4.0) -----------------------------------------------
 
-def linear_attn_recurrent(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
-    B, T, H, Dv = v.shape
-    Dk, dt = q.shape[-1], _compute_dtype(q)
-    scale = Dk ** -0.5 if scale is None else scale
-    qf, kf, vf = _expand_heads(q, H).to(dt), _expand_heads(k, H).to(dt), v.to(dt)
-    a = _scalar_gate(g, B, T, H, dt, q.device).exp()  # per-step decay in [0, 1]
-    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    o = []
-    for t in range(T):
-        S = a[:, t, :, None, None] * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
-        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
-    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
-
-def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
-    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
-    B, T, H, Dk = q.shape
-    Dv, dt = v.shape[-1], _compute_dtype(q)
-    scale = Dk ** -0.5 if scale is None else scale
-    qf, kf, vf, bf = q.to(dt), k.to(dt), v.to(dt), beta.to(dt)
-    # decay multiplies the rows of S: [B, T, H, 1, 1] for a scalar gate, [B, T, H, Dk, 1] per key channel
-    a = None if g is None else (g.to(dt).exp()[..., None, None] if g.ndim == 3 else g.to(dt).exp()[..., None])
-    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    o = []
-    for t in range(T):
-        if a is not None:
-            S = a[:, t] * S
-        err = vf[:, t] - torch.einsum("bhk,bhkv->bhv", kf[:, t], S)  # what the decayed memory gets wrong
-        S = S + kf[:, t, :, :, None] * (bf[:, t, :, None] * err)[:, :, None, :]
-        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
-    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
-
-# -----------------------------------------------------------------------------
-# chunked torch paths (docs/mixers.md §4). Time is cut into chunks of C tokens; inside a chunk G_r = Σ_{j<=r} g_j is
+# Chunked torch paths (docs/mixers.md §4). Time is cut into chunks of C tokens; inside a chunk G_r = Σ_{j<=r} g_j is
 # the chunk-local cumulative log-decay (restarts every chunk, so it stays bounded for any T), Γ_r = exp(G_r), and n
 # is the chunk's last row. Only exp(G_r - G_i) with r >= i (a segment sum, see _causal_decay), exp(G_r) and
 # exp(G_n - G_r) are used: never the exp of a positive number. Everything is fp32 (fp64 for fp64 inputs).
@@ -262,30 +472,117 @@ def _causal_decay(g):
     seg = (M.double() @ g.double()).to(g.dtype) if g.is_cuda else M @ g  # [..., C*C, 1|Dk]
     return seg.unflatten(-2, (C, C)).exp()
 
-def linear_attn_chunked(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
-    B, T, H, Dv = v.shape
-    Dk, dt = q.shape[-1], _compute_dtype(q)
+# ---- Triton: numerical rules and device helpers of every chunked kernel --------------------------------------------
+
+# Every chunked Triton kernel below (both families) keeps these rules (docs/mixers.md §4.5, §7):
+# - all arithmetic in fp32 registers; dots accumulate in fp32, their operands rounded to bf16 for bf16 inputs (the
+#   errors against fp64 stay within the tests' bounds and match fla's), tf32 for fp16, IEEE fp32 for fp32 (_dot);
+# - the only decay exponents ever formed are G_r - G_i with r >= i, G_r and G_n - G_r inside one chunk
+#   (G = chunk-local cumsum of g), so every exp is of a number <= 0 and lies in [0, 1];
+# - masked entries are removed with a select (tl.where) before the exp, never by multiplying by 0, so padded rows
+#   of a partial last chunk cannot make inf * 0 = NaN;
+# - token offsets are int64 (B*T*H*D can pass 2^31).
+# T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
+# head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
+
+_DOT_WIDEN = tl.constexpr(_INTERPRETING)
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    # a @ b with fp32 accumulation. PREC 'bf16' (bf16 inputs): both operands rounded to bf16 first (full tensor-core
+    # rate; the kernels round their stored intermediates to bf16 anyway); 'tf32' (fp16 inputs: rounding fp16 to bf16
+    # would drop 3 mantissa bits) or 'ieee' (fp32 inputs): fp32 operands.
+    if PREC == 'bf16':
+        a = a.to(tl.bfloat16)
+        b = b.to(tl.bfloat16)
+        if _DOT_WIDEN:  # the interpreter multiplies 16-bit tiles wrongly: the same bf16 values, widened
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision='ieee')
+        return tl.dot(a, b)
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+
+@triton.jit
+def _softplus(x):
+    # log(1 + e^x) without overflow or cancellation: max(x, 0) + log(1 + e^-|x|)
+    return tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
+
+@triton.jit
+def _f32_if(x, F32: tl.constexpr):
+    # a loaded tile in fp32 (F32) or in the dtype it was stored in
+    if F32:  # a compile-time branch: one return, whose type Triton fixes per specialisation
+        x = x.to(tl.float32)
+    return x
+
+def _storage(prec):
+    # dtype of the [B, T, H, C] intermediates (P_qk, A, dP, dL), dh and dDelta: every reader uses them as dot
+    # operands, which _dot rounds to bf16 for bf16 inputs anyway, so storing them in bf16 loses nothing there and
+    # halves their bytes; fp32 with tf32 or IEEE dots
+    return torch.bfloat16 if prec == 'bf16' else torch.float32
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
+
+# Column sums of per-program partial sums [P, J, D] in a fixed order (deterministic, no atomics): the short conv's
+# dw, db (6.5) and the backward of GDN's and KDA's gate (dA_log, ddt_bias; 4.5). One launch, where torch's .sum(0)
+# would need a second pass for the transpose into dw's [D, 4] layout.
+@triton.jit
+def _column_sum_kernel(p_ptr, out_ptr, P, D, J: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
+    # out[d * J + j] = sum_p part[p, j, d], in a fixed order (deterministic): the short conv's dw (J = 4; out is
+    # dw [D, 4]) or db (J = 1), the gate backward's dA_log and ddt_bias sums (J = 2)
+    c, j = tl.program_id(0), tl.program_id(1)
+    d = c * BN + tl.arange(0, BN)
+    rows = tl.arange(0, BP)
+    acc = tl.zeros([BP, BN], dtype=tl.float32)
+    for p0 in range(0, P, BP):
+        pp = p0 + rows
+        acc += tl.load(p_ptr + (pp[:, None] * J + j) * D + d[None, :], mask=(pp[:, None] < P) & (d[None, :] < D),
+                       other=0.)
+    tl.store(out_ptr + d * J + j, tl.sum(acc, 0), mask=d < D)
+
+def _column_sums(part, D, J, out):
+    """[P, J, D] fp32 per-program partial sums -> their sum, written to out [D, J] (J > 1) or [D] (J = 1)"""
+    P, BN = part.shape[0], 32
+    _column_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN, num_warps=4)
+
+# =====================================================================================================================
+# 4. The delta rule: DeltaNet, Gated DeltaNet (GDN), KDA
+# docs/mixers.md §2.4 (DeltaNet), §2.5 (GDN), §2.6 (KDA), §3 (recurrence), §4.3 (chunked forward), §5 (backward),
+# §6 (decode). Gate kinds: GATE_NONE (DeltaNet), GATE_SCALAR (GDN: g [B, T, H]), GATE_CHANNEL (KDA: g [B, T, H, Dk]).
+# model.py's DeltaNet, GatedDeltaNet and KDA call delta_rule / delta_rule_step (section 1).
+# =====================================================================================================================
+
+# ---- 4.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
+# S~ = Diag(exp g_t) S_{t-1};  S_t = S~ + beta_t k_t (v_t - S~^T k_t)^T;  o_t = s S_t^T q_t
+# and the gate of GDN and KDA, g = decay_gate(u, A_log, dt_bias) (docs/mixers.md §1.4)
+
+def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
+    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
+    B, T, H, Dk = q.shape
+    Dv, dt = v.shape[-1], _compute_dtype(q)
     scale = Dk ** -0.5 if scale is None else scale
-    C = min(chunk_size, T)
-    Q, K = _to_chunks(_expand_heads(q, H), C, dt), _to_chunks(_expand_heads(k, H), C, dt)  # [B, H, N, C, Dk]
-    V = _to_chunks(v, C, dt)  # [B, H, N, C, Dv]
-    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1]
-    D = _causal_decay(g)  # [B, H, N, C, C, 1]
-    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1] decay from the chunk start; Gamma[..., -1, :] over the whole chunk
-    # parallel over chunks: the intra-chunk outputs and what each chunk adds to the state
-    intra = ((Q @ K.mT) * D[..., 0]).tril() @ V  # [B, H, N, C, Dv]
-    local = (K * D[..., -1, :, :]).mT @ V  # [B, H, N, Dk, Dv]; D's last row is exp(G_n - G_i)
-    # sequential over chunks, cheap: S_start(n+1) = Γ_n S_start(n) + local_n
+    qf, kf, vf, bf = q.to(dt), k.to(dt), v.to(dt), beta.to(dt)
+    # decay multiplies the rows of S: [B, T, H, 1, 1] for a scalar gate, [B, T, H, Dk, 1] per key channel
+    a = None if g is None else (g.to(dt).exp()[..., None, None] if g.ndim == 3 else g.to(dt).exp()[..., None])
     S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    starts = []
-    # unbind, not local[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
-    for decay, add in zip(Gamma[..., -1:, :].unbind(2), local.unbind(2)):  # [B, H, 1, 1], [B, H, Dk, Dv]
-        starts.append(S)
-        S = decay * S + add
-    S0 = torch.stack(starts, dim=2)  # [B, H, N, Dk, Dv] chunk-start states
-    O = scale * ((Q * Gamma) @ S0 + intra)
-    return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
+    o = []
+    for t in range(T):
+        if a is not None:
+            S = a[:, t] * S
+        err = vf[:, t] - torch.einsum("bhk,bhkv->bhv", kf[:, t], S)  # what the decayed memory gets wrong
+        S = S + kf[:, t, :, :, None] * (bf[:, t, :, None] * err)[:, :, None, :]
+        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
+    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
+
+def decay_gate(u, A_log, dt_bias):
+    """The Mamba-style log-decay g = -exp(A_log) softplus(u + dt_bias) in fp32 (GDN's and KDA's gate): u [B, T, H] or
+    [B, T, H, Dk], A_log [H], dt_bias with u's last dims' values. delta_rule(..., g=u, A_log=, dt_bias=) forms the
+    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out)."""
+    dt = _compute_dtype(u)
+    A = torch.exp(A_log.to(dt)).view((-1,) + (1,) * (u.dim() - 3))
+    return -A * F.softplus(u.to(dt) + dt_bias.to(dt).view(u.shape[2:]))
+
+# ---- 4.2 chunked torch (WY/UT form, docs/mixers.md §4.3.1; the chunk conventions are in section 3) -----------------
 
 def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
     _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
@@ -323,26 +620,22 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
     O = scale * ((Q * Gamma) @ S0 + QK @ Delta)
     return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
 
-# -----------------------------------------------------------------------------
-# Triton kernels for the delta rule: DeltaNet (GATE=0, no gate), Gated DeltaNet (GATE=1, g [B,T,H]) and KDA
-# (GATE=2, g [B,T,H,Dk]); chunk C = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
-# Numerical rules kept in every kernel below (docs/mixers.md §4.5, §7):
-# - all arithmetic in fp32 registers; dots accumulate in fp32, their operands rounded to bf16 for bf16 inputs (the
-#   errors against fp64 stay within the tests' bounds and match fla's, notes/perf.md), tf32 for fp16, IEEE fp32 for fp32;
-# - the only decay exponents ever formed are G_r - G_i with r >= i, G_r and G_n - G_r inside one chunk
-#   (G = chunk-local cumsum of g), so every exp is of a number <= 0 and lies in [0, 1];
-# - masked entries are removed with a select (tl.where) before the exp, never by multiplying by 0, so padded rows
-#   of a partial last chunk cannot make inf * 0 = NaN;
-# - token offsets are int64 (B*T*H*D can pass 2^31).
-# T, NT (chunks) and H are plain runtime integers (do_not_specialize): one compiled kernel serves every length and
-# head count, so a new T or H costs no recompilation (Triton would otherwise specialise on x == 1 and x % 16 == 0).
-# TODO (speed; where it stands: notes/perf.md): slower than fla's kernels. KDA's gated Grams (_grams_block,
-# _grams_bwd) and the fp32 intermediates between eight kernels limit; the backward recomputes W, h, Delta (and P, A
-# except for KDA).
+# ---- 4.3 Triton forward --------------------------------------------------------------------------------------------
 
-TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3)
+# Kernels for DeltaNet (GATE_NONE), GDN (GATE_SCALAR, g [B, T, H]) and KDA (GATE_CHANNEL, g [B, T, H, Dk]); chunk
+# C = TRITON_CHUNK = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
+# Per chunk (n <= C rows, chunk-start state S, docs/mixers.md §4.3.1):
+#   L   = StrictTril(Diag(beta) (K K^T decayed by exp(G_r - G_i)))      A = (I + L)^-1
+#   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
+#   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
+#   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (with S, in the same pass)
+# Kernels: _chunk_cumsum (G; with A_log, dt_bias it also forms GDN's / KDA's gate), _grams_block (P_qk, L; KDA's
+# per-channel Gram), _inverse (A in place of L), _wy_fwd (W, U; KDA also Kd, Qg), _state_fwd (O; in the backward's
+# recompute the snapshots h[c] = S and Delta instead).
+# TODO (speed): what limits them is KDA's gated Grams (_grams_block, _grams_bwd) and the fp32 intermediates between
+# eight kernels; the backward recomputes W, h and Delta.
 
-# Shared device helpers: gated Gram products within a chunk.
+# The decayed Gram products within a chunk, and KDA's per-channel gate in them (the dyadic split).
 #
 # Inside a chunk every intra-chunk matrix is a "decayed Gram" product
 #     P[r, i] = sum_c a[r, c] b[i, c] exp(G[r, c] - G[i, c])          (i <= r)
@@ -355,104 +648,6 @@ TRITON_CHUNK = 64  # tokens per chunk; (I + L)^-1 is conditioned well enough at 
 # r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
 # free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1. The backward (_grams_bwd)
 # applies it to the whole chunk; the forward (_grams_block_kernel) only inside its 16 x 16 diagonal blocks.
-
-_DOT_WIDEN = tl.constexpr(_INTERPRETING)
-
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr):
-    # a @ b with fp32 accumulation. PREC 'bf16' (bf16 inputs): both operands rounded to bf16 first (full tensor-core
-    # rate); 'tf32' (fp16 inputs) or 'ieee' (fp32 inputs): fp32 operands. notes/delta_variants.py compares them.
-    if PREC == 'bf16':
-        a = a.to(tl.bfloat16)
-        b = b.to(tl.bfloat16)
-        if _DOT_WIDEN:  # the interpreter multiplies 16-bit tiles wrongly: the same bf16 values, widened
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision='ieee')
-        return tl.dot(a, b)
-    else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
-
-@triton.jit
-def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
-               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, GDN: tl.constexpr = 0):
-    # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
-    # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
-    # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
-    #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
-    #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
-    # KDA: the same dyadic reference rows as _grams, so every exp is of a number <= 0; the two exp factors of a
-    # level are shared by the four products.
-    r = tl.arange(0, C)[:, None]
-    i = tl.arange(0, C)[None, :]
-    dLb = dL * beta[:, None]
-    if GATE == 2:
-        valid = r < n
-        cols = tl.arange(0, DK)[None, :]
-        dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
-        dq += dPd * k
-        dk += dPd * q
-        for lvl in tl.static_range(LOG2C):
-            s = 1 << lvl  # half-block size of this level (compile-time)
-            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
-            nu = tl.load(g_ptr + ref * sg + cols)
-            right = (r % (2 * s)) >= s
-            e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))  # as in _grams
-            up = tl.where(right, e, 0.)                                 # rows r (right half)
-            dn = tl.where(right, 0., e)                                 # rows i (left half)
-            same = (r // (2 * s)) == (i // (2 * s))
-            kdn = k * dn
-            m = up * _dot(tl.where(same, dP, 0.), kdn, PREC)
-            dq += m
-            dG += q * m
-            m = dn * _dot(tl.trans(tl.where(same, dP, 0.)), q * up, PREC)
-            dk += m
-            dG -= k * m
-            m = up * _dot(tl.where(same, dL, 0.), kdn, PREC)
-            dk += beta[:, None] * m
-            dG += beta[:, None] * k * m
-            dbeta += tl.sum(m * k, 1)
-            m = dn * _dot(tl.trans(tl.where(same, dLb, 0.)), k * up, PREC)
-            dk += m
-            dG -= k * m
-    else:
-        if GATE == 1:
-            decay = tl.exp(tl.where((i <= r) & (r < n), Gm - tl.trans(Gm), float('-inf')))
-            dP = dP * decay
-            dL = dL * decay
-            dLb = dLb * decay
-        if GDN == 0:
-            m = _dot(dP, k, PREC)
-            dq += m
-            dG += q * m
-            m = _dot(tl.trans(dP), q, PREC)
-            dk += m
-            dG -= k * m
-            m = _dot(dL, k, PREC)
-            dk += beta[:, None] * m
-            dG += beta[:, None] * k * m
-            dbeta += tl.sum(m * k, 1)
-            m = _dot(tl.trans(dLb), k, PREC)
-            dk += m
-            dG -= k * m
-        else:
-            # GDN's row-sum forms (GDN 1 'rows', 2 'rows_dq'; _wy_grads_bwd_kernel): dG is a [C] vector of row sums,
-            # the terms q M, -k N, -k N' summed over channels where they are formed (beta k M' is beta times dbeta's
-            # part, added by the caller; 'rows_dq' takes q M from rowsum(q dq) at the end). Each product is used
-            # twice, so Triton does not fold `dk += dot` into a chain of dots (a dot whose result feeds another dot
-            # gets all 8 warps along its 64 rows: a doubled accumulator and [C, Dk] layout conversions, as DeltaNet's)
-            m = _dot(dP, k, PREC)
-            dq += m
-            if GDN == 1:
-                dG += tl.sum(q * m, 1)
-            m = _dot(tl.trans(dP), q, PREC)
-            dk += m
-            dG -= tl.sum(k * m, 1)
-            m = _dot(dL, k, PREC)
-            dk += beta[:, None] * m
-            dbeta += tl.sum(m * k, 1)
-            m = _dot(tl.trans(dLb), k, PREC)
-            dk += m
-            dG -= tl.sum(k * m, 1)
-    return dq, dk, dG, dbeta
 
 @triton.jit
 def _inv16(Lb, IPREC: tl.constexpr):
@@ -489,29 +684,13 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
     # SG = gate values per token (DG < SG reads a tile of key channels). DeltaNet (GATE=0) uses
     # G = 0: every decay factor becomes exp(0) = 1.
     cg = tl.arange(0, DG)
-    if GATE > 0:
+    if GATE != GATE_NONE:
         Gm = tl.load(G_ptr + tok[:, None] * SG + cg[None, :], mask=valid[:, None], other=0.)
         Gn = tl.load(G_ptr + last_tok * SG + cg)
     else:
         Gm = tl.zeros([C, DG], dtype=tl.float32)
         Gn = tl.zeros([DG], dtype=tl.float32)
     return Gm, Gn[None, :], Gn[:, None]
-
-# -----------------------------------------------------------------------------
-# Triton forward
-#
-# Per chunk (n <= C rows, chunk-start state S, docs/mixers.md §4.3.1):
-#   L   = StrictTril(Diag(beta) (K K^T decayed by exp(G_r - G_i)))      A = (I + L)^-1
-#   W   = A (beta * exp(G) * K)        U = A (beta * V)                 (parallel over chunks)
-#   Delta = U - W S                    S <- Diag(exp G_n) S + (K * exp(G_n - G))^T Delta   (sequential)
-#   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (with S, in the same pass)
-# Kernels: _chunk_cumsum (G), _grams_block (P_qk, L), _inverse (A in place of L), _wy_fwd (W, U),
-# _state_fwd (O; in the backward's recompute the snapshots h[c] = S and Delta instead).
-
-@triton.jit
-def _softplus(x):
-    # log(1 + e^x) without overflow or cancellation: max(x, 0) + log(1 + e^-|x|)
-    return tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
@@ -537,31 +716,6 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, 
         g = tl.where(mask, -a[None, :] * _softplus(x), 0.)
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
-@triton.jit(do_not_specialize=["T", "H"])
-def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, H, DG: tl.constexpr,
-                           C: tl.constexpr, BD: tl.constexpr, AG: tl.constexpr):
-    # The backward of g = -exp(A) softplus(u + b) (the cumsum kernel's GATE_FN), tiled as _chunk_cumsum_kernel:
-    #   du = db_elem = -exp(A) sigmoid(u + b) dg,   dA = sum dg g   (over tokens; per A's columns)
-    # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to the rows (c, b) of
-    # [NT * B, 2, H * DG] partial sums (no atomics: deterministic), which the caller adds up in one kernel.
-    c = tl.program_id(0).to(tl.int64)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
-    t = c * C + tl.arange(0, C)
-    cd = tl.arange(0, BD)
-    offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
-    mask = (t < T)[:, None] & (cd < DG)[None, :]
-    col = h * DG + cd
-    x = tl.load(u_ptr + offs, mask=mask, other=0.).to(tl.float32) \
-        + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
-    a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))[None, :]
-    dg = tl.load(dg_ptr + offs, mask=mask, other=0.)
-    du = -a * tl.sigmoid(x) * dg
-    tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
-    part = (c * (tl.num_programs(1) // H) + b) * 2 * H * DG + col             # row (c, b) of the partial sums
-    tl.store(part_ptr + part, tl.sum(-a * _softplus(x) * dg, 0), mask=cd < DG)      # dA's
-    tl.store(part_ptr + part + H * DG, tl.sum(du, 0), mask=cd < DG)                 # ddt_bias's
-
 # -----------------------------------------------------------------------------
 # The Grams by 16 x 16 blocks (every gate kind)
 #
@@ -571,12 +725,12 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, 
 # - below the diagonal (j > i, every s < r): KDA splits the decay at the first row nu of sub-chunk j,
 #   exp(G_r - G_nu) exp(G_nu - G_s), both factors <= 1 (s < nu <= r), so the block is one plain tensor-core dot of
 #   the rescaled rows; a scalar gate (GDN) multiplies the plain dot by exp(G_r - G_s) afterwards;
-# - on the diagonal, KDA's pairs inside 16 rows take the dyadic split of _grams_bwd's comment (levels 1, 2, 4, 8:
+# - on the diagonal, KDA's pairs inside 16 rows take the dyadic split above (levels 1, 2, 4, 8:
 #   four [16, BK] dots, each masked to its pairs), exact for any gate.
 # Against one program per chunk with [C, C] tiles (the former _grams_fwd: six dyadic levels of [C, C] dots for KDA, twelve
 # [64, 64, 64] dots per key tile where the pairs need two, and spills) the work is the pairs' own, spread over ten
-# small programs per chunk. The inverse stays its own kernel (_inverse): inside one program per chunk, after the
-# Grams, it was slower (notes/perf.md 2026-11-24 (i)).
+# small programs per chunk. The inverse stays its own kernel (_inverse): fused after the Grams, one program per
+# chunk walked ten blocks and sixteen substitution steps in a row at 255 registers, bound by latency, not work.
 
 @triton.jit
 def _sub_rows(ptr, tok0, H, n, j, cols, D: tl.constexpr):
@@ -599,7 +753,7 @@ def _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, j, i, DK: tl.constexpr,
         qj = _sub_rows(q_ptr, tok0, H, n, j, ck, DK)
         kj = _sub_rows(k_ptr, tok0, H, n, j, ck, DK)
         ki = _sub_rows(k_ptr, tok0, H, n, i, ck, DK)
-        if GATE == 2:
+        if GATE == GATE_CHANNEL:  # KDA: rows rescaled about the sub-chunk's first row nu
             nu = tl.load(G_ptr + (tok0 + tl.minimum(16 * j, n - 1) * H) * DK + ck)[None, :]
             Gj = _sub_rows(G_ptr, tok0, H, n, j, ck, DK)
             Gi = _sub_rows(G_ptr, tok0, H, n, i, ck, DK)
@@ -609,7 +763,7 @@ def _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, j, i, DK: tl.constexpr,
             kj = kj * ej
         P += _dot(qj, tl.trans(ki), PREC)
         K += _dot(kj, tl.trans(ki), PREC)
-    if GATE == 1:
+    if GATE == GATE_SCALAR:  # GDN: the [16, 16] decay after the plain dot
         gj = tl.load(G_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.)
         gi = tl.load(G_ptr + tok0 + (16 * i + a) * H, mask=16 * i + a < n, other=0.)
         decay = tl.exp(tl.where(vj, gj[:, None] - gi[None, :], float('-inf')))
@@ -631,7 +785,7 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
         ck = kt * BK + tl.arange(0, BK)
         qj = _sub_rows(q_ptr, tok0, H, n, j, ck, DK)
         kj = _sub_rows(k_ptr, tok0, H, n, j, ck, DK)
-        if GATE == 2:
+        if GATE == GATE_CHANNEL:  # KDA: the dyadic levels inside the 16 rows
             Gj = _sub_rows(G_ptr, tok0, H, n, j, ck, DK)
             P += tl.where(r == s, tl.sum(qj * kj, 1)[:, None], 0.)  # the diagonal, factor 1
             for lvl in tl.static_range(4):
@@ -648,7 +802,7 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
         else:
             P += _dot(qj, tl.trans(kj), PREC)
             K += _dot(kj, tl.trans(kj), PREC)
-    if GATE == 1:
+    if GATE == GATE_SCALAR:  # GDN: the [16, 16] decay after the plain dot
         gj = tl.load(G_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.)
         decay = tl.exp(tl.where(vj & (s <= r), gj[:, None] - gj[None, :], float('-inf')))
         P = P * decay
@@ -686,8 +840,8 @@ def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
     # A = (I + L)^-1 from L (fp32, from _grams_block) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, docs/mixers.md §4.3.3): the four diagonal
     # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
     # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
-    # many programs per SM hide the latency (inside _wy_fwd one 255-register program per SM was slower: notes/perf.md).
-    # IPREC: INVERSE_PREC's, by the inputs' dtype.
+    # many programs per SM hide the latency (inside _wy_fwd, one 255-register program per SM could not).
+    # IPREC: TUNING['inverse']['prec'], by the inputs' dot precision.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -811,20 +965,21 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
             Pq = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
             qs = _dot(qq, S, PREC)
-            if GATE == 1:
+            if GATE == GATE_SCALAR:
                 qs = qs * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp(G)) S, a row factor
             o = scale * (qs + _dot(Pq, d, PREC))
             tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-        if GATE == 1:
+        if GATE == GATE_SCALAR:
             d = d * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G))^T Delta
-        if GATE > 0:
+        if GATE != GATE_NONE:
             S = S * tl.exp(Gn_col)
         S += _dot(tl.trans(kk), d, PREC)
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
-# -----------------------------------------------------------------------------
+# ---- 4.4 Triton backward -------------------------------------------------------------------------------------------
+
 # Triton backward (docs/mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels)
 #
 # _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
@@ -845,11 +1000,96 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 # dh and dDelta are stored in the intermediates' dtype (bf16 for bf16 inputs): their readers use them as dot
 # operands, rounded to bf16 in any case (_dot), except rowsum(S dS') of the gated kinds.
 # The per-chunk gradients, by gate kind:
-# - DeltaNet and GDN (a scalar or no gate): _wy_grads_bwd, one program per chunk with whole Dk rows: the V-tiles are
-#   read once, and every contraction over them (X, dP, dL, dv, dQg, dKd, Y) happens in the same pass.
+# - DeltaNet and GDN (no gate or a scalar one): _wy_grads_bwd, one program per chunk with whole Dk rows: the V-tiles
+#   are read once, and every contraction over them (X, dP, dL, dv, dQg, dKd, Y) happens in the same pass; GDN at
+#   Dk <= 64 in two passes instead (_wy_grads_bwd_phased: fewer live accumulators).
 # - KDA: the per-channel gated Gram backward needs [C, BK] exp tiles per dyadic level, which do not fit beside whole
 #   rows, so two kernels: _wy_bwd (per chunk: dP, dL, X, dv, rowsum(X V)) and _grads_bwd (per chunk and key tile of
 #   BK channels; the row sums over channels come back as one partial per key tile, added up outside).
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, H, DG: tl.constexpr,
+                           C: tl.constexpr, BD: tl.constexpr, AG: tl.constexpr):
+    # The backward of g = -exp(A) softplus(u + b) (the cumsum kernel's GATE_FN), tiled as _chunk_cumsum_kernel:
+    #   du = db_elem = -exp(A) sigmoid(u + b) dg,   dA = sum dg g   (over tokens; per A's columns)
+    # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to the rows (c, b) of
+    # [NT * B, 2, H * DG] partial sums (no atomics: deterministic), which the caller adds up in one kernel.
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    t = c * C + tl.arange(0, C)
+    cd = tl.arange(0, BD)
+    offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
+    mask = (t < T)[:, None] & (cd < DG)[None, :]
+    col = h * DG + cd
+    x = tl.load(u_ptr + offs, mask=mask, other=0.).to(tl.float32) \
+        + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
+    a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))[None, :]
+    dg = tl.load(dg_ptr + offs, mask=mask, other=0.)
+    du = -a * tl.sigmoid(x) * dg
+    tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
+    part = (c * (tl.num_programs(1) // H) + b) * 2 * H * DG + col             # row (c, b) of the partial sums
+    tl.store(part_ptr + part, tl.sum(-a * _softplus(x) * dg, 0), mask=cd < DG)      # dA's
+    tl.store(part_ptr + part + H * DG, tl.sum(du, 0), mask=cd < DG)                 # ddt_bias's
+
+@triton.jit
+def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+    # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
+    # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
+    # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
+    #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
+    #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
+    # KDA (GATE_CHANNEL): the same dyadic reference rows as the forward's Grams, so every exp is of a number <= 0; the
+    # two exp factors of a level are shared by the four products. DeltaNet (GATE_NONE): plain dots. GDN's gradient
+    # kernels form these terms themselves (_wy_grads_bwd, _wy_grads_bwd_phased).
+    r = tl.arange(0, C)[:, None]
+    i = tl.arange(0, C)[None, :]
+    dLb = dL * beta[:, None]
+    if GATE == GATE_CHANNEL:  # KDA's gated Gram backward
+        valid = r < n
+        cols = tl.arange(0, DK)[None, :]
+        dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
+        dq += dPd * k
+        dk += dPd * q
+        for lvl in tl.static_range(LOG2C):
+            s = 1 << lvl  # half-block size of this level (compile-time)
+            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
+            nu = tl.load(g_ptr + ref * sg + cols)
+            right = (r % (2 * s)) >= s
+            e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))  # as in _grams
+            up = tl.where(right, e, 0.)                                 # rows r (right half)
+            dn = tl.where(right, 0., e)                                 # rows i (left half)
+            same = (r // (2 * s)) == (i // (2 * s))
+            kdn = k * dn
+            m = up * _dot(tl.where(same, dP, 0.), kdn, PREC)
+            dq += m
+            dG += q * m
+            m = dn * _dot(tl.trans(tl.where(same, dP, 0.)), q * up, PREC)
+            dk += m
+            dG -= k * m
+            m = up * _dot(tl.where(same, dL, 0.), kdn, PREC)
+            dk += beta[:, None] * m
+            dG += beta[:, None] * k * m
+            dbeta += tl.sum(m * k, 1)
+            m = dn * _dot(tl.trans(tl.where(same, dLb, 0.)), k * up, PREC)
+            dk += m
+            dG -= k * m
+    else:  # DeltaNet
+        m = _dot(dP, k, PREC)
+        dq += m
+        dG += q * m
+        m = _dot(tl.trans(dP), q, PREC)
+        dk += m
+        dG -= k * m
+        m = _dot(dL, k, PREC)
+        dk += beta[:, None] * m
+        dG += beta[:, None] * k * m
+        dbeta += tl.sum(m * k, 1)
+        m = _dot(tl.trans(dLb), k, PREC)
+        dk += m
+        dG -= k * m
+    return dq, dk, dG, dbeta
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
@@ -884,73 +1124,53 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         kds = _dot(kk, dS, PREC)
-        if GATE == 1:
+        if GATE == GATE_SCALAR:
             kds = kds * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G)) dS'
         dd = scale * _dot(tl.trans(P), dO, PREC) + kds
         tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd.to(dvn_ptr.dtype.element_ty), mask=valid[:, None])
         qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-        if GATE == 1:
+        if GATE == GATE_SCALAR:
             dO = dO.to(tl.float32) * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp G)^T dO = Q^T (exp(G) dO)
-        if GATE > 0:
+        if GATE != GATE_NONE:
             dS = dS * tl.exp(Gn_col)
         dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
 @triton.jit
-def _f32_if(x, F32: tl.constexpr):
-    # a loaded tile in fp32 (F32) or in the dtype it was stored in
-    if F32:  # a compile-time branch: one return, whose type Triton fixes per specialisation
-        x = x.to(tl.float32)
-    return x
-
-@triton.jit
-def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN: tl.constexpr = 0):
+def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid):
     # The per-channel terms of the gradients that do not involve the Grams (see above): W = A (beta exp(G) K),
     # Qg = Q exp(G), Kd = K exp(G_n - G). -> dq, dk, dbeta, dG (without the Gram parts) and dG_n [1, BK].
-    # GDN (scalar gate only, Gm [C, 1]; _wy_grads_bwd_kernel's GDN 1 'rows', 2 'rows_dq'; 0 'tile' for every other
-    # caller): no [C, Dk] dG. With eg = exp(G_r) a row factor, rowsum(Y kb) = beta dbeta (the caller adds beta times
-    # the whole K part of dbeta), so dG comes back as a [C] vector of the other row sums ('rows_dq': without the
-    # dQg term, which the caller takes from rowsum(q dq)) and dG_n as one number.
+    # KDA's _grads_bwd (per key tile) and DeltaNet's _wy_grads_bwd (G = 0).
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # exp(G), 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # exp(G_n - G)
-    if GDN != 0:
-        dq = dqg * eg
-        dk = Y * (eg * beta[:, None]) + dkd * egn
-        egv = tl.sum(eg, 1)
-        dbeta = egv * tl.sum(Y * kk, 1)
-        sdk = tl.sum(egn, 1) * tl.sum(dkd * kk, 1)                      # rowsum(dKd Kd)
-        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(sdk)
-        dG = -sdk
-        if GDN == 1:
-            dG += egv * tl.sum(dqg * qq, 1)
-    else:
-        kb = kk * eg * beta[:, None]
-        dk = Y * eg * beta[:, None]
-        dbeta = tl.sum(Y * eg * kk, 1)
-        dG = Y * kb
-        kd = kk * egn
-        dq = dqg * eg
-        dG += dqg * qq * eg
-        dk += dkd * egn
-        dG -= dkd * kd
-        dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]  # G_n: state decay exp(G_n) S and Kd
+    kb = kk * eg * beta[:, None]
+    dk = Y * eg * beta[:, None]
+    dbeta = tl.sum(Y * eg * kk, 1)
+    dG = Y * kb
+    kd = kk * egn
+    dq = dqg * eg
+    dG += dqg * qq * eg
+    dk += dkd * egn
+    dG -= dkd * kd
+    dGn = tl.exp(Gn_row) * sds[None, :] + tl.sum(dkd * kd, 0)[None, :]  # G_n: state decay exp(G_n) S and Kd
     return dq, dk, dbeta, dG, dGn
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                          dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                          H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, GDN: tl.constexpr = 0):
-    # DeltaNet / GDN: one program per (chunk, b h), whole Dk rows -> dq, dk, dv, dbeta, GDN's dg [B, T, H].
-    # GDN: how GDN forms dg, which needs only the row sums of dG (WY_GRADS_TILE['gdn'] by name; 0 for DeltaNet):
-    # 0 'tile': a [C, Dk] dG tile through _gate_grads and _grams_bwd, summed over channels at the end;
-    # 1 'rows': a [C] vector instead, each [C, Dk] term summed where it is formed; with eg = exp(G_r) a row factor
-    #   rowsum(Y beta eg K) + beta rowsum(K M') = beta dbeta_K (dbeta_K: dbeta less rowsum(X V)), one product;
-    # 2 'rows_dq': 'rows' with the two q-side terms (eg dQg, M) taken together as rowsum(Q dq) from the final dq;
-    # 3 'order': 'rows_dq' written out so that fewer [C, Dk] tiles are live at once: dk's gate terms first (Y and
-    #   dKd die), then dq whole and stored, then dk's Gram products (q dies after the first).
+                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    # DeltaNet (GATE_NONE, every Dk) and GDN (GATE_SCALAR, at Dk > 64; below, _wy_grads_bwd_phased): one program per
+    # (chunk, b h), whole Dk rows -> dq, dk, dv, dbeta, GDN's dg [B, T, H].
+    # GDN's dg needs only the row sums of dG, so dG is a [C] vector, each [C, Dk] term summed over channels where it
+    # is formed: with eg = exp(G_r) a row factor, rowsum(Y beta eg K) + beta rowsum(K M') = beta dbeta_K (dbeta_K:
+    # dbeta less rowsum(X V)), one product, and the two q-side terms (eg dQg, M) together as rowsum(Q dq) from the
+    # final dq. Its lines are ordered so that few [C, Dk] tiles are live at once: dk's gate terms first (Y and dKd
+    # die), then dq whole and stored, then dk's Gram products (q dies after the first). Against a [C, Dk] dG tile
+    # summed at the end and per-term row sums in the natural order, this order measured fastest at Dk = 128, and
+    # against the two-pass kernel too (which reads the [C, 128] tiles twice).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -964,11 +1184,11 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     tok0 = (b * T + c * C) * H + h
     ck = tl.arange(0, DK)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    A = _f32_if(tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.), GATE == 1)
+    A = _f32_if(tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
 
     # every contraction over the value dimension, one V-tile at a time. DeltaNet keeps the tiles in the dtype they
     # are stored in (dot operands: _dot takes them as they are); GDN takes them in fp32, which its many row sums of
-    # products made faster at Dk = 128 (notes/perf.md 2026-11-24 (j))
+    # products made faster at Dk = 128 (the products need fp32 operands anyway, converted once here)
     dP = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)                              # rowsum(X V)
@@ -980,12 +1200,12 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
         x_offs = tok[:, None] * DV + cv[None, :]
-        d = _f32_if(tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == 1)
-        dO = _f32_if(tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.), GATE == 1)
-        dd = _f32_if(tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == 1)
+        d = _f32_if(tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
+        dO = _f32_if(tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
+        dd = _f32_if(tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
-        S = _f32_if(tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == 1)
-        dS = _f32_if(tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == 1)
+        S = _f32_if(tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == GATE_SCALAR)
+        dS = _f32_if(tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == GATE_SCALAR)
         X = _dot(tl.trans(A), dd, PREC)                                 # A^T dDelta [C, BV]
         dP += _dot(dO, tl.trans(d), PREC)
         dL -= _dot(X, tl.trans(d), PREC)
@@ -994,17 +1214,19 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dqg += _dot(dO, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
         Y -= _dot(X, tl.trans(S), PREC)
-        if GATE > 0:
+        if GATE != GATE_NONE:
             sds += tl.sum(S * dS, 1)
     dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)                 # grad of the scaled scores
     dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
     dqg = dqg * scale
 
     Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, 1, 1)
-    if GDN == 3:
-        # 'order' (GDN only): _gate_grads' and _grams_bwd's GDN 2 lines in another order, each product used twice
-        # except M, which goes only to dq (a fold into dq's accumulator: no dot follows it)
-        kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
+    if GATE == GATE_SCALAR:
+        # GDN: each Gram product is used twice (in dk or dq and in a row sum), except M, which goes only to dq (a
+        # fold into dq's accumulator: no dot follows it), so Triton does not fold `dk += dot` into a chain of dots (a
+        # dot whose result feeds another dot gets all 8 warps along its 64 rows: a doubled accumulator and [C, Dk]
+        # layout conversions)
+        kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))            # [C, 1], as in _gate_grads
         egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))
         db = tl.sum(eg, 1) * tl.sum(Y * kk, 1)                              # dbeta_K, W's part
@@ -1014,7 +1236,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))
         dP = dP * decay
         dL = dL * decay
-        qq = _f32_if(tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
+        qq = _f32_if(tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         dq = dqg * eg + _dot(dP, kk, PREC)
         dG = tl.sum(qq * dq, 1) - sdk
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
@@ -1031,51 +1253,39 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dbeta += db
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     else:
-        qq = _f32_if(tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
-        kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == 1)
-        dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid, GDN)
-        if GDN == 0:
-            dbeta += db
-            dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
-                                           GATE, C, DK, LOG2C, PREC)
-        else:
-            dq, dk, dG, db = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, db,
-                                        GATE, C, DK, LOG2C, PREC, GDN)
-            dG += beta * db                                             # beta dbeta_K (see above)
-            if GDN == 2:
-                dG += tl.sum(qq * dq, 1)
-            dbeta += db
+        qq = _f32_if(tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
+        kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
+        dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
+        dbeta += db
+        dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
+                                       GATE, C, DK, LOG2C, PREC)
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dbeta_ptr + tok, dbeta, mask=valid)
-    if GATE == 1:
-        if GDN == 0:
-            dG += tl.where(r2 == n - 1, dGn, 0.)
-            dg = tl.cumsum(tl.sum(dG, 1), axis=0, reverse=True)         # G = cumsum(g) => reverse
-        else:
-            dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
+    if GATE == GATE_SCALAR:
+        dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)  # G = cumsum(g) => reverse
         tl.store(dg_ptr + tok, dg, mask=valid)
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                                 dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                                 H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                                GATE: tl.constexpr, PREC: tl.constexpr):
-    # DeltaNet / GDN ('phased', WY_GRADS_TILE['gdn']): _wy_grads_bwd's gradients in two passes over the V-tiles, so
-    # that at most four [C, Dk]-or-[C, C] fp32 accumulators are live at once (five in one pass):
+                                PREC: tl.constexpr):
+    # GDN at Dk <= 64: _wy_grads_bwd's gradients in two passes over the V-tiles, so that at most four [C, Dk]-or-[C, C]
+    # fp32 accumulators are live at once (five in one pass): GDN's one-pass form spills at Dk = 64 where DeltaNet's
+    # does not, and its two [C, C] decays and row sums made it the slowest kernel of GDN's backward there.
     #   1. the output side: dP, dQg -> dq (stored), then dk = N (P_qk's column side) and dP dies;
     #   2. the W/U side: X, dL, dv, rowsum(X V), Y, dKd -> the rest of dk and dbeta.
-    # At Dv <= 64 (one V-tile) Delta and S are read once for both passes. GDN's dG needs no per-term row sums
-    # (notes/perf.md 2026-11-24 (k)):
+    # At Dv <= 64 (one V-tile) Delta and S are read once for both passes. At Dk = 128 the second reads of [C, 128]
+    # tiles cost more than the spills saved, so there GDN takes _wy_grads_bwd. dG needs no per-term row sums:
     # every term with G_r on row r enters through q_r (+), k_r (-) or, for W and L's rows, k_r (+), so
     # dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K, dbeta_K = rowsum(K Z), Z = exp(G) Y + M' (dbeta less
-    # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), both from the second pass's tiles (<S, dS'> from
-    # _state_bwd's fp32 dS' was slower: notes/perf.md 2026-11-25 (l)). The colsum comes from the same dKd tile as
+    # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), both from the second pass's tiles, which this
+    # kernel holds anyway (a row sum in _state_bwd's sequential loop costs that loop more). The colsum comes from the same dKd tile as
     # dk's term (-dKd Kd in dG through k dk): after a strong gate the two nearly cancel, in fp32 only if both are
     # formed from the same tile.
-    # GDN's [C, C] decay exp(G_r - G_i) is formed once, in the first pass (i <= r, for dP), and kept for the second,
-    # where dL takes it with its diagonal removed by a select: half the exps of forming it per pass, and fewer spills
-    # (measured: notes/perf.md 2026-11-26 (n)).
+    # The [C, C] decay exp(G_r - G_i) is formed once, in the first pass (i <= r, for dP), and kept for the second,
+    # where dL takes it with its diagonal removed by a select: half the exps of forming it per pass, and fewer spills.
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1089,7 +1299,7 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     tok0 = (b * T + c * C) * H + h
     ck = tl.arange(0, DK)
     s_base = ((b * NT + c) * H + h) * DK * DV
-    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, 1, 1)
+    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE_SCALAR, C, 1, 1)
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))              # exp(G) [C, 1], 0 on padded rows
     egn = tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))    # exp(G_n - G)
 
@@ -1111,17 +1321,13 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dO = tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.)
         dP += _dot(dO, tl.trans(d), PREC)
         dq += _dot(dO, tl.trans(S), PREC)
-    if GATE == 1:
-        decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))  # 0 above the diagonal
-        dP = dP * (scale * decay)
-    else:
-        dP = tl.where((i2 <= r2) & (r2 < n), dP * scale, 0.)
+    decay = tl.exp(tl.where((i2 <= r2) & (r2 < n), Gm - tl.trans(Gm), float('-inf')))  # 0 above the diagonal
+    dP = dP * (scale * decay)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
     dq = dq * (eg * scale) + _dot(dP, kk, PREC)
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
-    if GATE == 1:
-        dG = tl.sum(qq.to(tl.float32) * dq, 1)
+    dG = tl.sum(qq.to(tl.float32) * dq, 1)
     dk = _dot(tl.trans(dP), qq, PREC)                                      # N
 
     # 2. the W/U side
@@ -1149,23 +1355,18 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
         dbeta += tl.sum(X * vv, 1)
         Y -= _dot(X, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
-        if GATE == 1:
-            sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
-    if GATE == 1:
-        dL = tl.where(i2 < r2, dL * decay, 0.)                  # decay: 0 above the diagonal and on padded rows
-    else:
-        dL = tl.where((i2 < r2) & (r2 < n), dL, 0.)
+        sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), 1)
+    dL = tl.where(i2 < r2, dL * decay, 0.)                      # decay: 0 above the diagonal and on padded rows
     kf = kk.to(tl.float32)
     Z = Y * eg + _dot(dL, kk, PREC)                                       # exp(G) Y + M'
     db = tl.sum(Z * kf, 1)                                                 # dbeta_K
     tl.store(dbeta_ptr + tok, dbeta + db, mask=valid)
     dk += beta[:, None] * Z + dkd * egn + _dot(tl.trans(dL * beta[:, None]), kk, PREC)  # + N'
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
-    if GATE == 1:
-        dG += 2 * beta * db - tl.sum(kf * dk, 1)
-        dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
-        dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
-        tl.store(dg_ptr + tok, dg, mask=valid)
+    dG += 2 * beta * db - tl.sum(kf * dk, 1)
+    dGn = tl.exp(tl.sum(Gn_row)) * tl.sum(sds) + tl.sum(tl.sum(egn, 1) * tl.sum(dkd * kf, 1))
+    dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)
+    tl.store(dg_ptr + tok, dg, mask=valid)
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbeta_ptr, dP_ptr, dL_ptr, scale, T,
@@ -1249,7 +1450,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 
     # loaded after the loop, so that they are not live during it
     g_tile = G_ptr + ik * BK                        # this tile's gate channels
-    Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, 2, C, BK, DG)
+    Gm, Gn_row, Gn_col = _load_gate(g_tile, tok, valid, tok0 + (n - 1) * H, GATE_CHANNEL, C, BK, DG)
     qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
@@ -1258,7 +1459,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
-                                   2, C, BK, LOG2C, PREC)
+                                   GATE_CHANNEL, C, BK, LOG2C, PREC)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
@@ -1268,13 +1469,388 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dg = tl.cumsum(dG, axis=0, reverse=True)
     tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
 
-# -----------------------------------------------------------------------------
-# Triton kernels for scalar-decay linear attention: plain linear attention, RetNet, Mamba2 (docs/mixers.md §4.1, §5.5).
-# Same chunk (C = 64) and numerical rules as the delta-rule kernels above. Per chunk (n <= C rows, chunk-start state
+# ---- 4.5 the custom ops (kernels::delta_rule_fwd, delta_rule_bwd, decay_gate_bwd) and delta_rule_triton ------------
+
+# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_block) -> A (_inverse) -> W, U
+# (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
+# state; the backward (kernels::delta_rule_bwd) recomputes W, h, Delta (_wy_fwd, _state_fwd), then runs _state_bwd
+# (reverse over chunks) and the per-chunk gradients: _wy_grads_bwd (DeltaNet; GDN at Dk > 64), _wy_grads_bwd_phased
+# (GDN at Dk <= 64), or _wy_bwd and _grads_bwd (KDA); with A_log, dt_bias also kernels::decay_gate_bwd (the gate's
+# own backward). They are torch.library custom ops with fake (shape) functions and the backward registered as the
+# forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
+# break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
+
+def _gate_kind(g, k):
+    """-> (GATE, DG): GATE_NONE (DeltaNet), GATE_SCALAR (GDN: g [B,T,H]) or GATE_CHANNEL (KDA: g [B,T,H,Dk]) as a
+    plain int, and DG, the gate values per token."""
+    if g is None:
+        return int(GATE_NONE), 1
+    return (int(GATE_SCALAR), 1) if g.dim() == k.dim() - 1 else (int(GATE_CHANNEL), k.shape[-1])
+
+def _meta(q, k, v):
+    B, T, H, DK = k.shape
+    DV = v.shape[-1]
+    # the dots' operands (_dot): bf16 inputs -> bf16 (full tensor-core rate, errors within the tests' bounds); fp16
+    # -> tf32 (rounding fp16 to bf16 would drop 3 mantissa bits); fp32 -> IEEE fp32
+    prec = {torch.float32: 'ieee', torch.bfloat16: 'bf16'}.get(q.dtype, 'tf32')
+    return B, T, H, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
+
+def _warps(DK, DV):
+    # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
+    return 8 if max(DK, DV) >= 128 else 4
+
+def _state_tile(DK, DV, GATE, backward, BH, device):
+    """-> (V-tile, warps) of the sequential state passes (TUNING['state']): 8 warps for KDA's backward at Dk = 128,
+    and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle."""
+    t = TUNING['state']
+    warps = t['kda_bwd_warps'] if (backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128) else t['warps']
+    BV = min(DV, t['v'])
+    while BV > t['min_v'] and (DV // BV) * BH < _sm_count(device):
+        BV //= 2
+    return BV, warps
+
+def _grams_inverse(q, k, beta, G, GATE, DG):
+    """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype."""
+    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, k)
+    C = TRITON_CHUNK
+    Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
+    idt = _storage(prec)
+    P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
+    iprec = TUNING['inverse']['prec'][prec]
+    L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
+    A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
+    grams = TUNING['grams']
+    BK = min(DK, grams['kda_k'] if GATE == GATE_CHANNEL else grams['k'])
+    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, num_warps=grams['warps'])
+    _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=TUNING['inverse']['warps'])
+    return P, A
+
+def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0):
+    """W, U from A, then the sequential pass. The forward (P = P_qk given): -> the output O (v's dtype), formed in the
+    pass, and the final state (fp32; None unless asked for). The backward's recompute (P None): -> W, the state
+    snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
+    B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
+    C = TRITON_CHUNK
+    Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
+    w = torch.empty_like(k)
+    u = torch.empty_like(v)
+    decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
+    kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
+    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H, DK, DV,
+                                DG, C, GATE, prec, decayed, num_warps=_warps(DK, DV))
+    output = P is not None
+    vn = torch.empty_like(v)  # the output in the forward, Delta in the recompute
+    h = vn if output else torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
+    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
+    if output:
+        nw = TUNING['state']['out_warps']
+    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
+                                         ht if ht is not None else h, qg if decayed else q, P if output else h,
+                                         vn, scale, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
+                                         h0 is not None, ht is not None, decayed, output, num_warps=nw,
+                                         num_stages=TUNING['state']['stages'])
+    return (vn, ht) if output else (w, h, vn, kd, qg)
+
+def _gate_launch(g, H, DG):
+    """The cumsum kernel's tiling of g: (heads per launch, columns per program, A_log's columns per value). GDN's
+    [B, T, H] runs as one 'head' of H columns (A_log per column), KDA's [B, T, H, Dk] as H heads of Dk (per head)."""
+    return (1, H, 1) if DG == 1 else (H, DG, DG)
+
+@torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
+def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
+                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
+                    A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
+    G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A
+    [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32). A_log given: g is the gate's input u and the
+    log-decay -exp(A_log) softplus(u + dt_bias) is formed inside the cumsum kernel."""
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
+    GATE, DG = _gate_kind(g, k)
+    G = torch.empty(0, device=k.device, dtype=torch.float32)
+    if GATE != GATE_NONE:
+        G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
+        HL, DL, AG = _gate_launch(g, H, DG)
+        fn = A_log is not None
+        _chunk_cumsum_kernel[(NT, B * HL)](g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G,
+                                           T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), fn, AG)
+    Gp = G if GATE != GATE_NONE else None
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
+    o, ht = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG, P, scale)
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
+
+@_delta_rule_fwd.register_fake
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None):
+    B, T, H, DK = k.shape
+    GATE, DG = _gate_kind(g, k)
+    ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    G = q.new_empty((B, T, H, DG) if GATE != GATE_NONE else (0,), dtype=torch.float32)
+    idt = _storage(_meta(q, k, v)[-1])
+    PA = (B, T, H, TRITON_CHUNK)
+    return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt)
+
+@torch.library.custom_op("kernels::decay_gate_bwd", mutates_args=())
+def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of the log-decay g = -exp(A_log) softplus(u + dt_bias) (u [B,T,H] or [B,T,H,Dk], dg fp32 of
+    u's shape) -> du (u's dtype), dA_log, ddt_bias (fp32, their shapes)."""
+    B, T, H = u.shape[:3]
+    DG = u.shape[3] if u.dim() == 4 else 1
+    HL, DL, AG = _gate_launch(u, H, DG)
+    NT = triton.cdiv(T, TRITON_CHUNK)
+    du = torch.empty_like(u)
+    part = torch.empty(NT * B, 2, H * DG, device=u.device, dtype=torch.float32)
+    _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, part,
+                                         T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), AG)
+    sums = torch.empty(H * DG, 2, device=u.device, dtype=torch.float32)
+    _column_sums(part, H * DG, 2, sums)
+    return du, sums[:, 0].view(H, DG).sum(1), sums[:, 1].reshape(dt_bias.shape).contiguous()  # as the fake's
+
+@_decay_gate_bwd.register_fake
+def _(u, A_log, dt_bias, dg):
+    f32 = torch.float32
+    return u.new_empty(u.shape), A_log.new_empty(A_log.shape, dtype=f32), dt_bias.new_empty(dt_bias.shape, dtype=f32)
+
+@torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
+def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
+                    P: torch.Tensor, A: torch.Tensor,
+                    initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
+    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet); P, A the
+    forward's P_qk and (I + L)^-1."""
+    q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
+    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
+    GATE, DG = ((int(GATE_NONE), 1) if G is None else (int(GATE_SCALAR), 1) if G.shape[-1] == 1
+                else (int(GATE_CHANNEL), G.shape[-1]))
+    C, LOG2C = TRITON_CHUNK, int(math.log2(TRITON_CHUNK))
+    Gp = G if G is not None else k
+    idt = _storage(prec)
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
+    w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
+    dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
+    dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
+    dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
+    if dht is not None:
+        dht = dht.contiguous().float()
+    decayed = bool(GATE == GATE_CHANNEL)  # KDA: the state pass reads Kd, Qg
+    _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
+                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
+                                         H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
+                                         num_warps=nw, num_stages=TUNING['state']['bwd_stages'])
+    del w, kd, qg
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if GATE != GATE_CHANNEL:  # DeltaNet, GDN
+        dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
+        dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dbeta
+        wy = TUNING['wy_grads']
+        warps, BVg = (wy['warps'] if DK > 64 else wy['warps_d64'][GATE]), min(DV, wy['v'])
+        if GATE == GATE_SCALAR and DK <= 64:  # GDN at Dk <= 64: the two-pass form
+            _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
+                                                     scale, T, NT, H, DK, DV, BVg, C, prec,
+                                                     num_warps=warps, num_stages=1)
+        else:
+            _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
+                                              T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec,
+                                              num_warps=warps, num_stages=1)
+        return dq, dk, dv, dbeta, (dg if GATE == GATE_SCALAR else torch.empty(0, device=k.device)), \
+            (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+    kda = TUNING['kda_grads']  # KDA's backward: _wy_bwd, then _grads_bwd per key tile
+    BK, NK = min(DK, kda['k']), DK // min(DK, kda['k'])
+    # dbeta comes back as one partial sum per key tile (its last slot: the value side from _wy_bwd), added up below
+    dbeta = torch.empty(NK + 1, B, T, H, device=k.device, dtype=torch.float32)
+    dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
+    dP = torch.empty(B, T, H, C, device=k.device, dtype=idt)
+    dL = torch.empty_like(dP)
+    # X = A^T dDelta is written over dDelta (no other kernel reads it afterwards)
+    _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, kda['wy_v']),
+                                C, prec, num_warps=kda['wy_warps'], num_stages=1)
+    _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
+                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec,
+                                       num_warps=kda['warps'], num_stages=1)
+    return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+
+@_delta_rule_bwd.register_fake
+def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
+    f32 = torch.float32
+    dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
+    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
+
+def _delta_rule_setup(ctx, inputs, output):
+    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias = inputs
+    # autograd would otherwise fill zero gradients for G, P, A (a pass over KDA's fp32 G and the two [B, T, H, C])
+    ctx.set_materialize_grads(False)
+    gate = (g, A_log, dt_bias) if A_log is not None else (None, None, None)  # the gate's inputs, for its backward
+    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state,
+                          *gate)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+    ctx.g_dtype = None if g is None else g.dtype
+
+def _delta_rule_backward(ctx, do, dht, *_):
+    q, k, v, beta, G, P, A, h0, u, A_log, dt_bias = ctx.saved_tensors
+    dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(v)
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale)
+    dA = ddt = None
+    if A_log is not None:  # g was the gate's input u
+        dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg)
+        dA, ddt = dA.to(A_log.dtype), ddt.to(dt_bias.dtype)
+    return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
+            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt)
+
+_delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
+
+def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
+                      dt_bias=None):
+    """The delta rule through the Triton kernels (custom ops, differentiable); same arguments and result as
+    delta_rule. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
+    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
+    _check_gate_fn("delta_rule", g, A_log, dt_bias)
+    why = _triton_unsupported(q, v)
+    if why:
+        _fail("delta_rule", why)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)[:2]
+    return o, (ht if output_final_state else None)
+
+# ---- 4.6 the decode step: S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q -----------------
+# The torch version (any device and dtype), then the Triton step: one program per (V-tile, b, h) keeps its
+# [Dk, BV] state tile in registers, decay, update and readout fused, one read and one write of the state.
+
+def delta_rule_step_torch(q, k, v, beta, g, state, scale=None):
+    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
+    dt = state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = q.to(dt), k.to(dt)
+    if g is not None:  # [B, H] -> [B, H, 1, 1];  [B, H, Dk] -> [B, H, Dk, 1] (rows of S are key channels)
+        state.mul_(g.to(dt).exp()[..., None, None] if g.ndim == 2 else g.to(dt).exp()[..., None])
+    err = beta.to(dt)[..., None] * (v.to(dt) - torch.einsum("bhk,bhkv->bhv", k, state))  # against the decayed state
+    state.add_(k[:, :, :, None] * err[:, :, None, :])
+    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
+
+@triton.jit
+def _step_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s_ptr, o_ptr, scale,
+                 DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    q = tl.load(q_ptr + bh * DK + ck).to(tl.float32)
+    k = tl.load(k_ptr + bh * DK + ck).to(tl.float32)
+    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
+    beta = tl.load(beta_ptr + bh).to(tl.float32)
+    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
+    S = tl.load(s_ptr + s_offs)
+    if GATE == GATE_SCALAR:  # GDN: one decay for the whole state
+        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
+    if GATE == GATE_CHANNEL:  # KDA: one decay per key channel, a row of S
+        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
+    e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
+    S += k[:, None] * e[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + s_offs, S)
+    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
+
+@torch.library.custom_op("kernels::delta_rule_step", mutates_args=("state",))
+def _delta_rule_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                        g: Optional[torch.Tensor], state: torch.Tensor, scale: float) -> torch.Tensor:
+    B, H, DK = k.shape
+    DV = v.shape[-1]
+    GATE = _gate_kind(g, k)[0]
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    o = torch.empty_like(v)
+    BV = min(DV, TUNING['step']['v'])
+    _step_kernel[(DV // BV, B * H)](q, k, v, beta, g.contiguous() if g is not None else beta, state, o, scale,
+                                    DK, DV, BV, GATE)
+    return o
+
+@_delta_rule_step_op.register_fake
+def _(q, k, v, beta, g, state, scale):
+    return v.new_empty(v.shape)
+
+def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
+    """One delta-rule decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
+    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
+    why = _triton_unsupported(q, v, state)
+    if why:
+        _fail("delta_rule_step", why)
+    return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+# =====================================================================================================================
+# 5. Scalar-decay linear attention: RetNet, Mamba2 (and plain linear attention)
+# docs/mixers.md §2.2 (RetNet), §2.3 (Mamba2), §3 (recurrence), §4.1 (chunked forward), §5.5 (backward), §6 (decode).
+# Gate kinds: GATE_NONE (plain linear attention), GATE_SCALAR (Mamba2: Δ·A, g [B, T, H]), GATE_CONST (RetNet:
+# log γ, g [H]). model.py's RetNet and Mamba2 call linear_attn / linear_attn_step (section 1).
+# =====================================================================================================================
+
+# ---- 5.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
+# S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = s S_t^T q_t
+
+def linear_attn_recurrent(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
+    B, T, H, Dv = v.shape
+    Dk, dt = q.shape[-1], _compute_dtype(q)
+    scale = Dk ** -0.5 if scale is None else scale
+    qf, kf, vf = _expand_heads(q, H).to(dt), _expand_heads(k, H).to(dt), v.to(dt)
+    a = _scalar_gate(g, B, T, H, dt, q.device).exp()  # per-step decay in [0, 1]
+    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    o = []
+    for t in range(T):
+        S = a[:, t, :, None, None] * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
+        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
+    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
+
+# ---- 5.2 chunked torch (docs/mixers.md §4.1; the chunk conventions are in section 3) -------------------------------
+
+def linear_attn_chunked(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
+    B, T, H, Dv = v.shape
+    Dk, dt = q.shape[-1], _compute_dtype(q)
+    scale = Dk ** -0.5 if scale is None else scale
+    C = min(chunk_size, T)
+    Q, K = _to_chunks(_expand_heads(q, H), C, dt), _to_chunks(_expand_heads(k, H), C, dt)  # [B, H, N, C, Dk]
+    V = _to_chunks(v, C, dt)  # [B, H, N, C, Dv]
+    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1]
+    D = _causal_decay(g)  # [B, H, N, C, C, 1]
+    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1] decay from the chunk start; Gamma[..., -1, :] over the whole chunk
+    # parallel over chunks: the intra-chunk outputs and what each chunk adds to the state
+    intra = ((Q @ K.mT) * D[..., 0]).tril() @ V  # [B, H, N, C, Dv]
+    local = (K * D[..., -1, :, :]).mT @ V  # [B, H, N, Dk, Dv]; D's last row is exp(G_n - G_i)
+    # sequential over chunks, cheap: S_start(n+1) = Γ_n S_start(n) + local_n
+    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    starts = []
+    # unbind, not local[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
+    for decay, add in zip(Gamma[..., -1:, :].unbind(2), local.unbind(2)):  # [B, H, 1, 1], [B, H, Dk, Dv]
+        starts.append(S)
+        S = decay * S + add
+    S0 = torch.stack(starts, dim=2)  # [B, H, N, Dk, Dv] chunk-start states
+    O = scale * ((Q * Gamma) @ S0 + intra)
+    return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
+
+def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, **kw):
+    """The torch paths with Mamba2's dt and D (linear_attn's dt=, D=): value dt·v, output + D·v."""
+    if dt is None:
+        return fn(q, k, v, g, scale, initial_state, output_final_state, **kw)
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state, dt=dt, D=D)
+    wide = torch.promote_types(v.dtype, torch.float32)
+    o, ht = fn(q, k, (v.to(wide) * dt[..., None]).to(v.dtype), g, scale, initial_state, output_final_state, **kw)
+    return (o.to(wide) + D[:, None] * v).to(o.dtype), ht
+
+# ---- 5.3 Triton forward --------------------------------------------------------------------------------------------
+
+# Kernels for plain linear attention (GATE_NONE), Mamba2 (GATE_SCALAR) and RetNet (GATE_CONST), docs/mixers.md §4.1.
+# Same chunk (C = TRITON_CHUNK = 64) and numerical rules (section 3) as the delta rule's kernels. Per chunk (n <= C rows, chunk-start state
 # S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
 #   O     = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V)          _la_output_fwd: parallel over chunks
-# or both in _la_state_fwd (OUTPUT) where its programs hold whole Dk rows and cover the SMs (LA_TILE): no h[c].
+# or both in _la_state_fwd (OUTPUT) where its programs hold whole Dk rows and cover the SMs (TUNING['scalar']): no
+# h[c].
 # Mamba2's SSD (SSD): V is Δ·x, formed from x and Δ in every kernel that reads V, and O gains D·x.
 # These are the delta-rule state pass and output with Delta = V: no W, no (I + L)^-1. They are small kernels of
 # their own rather than flags on _state_fwd because q, k are indexed per group (below) and P = Q K^T ⊙ D
@@ -1283,36 +1859,34 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 # masked). Unlike the delta-rule kernels they read the raw gates and form every decay exponent between two positions
 # as a sum of the gates in between (D_ri: Σ_{i<j<=r} g_j; G_n - G_r: Σ_{r<j<n} g_j), never as a difference of
 # cumsums, which loses ~3 digits in fp32 after a -1000 gate (_la_gates, _la_decay; as _causal_decay in torch).
-# DECAY: 0 no gate (plain linear attention); 1 a gate per token (g [B, T, H] fp32, Mamba2's Δ·A; G, G_n and the
-#        segment sums are formed in-kernel per chunk); 2 a constant per head (g [H], RetNet's log γ; g_ptr holds g
-#        and G_r = (r + 1) g_h, G_n - G_r = (n - 1 - r) g_h are generated in-kernel, no [B, T, H] tensor).
+# GATE: GATE_NONE (plain linear attention); GATE_SCALAR, a gate per token (Mamba2's Δ·A, g [B, T, H] fp32; G, G_n
+# and the segment sums are formed in-kernel per chunk); GATE_CONST, a constant per head (RetNet's log γ, g [H]; G_r =
+# (r + 1) g_h and G_n - G_r = (n - 1 - r) g_h are generated in-kernel, no [B, T, H] tensor).
 # Grouped q/k (Mamba2's B, C shared by the heads of a group): q, k are [B, T, HK, Dk] and head h reads q/k head
 # h // (H // HK); no per-head copy is made. The backward's _la_dqkg_bwd runs one program per group (q/k head) and
 # sums its heads' dq, dk in registers, so dq, dk are written once, [B, T, HK, Dk], with no reduction after it.
 # Dots follow the delta rule's rule (_dot: bf16 operands for bf16 inputs, fp32 accumulation), and the backward's
 # recomputed h[c] and dh[c] are stored in _storage's dtype (bf16 for bf16 inputs), as fla's kernels round them.
 # Tiles: the chunk-parallel kernels work on [64, 64] tiles of Dk x Dv and loop over the other side's tiles; the
-# sequential passes take whole Dk rows or key tiles of 64 and V-tiles of 64 or less by SM coverage (LA_TILE); the
-# backward's gradients are two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. Offline ptxas
-# (notes/ptxas_check.py --la, Triton 3.6, sm_90a, bf16): no spills but the fused forward at Dk = 128 with a per-token
-# gate (a few hundred bytes; it is not used there) and the 32-head group backward (_la_dqkg_bwd with GROUP = 32).
-# Chunk 64 by measurement (bench.py --chunks; numbers in notes/results.md): faster than 32 for both families, and 128
-# does not fit in shared memory. The CUDA default: the GPU matrix of test_kernels.py passes (runs in notes/perf.md).
+# sequential passes take whole Dk rows or key tiles of 64 and V-tiles of 64 or less by SM coverage (TUNING['scalar']);
+# the backward's gradients are two kernels (dv; dq, dk, dg), so no program holds a [C, 128] fp32 tile. Offline ptxas
+# (Triton 3.6, sm_90a, bf16): no spills but the fused forward at Dk = 128 with a per-token gate (a few hundred bytes;
+# that form is not used there) and the 32-head group backward (_la_dqkg_bwd with GROUP = 32).
 
 @triton.jit
-def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.constexpr):
-    # -> gm [C] the raw gates of this chunk (DECAY 1; 0 on padded rows), G [C] their cumsum (padded rows: junk,
-    # callers mask), G_n, the tail exponents G_n - G_r [C] (0 on padded rows) and g_h (DECAY 2, else 0).
+def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, GATE: tl.constexpr):
+    # -> gm [C] the raw gates of this chunk (GATE_SCALAR; 0 on padded rows), G [C] their cumsum (padded rows: junk,
+    # callers mask), G_n, the tail exponents G_n - G_r [C] (0 on padded rows) and g_h (GATE_CONST, else 0).
     # The tail is the reverse exclusive cumsum of g (Σ_{r<j<n} g_j: the gates loaded one token later), not G_n - G_r:
     # after a -1000 gate both are ~ -1000, where one fp32 ulp is 6e-5, and their difference would carry that error
     # into every decay of the rest of the chunk. A sum of same-sign terms is accurate to a few ulp of itself.
-    if DECAY == 1:
+    if GATE == GATE_SCALAR:
         gm = tl.load(g_ptr + tok, mask=valid, other=0.)
         Gm = tl.cumsum(gm, axis=0)
         Gn = tl.sum(gm, axis=0)
         tail = tl.cumsum(tl.load(g_ptr + tok + H, mask=rows + 1 < n, other=0.), axis=0, reverse=True)
         gh = 0.
-    elif DECAY == 2:
+    elif GATE == GATE_CONST:
         gh = tl.load(g_ptr + h).to(tl.float32)
         gm = tl.zeros([C], dtype=tl.float32)
         Gm = (rows + 1).to(tl.float32) * gh
@@ -1327,7 +1901,7 @@ def _la_gates(g_ptr, tok, valid, rows, n, h, H, C: tl.constexpr, DECAY: tl.const
     return gm, Gm, Gn, tail, gh
 
 @triton.jit
-def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
+def _la_decay(gm, gh, n, C: tl.constexpr, GATE: tl.constexpr):
     # D [C, C] = exp(G_r - G_i) for i <= r < n, 0 elsewhere (select before the exp: never exp of a positive number;
     # the clamp at 0 because a parallel cumsum need not be monotone in its last bit, docs/mixers.md §7 item 1).
     # The exponent is the segment sum Σ_{i<j<=r} g_j (as in _causal_decay), not G_r - G_i (see _la_gates): a cumsum
@@ -1335,7 +1909,7 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
     # A constant gate uses (r - i) g_h, exact, rather than the difference of two rounded products.
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
-    if DECAY == 2:
+    if GATE == GATE_CONST:
         diff = (r - i).to(tl.float32) * gh
     else:
         diff = tl.minimum(tl.cumsum(tl.where(r > i, gm[:, None], 0.), axis=0), 0.)
@@ -1344,7 +1918,7 @@ def _la_decay(gm, gh, n, C: tl.constexpr, DECAY: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_ptr, D_ptr, o_ptr, scale, T, NT, H, HK,
                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         DECAY: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                         GATE: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                          SSD: tl.constexpr = 0, OUTPUT: tl.constexpr = 0):
     # One program per (V-tile, K-tile, b, h) walks the chunks in order with its [BK, BV] state tile in fp32 registers.
     # A scalar decay scales whole rows and columns alike, so the key tiles of the state never mix (the delta rule's
@@ -1377,17 +1951,17 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_p
         vs = vv
         if SSD:  # the value is Δ·x
             vs = vv * tl.load(dt_ptr + tok, mask=valid, other=0.)[:, None]
-        gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+        gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, GATE)
         if OUTPUT:  # O = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V), S the chunk-start state
             qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
             eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]
-            P = _dot(qq, tl.trans(kk), PREC) * _la_decay(gm, gh, n, C, DECAY)
+            P = _dot(qq, tl.trans(kk), PREC) * _la_decay(gm, gh, n, C, GATE)
             o = scale * (_dot(qq, S, PREC) * eg + _dot(P, vs, PREC))
             if SSD:
                 o += tl.load(D_ptr + h) * vv.to(tl.float32)
             tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
         kd = kk.to(tl.float32) * tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]
-        if DECAY > 0:
+        if GATE != GATE_NONE:
             S = S * tl.exp(Gn)
         S += _dot(tl.trans(kd), vs, PREC)
     if STORE_HT:
@@ -1396,7 +1970,7 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_p
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
                           DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                          DECAY: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
+                          GATE: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (V-tile, chunk, b, h). Q K^T and Q S are sums over key channels: accumulated over key tiles of
     # BK so that no [C, Dk] tile is live, and the row scale Γ of Diag(Γ) Q S is applied after the dot (it commutes),
     # which leaves Q, K and the snapshot S (_storage's dtype) as the dots' operands, unscaled.
@@ -1423,15 +1997,17 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_pt
         qk += _dot(qq, tl.trans(kk), PREC)
         qs += _dot(qq, S, PREC)
     vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
-    gm, Gm, _, _, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+    gm, Gm, _, _, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, GATE)
     eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]                # exp(G), 0 on padded rows
-    P = qk * _la_decay(gm, gh, n, C, DECAY)
+    P = qk * _la_decay(gm, gh, n, C, GATE)
     if SSD:  # value Δ·x, and the skip connection D·x
         o = scale * (qs * eg + _dot(P, vv * tl.load(dt_ptr + tok, mask=valid, other=0.)[:, None], PREC))
         o += tl.load(D_ptr + h) * vv.to(tl.float32)
     else:
         o = scale * (qs * eg + _dot(P, vv, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+# ---- 5.4 Triton backward -------------------------------------------------------------------------------------------
 
 # Backward (h[c] recomputed by _la_state_fwd; dh[c] = gradient of the state at the END of chunk c):
 #   _la_state_bwd, reverse over chunks:  dh[c-1] = Γ_n dh[c] + scale (Q * Γ)^T dO_c    (after chunk 0: d initial_state)
@@ -1441,14 +2017,14 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_pt
 #     dv = (K * exp(G_n - G)) dh + scale (Q K^T ⊙ D)^T dO
 #     dG_r = q_r·dq_r - k_r·dk_r,  and on the last row + Γ_n Σ(h ⊙ dh) + Σ_r k_r·dk_inter_r;  dg = reverse cumsum
 #   (every G_r enters through exp(G_r - G_i), exp(G_r) or exp(G_n - G_r); the q·dq and k·dk sums collect exactly
-#   the + and - sides of those exponents). Only DECAY 1 has a gate gradient (RetNet's constant is not trained).
+#   the + and - sides of those exponents). Only GATE_SCALAR has a gate gradient (RetNet's constant is not trained).
 #   The forward forms those exponents as segment sums of g, equal to the differences in exact arithmetic, so dG
 #   (which consumes only the decay values D, Γ, exp(G_n - G)) and dg_j = Σ_{r>=j} dG_r still hold.
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT, H, HK,
                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         DECAY: tl.constexpr, PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+                         GATE: tl.constexpr, PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
     # One program per (V-tile, K-tile, b, h), reverse over chunks; key tiles independent as in _la_state_fwd.
     iv, ik = tl.program_id(0), tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
@@ -1472,9 +2048,9 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
         qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
-        _, Gm, Gn, _, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+        _, Gm, Gn, _, _ = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, GATE)
         qg = qq * tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]
-        if DECAY > 0:
+        if GATE != GATE_NONE:
             dS = dS * tl.exp(Gn)
         dS += scale * _dot(tl.trans(qg), dO, PREC)
     if STORE_DH0:
@@ -1492,7 +2068,7 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, v_ptr, dt_ptr, D_ptr, ddt_ptr, dD_ptr,
                       scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
+                      C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (V-tile, chunk, b, h):  dv = Diag(exp(G_n - G)) K dh + scale (Q K^T ⊙ D)^T dO,
     # with K dh and Q K^T accumulated over key tiles (the row decay factors out of the first dot).
     # SSD (value Δ·x, output + D·x): dv above is the value's gradient u; then dx = Δ u + D dO, and this V-tile's
@@ -1523,9 +2099,9 @@ def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, v_ptr, dt_ptr
         kds += _dot(kk, dS, PREC)
     x_offs = rows[:, None] * (H * DV) + cv[None, :]
     dO = tl.load(do_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.)
-    gm, _, _, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+    gm, _, _, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, GATE)
     egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), 0 on padded rows
-    P = scale * qk * _la_decay(gm, gh, n, C, DECAY)                          # the scaled decayed scores
+    P = scale * qk * _la_decay(gm, gh, n, C, GATE)                          # the scaled decayed scores
     dv = kds * egn + _dot(tl.trans(P), dO, PREC)
     if SSD:
         xx = tl.load(v_ptr + x0 * DV + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
@@ -1539,7 +2115,7 @@ def _la_dv_bwd_kernel(q_ptr, k_ptr, g_ptr, do_ptr, dh_ptr, dv_ptr, v_ptr, dt_ptr
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, do_ptr, dh_ptr, dq_ptr, dk_ptr, dg_ptr,
                         scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, C: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr,
+                        BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
                         GROUP: tl.constexpr, SSD: tl.constexpr = 0):
     # One program per (K-tile, chunk, b, q/k head hk): a loop over the GROUP = H / HK heads that read hk (RetNet:
     # GROUP = 1, one iteration), each a loop over V-tiles. dq, dk [B, T, HK, Dk] are the sums over the group's heads,
@@ -1595,14 +2171,14 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, do_ptr, dh_pt
             q_in = tl.load(q_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
             k_in = tl.load(k_ptr + xk0 * DK + k_offs, mask=valid[:, None], other=0.)
         qq, kk = q_in.to(tl.float32), k_in.to(tl.float32)
-        gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, DECAY)
+        gm, Gm, Gn, tail, gh = _la_gates(g_ptr, tok, valid, rows, n, h, H, C, GATE)
         eg = tl.exp(tl.where(valid, Gm, float('-inf')))[:, None]         # exp(G), 0 on padded rows
         egn = tl.exp(tl.where(valid, tl.minimum(tail, 0.), float('-inf')))[:, None]  # exp(G_n - G), clamped as above
-        dA = scale * dA * _la_decay(gm, gh, n, C, DECAY)
+        dA = scale * dA * _la_decay(gm, gh, n, C, GATE)
         dqh = scale * dqi * eg + _dot(dA, k_in, PREC)   # this head's dq, dk
         dk_inter = dki * egn
         dkh = dk_inter + _dot(tl.trans(dA), q_in, PREC)
-        if DECAY == 1:
+        if GATE == GATE_SCALAR:
             dG = tl.sum(qq * dqh, 1) - tl.sum(kk * dkh, 1)
             dGn = tl.exp(Gn) * tl.sum(sds, 0) + tl.sum(tl.sum(kk * dk_inter, 1), 0)
             dG += tl.where(rows == n - 1, dGn, 0.)
@@ -1612,418 +2188,23 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, do_ptr, dh_pt
     tl.store(dq_ptr + xk0 * DK + k_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + xk0 * DK + k_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
 
-# -----------------------------------------------------------------------------
-# decode steps: one token, the state [B, H, Dk, Dv] (fp32) is updated in place; same equations as the recurrences
-#   linear attention:  S <- exp(g) S + k v^T;                                 o = s S^T q
-#   delta rule:        S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q
-# torch versions (any device and dtype), then the Triton steps: one program per (V-tile, b, h) keeps its
-# [Dk, BV] state tile in registers, decay, update and readout fused, one read and one write of the state.
-
-def linear_attn_step_torch(q, k, v, g, state, scale=None):
-    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
-    H, dt = v.shape[1], state.dtype
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q, k = _expand_heads(q[:, None], H)[:, 0].to(dt), _expand_heads(k[:, None], H)[:, 0].to(dt)  # [B, H, Dk]
-    if g is not None:
-        state.mul_(g.to(dt).exp().expand(v.shape[:2])[:, :, None, None])  # [H] or [B, H] -> [B, H, 1, 1]
-    state.add_(k[:, :, :, None] * v.to(dt)[:, :, None, :])
-    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
-
-def delta_rule_step_torch(q, k, v, beta, g, state, scale=None):
-    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
-    dt = state.dtype
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q, k = q.to(dt), k.to(dt)
-    if g is not None:  # [B, H] -> [B, H, 1, 1];  [B, H, Dk] -> [B, H, Dk, 1] (rows of S are key channels)
-        state.mul_(g.to(dt).exp()[..., None, None] if g.ndim == 2 else g.to(dt).exp()[..., None])
-    err = beta.to(dt)[..., None] * (v.to(dt) - torch.einsum("bhk,bhkv->bhv", k, state))  # against the decayed state
-    state.add_(k[:, :, :, None] * err[:, :, None, :])
-    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
-
-@triton.jit
-def _step_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s_ptr, o_ptr, scale,
-                 DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    ck = tl.arange(0, DK)
-    cv = iv * BV + tl.arange(0, BV)
-    q = tl.load(q_ptr + bh * DK + ck).to(tl.float32)
-    k = tl.load(k_ptr + bh * DK + ck).to(tl.float32)
-    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
-    beta = tl.load(beta_ptr + bh).to(tl.float32)
-    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
-    S = tl.load(s_ptr + s_offs)
-    if GATE == 1:
-        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
-    if GATE == 2:
-        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
-    e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
-    S += k[:, None] * e[None, :]
-    o = scale * tl.sum(S * q[:, None], 0)
-    tl.store(s_ptr + s_offs, S)
-    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
-
-@triton.jit(do_not_specialize=["H", "HK"])
-def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
-                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, DECAY: tl.constexpr):
-    # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
-    # g: DECAY 1 [B, H] (Mamba2's Δ·A of this token), DECAY 2 [H] (RetNet's log γ), DECAY 0 none
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
-    bhk = b * HK + h // (H // HK)
-    ck = tl.arange(0, DK)
-    cv = iv * BV + tl.arange(0, BV)
-    q = tl.load(q_ptr + bhk * DK + ck).to(tl.float32)
-    k = tl.load(k_ptr + bhk * DK + ck).to(tl.float32)
-    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
-    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
-    S = tl.load(s_ptr + s_offs)
-    if DECAY == 1:
-        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
-    if DECAY == 2:
-        S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
-    S += k[:, None] * v[None, :]
-    o = scale * tl.sum(S * q[:, None], 0)
-    tl.store(s_ptr + s_offs, S)
-    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
-
-# -----------------------------------------------------------------------------
-# the Triton path as custom ops, and the public calls
-#
-# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_block) -> A (_inverse) -> W, U
-# (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
-# state; the backward (kernels::delta_rule_bwd) recomputes W, h, Delta (_wy_fwd, _state_fwd), then runs _state_bwd
-# (reverse over chunks) and _wy_grads_bwd (DeltaNet, GDN) or _wy_bwd and _grads_bwd (KDA). Both are torch.library
-# custom ops with fake (shape) functions and the backward registered as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
-# break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
-
-def _gate_kind(g, k):
-    """0: DeltaNet (no gate), 1: GDN (g [B,T,H]), 2: KDA (g [B,T,H,Dk]); and DG, the gate values per token."""
-    if g is None:
-        return 0, 1
-    return (1, 1) if g.dim() == k.dim() - 1 else (2, k.shape[-1])
-
-def _meta(q, k, v):
-    B, T, H, DK = k.shape
-    DV = v.shape[-1]
-    # the dots' operands (_dot): bf16 inputs -> bf16 (full tensor-core rate, errors within the tests' bounds: measured
-    # in notes/perf.md); fp16 -> tf32 (rounding fp16 to bf16 would drop 3 mantissa bits); fp32 -> IEEE fp32
-    prec = {torch.float32: 'ieee', torch.bfloat16: 'bf16'}.get(q.dtype, 'tf32')
-    return B, T, H, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DV, 64), prec
-
-def _warps(DK, DV):
-    # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
-    return 8 if max(DK, DV) >= 128 else 4
-
-def _storage(prec):
-    # dtype of the [B, T, H, C] intermediates (P_qk, A, dP, dL), dh and dDelta: every reader uses them as dot
-    # operands, which _dot rounds to bf16 for bf16 inputs anyway, so storing them in bf16 loses nothing there and
-    # halves their bytes; fp32 with tf32 or IEEE dots
-    return torch.bfloat16 if prec == 'bf16' else torch.float32
-
-# Tiles by measurement (B8 T4096 H16 D128 bf16, H100, Triton 3.6; notes/perf.md). STATE_TILE: (V-tile, warps) of the
-# two sequential kernels, whose programs (one per V-tile and head) each walk all chunks; WY_GRADS_TILE: (V-tile,
-# warps) of DeltaNet's and GDN's _wy_grads_bwd; KDA_KEY_TILE: (key tile, warps) of KDA's _grads_bwd. Triton 3.6
-# miscompiles some settings on Hopper (wrong gradients, illegal addresses: _wy_grads_bwd with V-tiles of 16 or 32,
-# KDA's key tile 32 with 4 warps), which notes/delta_tiles.py checks before it times them.
-STATE_TILE = {'v': 64, 'warps': 4, 'kda_bwd_warps': 8, 'min_v': 32, 'out_warps': 4,  # out_warps: the forward's pass
-              'stages': 2, 'bwd_stages': 2}  # software pipelining of the forward / backward passes' loads
-WY_GRADS_TILE = {'v': 64, 'warps': 8, 'warps_d64': {0: 4, 1: 4},  # warps_d64: by gate kind (DeltaNet, GDN) at Dk <= 64
-                 'gdn': 'phased', 'gdn_d128': 'order',  # GDN's form, 'tile' | 'rows' | 'rows_dq' | 'order' | 'phased';
-                 # 'phased' at Dk <= 64 only, gdn_d128 above
-                 'deltanet': 'one'}  # DeltaNet's, 'one' | 'phased'
-KDA_KEY_TILE = {'k': 64, 'warps': 8}
-GRAMS_TILE = {'k': 64, 'kda_k': 16, 'warps': 1}  # _grams_block: key tile (KDA's), warps of its 16 x 16 programs
-INVERSE_WARPS = 1  # _inverse: a chain of small dependent dots; one-warp programs, many per SM, hide its latency
-# _inverse's dots by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is
-# 4x tf32's; every forward 0.15 ms faster at B8 T4096 H16: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate) for
-# fp16
-INVERSE_PREC = {'bf16': 'tf32', 'tf32': 'tf32x3', 'ieee': 'ieee'}
-
-def _state_tile(DK, DV, GATE, backward, BH, device):
-    # KDA's backward state pass loads a [C, Dk] gate tile beside q, k, w: 4 warps spill there and it is faster with 8,
-    # while the forward passes and DeltaNet's, GDN's backward are fastest with 4 (notes/delta_tiles.py, notes/perf.md)
-    # Each program walks every chunk in turn, so at small B*H (e.g. 2 x 16 heads at T = 16384) V-tiles of 64 leave
-    # most SMs idle: the tile halves (down to STATE_TILE['min_v']) until the programs cover the SMs.
-    warps = STATE_TILE['kda_bwd_warps'] if (backward and GATE == 2 and max(DK, DV) >= 128) else STATE_TILE['warps']
-    BV = min(DV, STATE_TILE['v'])
-    while BV > STATE_TILE['min_v'] and (DV // BV) * BH < _sm_count(device):
-        BV //= 2
-    return BV, warps
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device):
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
-
-# The two sequential kernels run with num_stages=STATE_TILE['stages'] / ['bwd_stages'] = 2: 3 buffers three chunks of
-# their tiles in shared memory and passes Hopper's 227 KB at Dk = 128 (the forward, which also loads Q and P_qk, needs
-# 262 KB; measured with Triton 3.6).
-
-def _grams_inverse(q, k, beta, G, GATE, DG):
-    """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype."""
-    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, k)
-    C = TRITON_CHUNK
-    Gp = G if G is not None else k  # any pointer; unused when GATE == 0
-    idt = _storage(prec)
-    P = torch.empty(B, T, H, C, device=k.device, dtype=idt)
-    iprec = INVERSE_PREC[prec]
-    L = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32)  # the inverse's input stays fp32
-    A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
-    BK = min(DK, GRAMS_TILE['kda_k'] if GATE == 2 else GRAMS_TILE['k'])
-    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, num_warps=GRAMS_TILE['warps'])
-    _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=INVERSE_WARPS)
-    return P, A
-
-def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0):
-    """W, U from A, then the sequential pass. The forward (P = P_qk given): -> the output O (v's dtype), formed in the
-    pass, and the final state (fp32; None unless asked for). The backward's recompute (P None): -> W, the state
-    snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
-    B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
-    C = TRITON_CHUNK
-    Gp = G if G is not None else k  # any pointer; unused when GATE == 0
-    w = torch.empty_like(k)
-    u = torch.empty_like(v)
-    decayed = GATE == 2
-    kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
-    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H, DK, DV,
-                                DG, C, GATE, prec, decayed, num_warps=_warps(DK, DV))
-    output = P is not None
-    vn = torch.empty_like(v)  # the output in the forward, Delta in the recompute
-    h = vn if output else torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
-    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
-    BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
-    if output:
-        nw = STATE_TILE['out_warps']
-    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
-                                         ht if ht is not None else h, qg if decayed else q, P if output else h,
-                                         vn, scale, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
-                                         h0 is not None, ht is not None, decayed, output, num_warps=nw,
-                                         num_stages=STATE_TILE['stages'])
-    return (vn, ht) if output else (w, h, vn, kd, qg)
-
-def _gate_launch(g, H, DG):
-    """The cumsum kernel's tiling of g: (heads per launch, columns per program, A_log's columns per value). GDN's
-    [B, T, H] runs as one 'head' of H columns (A_log per column), KDA's [B, T, H, Dk] as H heads of Dk (per head)."""
-    return (1, H, 1) if DG == 1 else (H, DG, DG)
-
-@torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
-def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
-                    scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                    A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
-    G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A
-    [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32). A_log given: g is the gate's input u and the
-    log-decay -exp(A_log) softplus(u + dt_bias) is formed inside the cumsum kernel."""
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
-    GATE, DG = _gate_kind(g, k)
-    G = torch.empty(0, device=k.device, dtype=torch.float32)
-    if GATE > 0:
-        G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
-        HL, DL, AG = _gate_launch(g, H, DG)
-        fn = A_log is not None
-        _chunk_cumsum_kernel[(NT, B * HL)](g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G,
-                                           T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), fn, AG)
-    Gp = G if GATE > 0 else None
-    h0 = initial_state.contiguous().float() if initial_state is not None else None
-    P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
-    o, ht = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG, P, scale)
-    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
-
-@_delta_rule_fwd.register_fake
-def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None):
-    B, T, H, DK = k.shape
-    GATE, DG = _gate_kind(g, k)
-    ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
-    G = q.new_empty((B, T, H, DG) if GATE > 0 else (0,), dtype=torch.float32)
-    idt = _storage(_meta(q, k, v)[-1])
-    PA = (B, T, H, TRITON_CHUNK)
-    return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt)
-
-@torch.library.custom_op("kernels::decay_gate_bwd", mutates_args=())
-def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of the log-decay g = -exp(A_log) softplus(u + dt_bias) (u [B,T,H] or [B,T,H,Dk], dg fp32 of
-    u's shape) -> du (u's dtype), dA_log, ddt_bias (fp32, their shapes)."""
-    B, T, H = u.shape[:3]
-    DG = u.shape[3] if u.dim() == 4 else 1
-    HL, DL, AG = _gate_launch(u, H, DG)
-    NT = triton.cdiv(T, TRITON_CHUNK)
-    du = torch.empty_like(u)
-    part = torch.empty(NT * B, 2, H * DG, device=u.device, dtype=torch.float32)
-    _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, part,
-                                         T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), AG)
-    sums = torch.empty(H * DG, 2, device=u.device, dtype=torch.float32)
-    _conv_partial_sums(part, H * DG, 2, 'triton', sums)  # the short conv's column sums (faster than torch's: perf.md (o))
-    return du, sums[:, 0].view(H, DG).sum(1), sums[:, 1].reshape(dt_bias.shape).contiguous()  # as the fake's
-
-@_decay_gate_bwd.register_fake
-def _(u, A_log, dt_bias, dg):
-    f32 = torch.float32
-    return u.new_empty(u.shape), A_log.new_empty(A_log.shape, dtype=f32), dt_bias.new_empty(dt_bias.shape, dtype=f32)
-
-@torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
-def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
-                    P: torch.Tensor, A: torch.Tensor,
-                    initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
-    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet); P, A the
-    forward's P_qk and (I + L)^-1."""
-    q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
-    B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
-    GATE, DG = (0, 1) if G is None else ((1, 1) if G.shape[-1] == 1 else (2, G.shape[-1]))
-    C, LOG2C = TRITON_CHUNK, int(math.log2(TRITON_CHUNK))
-    Gp = G if G is not None else k
-    idt = _storage(prec)
-    h0 = initial_state.contiguous().float() if initial_state is not None else None
-    BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
-    form = WY_GRADS_TILE['gdn'] if GATE == 1 else WY_GRADS_TILE['deltanet']
-    if form == 'phased' and DK > 64:
-        form = WY_GRADS_TILE['gdn_d128'] if GATE == 1 else 'one'
-    w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
-    dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
-    dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
-    dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
-    if dht is not None:
-        dht = dht.contiguous().float()
-    decayed = GATE == 2
-    _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
-                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
-                                         H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         num_warps=nw, num_stages=STATE_TILE['bwd_stages'])
-    del w, kd, qg
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if GATE < 2:
-        dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
-        dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == 1 else dbeta
-        warps = WY_GRADS_TILE['warps'] if DK > 64 else WY_GRADS_TILE['warps_d64'][GATE]
-        if form.startswith('phased'):
-            _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
-                                                     scale, T, NT, H, DK, DV,
-                                                     min(DV, WY_GRADS_TILE['v']), C, GATE, prec,
-                                                     num_warps=warps, num_stages=1)
-        else:
-            _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
-                                              T, NT, H, DK, DV, min(DV, WY_GRADS_TILE['v']), C, LOG2C, GATE, prec,
-                                              ('tile', 'rows', 'rows_dq', 'order').index(form) if GATE == 1 else 0,
-                                              num_warps=warps, num_stages=1)
-        return dq, dk, dv, dbeta, (dg if GATE == 1 else torch.empty(0, device=k.device)), \
-            (dh0 if dh0 is not None else torch.empty(0, device=k.device))
-    BK, NK = min(DK, KDA_KEY_TILE['k']), DK // min(DK, KDA_KEY_TILE['k'])
-    # dbeta comes back as one partial sum per key tile (its last slot: the value side from _wy_bwd), added up below
-    dbeta = torch.empty(NK + 1, B, T, H, device=k.device, dtype=torch.float32)
-    dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
-    dP = torch.empty(B, T, H, C, device=k.device, dtype=idt)
-    dL = torch.empty_like(dP)
-    # X = A^T dDelta is written over dDelta (no other kernel reads it afterwards).
-    # V-tiles of 32 with 8 warps, no pipelining (notes/ptxas_check.py: fewest spilled bytes)
-    _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, 32), C, prec,
-                                num_warps=8, num_stages=1)
-    _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
-                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec,
-                                       num_warps=KDA_KEY_TILE['warps'], num_stages=1)
-    return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
-
-@_delta_rule_bwd.register_fake
-def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
-    f32 = torch.float32
-    dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
-    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
-
-def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias = inputs
-    # autograd would otherwise fill zero gradients for G, P, A (a pass over KDA's fp32 G and the two [B, T, H, C])
-    ctx.set_materialize_grads(False)
-    gate = (g, A_log, dt_bias) if A_log is not None else (None, None, None)  # the gate's inputs, for its backward
-    ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state,
-                          *gate)
-    ctx.scale, ctx.output_final_state = scale, output_final_state
-    ctx.g_dtype = None if g is None else g.dtype
-
-def _delta_rule_backward(ctx, do, dht, *_):
-    q, k, v, beta, G, P, A, h0, u, A_log, dt_bias = ctx.saved_tensors
-    dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
-    if do is None:  # only the final state was used
-        do = torch.zeros_like(v)
-    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale)
-    dA = ddt = None
-    if A_log is not None:  # g was the gate's input u
-        dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg)
-        dA, ddt = dA.to(A_log.dtype), ddt.to(dt_bias.dtype)
-    return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
-            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt)
-
-_delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
-
-@torch.library.custom_op("kernels::delta_rule_step", mutates_args=("state",))
-def _delta_rule_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                        g: Optional[torch.Tensor], state: torch.Tensor, scale: float) -> torch.Tensor:
-    B, H, DK = k.shape
-    DV = v.shape[-1]
-    GATE = 0 if g is None else (1 if g.dim() == 2 else 2)
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    o = torch.empty_like(v)
-    BV = min(DV, 32)
-    _step_kernel[(DV // BV, B * H)](q, k, v, beta, g.contiguous() if g is not None else beta, state, o, scale,
-                                    DK, DV, BV, GATE)
-    return o
-
-@_delta_rule_step_op.register_fake
-def _(q, k, v, beta, g, state, scale):
-    return v.new_empty(v.shape)
-
-def _triton_unsupported(q, v, state=None):
-    """Why the Triton kernels cannot take these inputs, or None when they can."""
-    if not HAVE_TRITON:
-        return "triton is not installed"
-    pow2 = lambda d: 16 <= d <= 128 and d & (d - 1) == 0
-    if not (pow2(q.shape[-1]) and pow2(v.shape[-1])):
-        return f"the Triton kernels need Dk, Dv powers of two in [16, 128], got {q.shape[-1]}, {v.shape[-1]}"
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return f"the Triton kernels take fp16/bf16/fp32 inputs, got {q.dtype}"
-    if state is not None and not (state.dtype == torch.float32 and state.is_contiguous()):
-        return "the Triton step needs a contiguous fp32 state"
-    return None
-
-def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
-                      dt_bias=None):
-    """The delta rule through the Triton kernels (custom ops, differentiable); same arguments and result as
-    delta_rule. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
-    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
-    _check_gate_fn("delta_rule", g, A_log, dt_bias)
-    why = _triton_unsupported(q, v)
-    if why:
-        _fail("delta_rule", why)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)[:2]
-    return o, (ht if output_final_state else None)
-
-def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
-    """One delta-rule decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
-    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
-    why = _triton_unsupported(q, v, state)
-    if why:
-        _fail("delta_rule_step", why)
-    return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+# ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd) and linear_attn_triton -------------------------
 
 # The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
 # kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd), or O and the final state
-# from _la_state_fwd alone (OUTPUT, see LA_TILE). Saved: q, k, v, g (per token or the constant [H] gate), dt, D and
+# from _la_state_fwd alone (OUTPUT, see TUNING['scalar']). Saved: q, k, v, g (per token or the constant [H] gate), dt, D and
 # the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] (bf16 for bf16 inputs), then runs
 # _la_state_bwd (reverse over chunks), _la_dv_bwd (with SSD also dx, dΔ, dD) and _la_dqkg_bwd. Recompute rather
-# than store: h[c] would be 2x q's size at Dk = Dv = 128, and the recompute is one state pass (notes/perf.md (p)).
+# than store: h[c] would be 2x q's size at Dk = Dv = 128, and the recompute is one state pass.
 
 def _decay_kind(g):
-    """0: no gate, 1: a gate per token ([B,T,H]), 2: a constant per head ([H])."""
-    return 0 if g is None else (2 if g.dim() == 1 else 1)
+    """GATE_NONE (no gate), GATE_SCALAR (a gate per token, [B,T,H] or a step's [B,H]: Mamba2) or GATE_CONST (a constant
+    per head, [H]: RetNet), as a plain int."""
+    return int(GATE_NONE) if g is None else int(GATE_CONST) if g.dim() == 1 else int(GATE_SCALAR)
 
 def _la_meta(q, k, v):
     """-> B, T, H, HK, Dk, Dv, NT, BK, BV, prec. Tiles of 64 on both sides: every kernel loops over, or is launched
-    per, key tile and V-tile, so no program holds a [C, 128] tile (notes/perf.md). The dots' operands follow the
+    per, key tile and V-tile, so no program holds a [C, 128] tile (at 128 they spilled). The dots' operands follow the
     delta rule's rule (_dot): bf16 when q, k, v are all bf16, IEEE fp32 when any is fp32, tf32 otherwise (fp16)."""
     B, T, H, DV = v.shape
     HK, DK = q.shape[2], q.shape[3]
@@ -2031,35 +2212,24 @@ def _la_meta(q, k, v):
     prec = 'bf16' if dtypes == {torch.bfloat16} else ('ieee' if torch.float32 in dtypes else 'tf32')
     return B, T, H, HK, DK, DV, triton.cdiv(T, TRITON_CHUNK), min(DK, 64), min(DV, 64), prec
 
-# Launch settings of the scalar-decay kernels (by measurement: notes/perf.md, notes/la_tiles.py). The two sequential
-# passes run one program per (V-tile, key tile, b, h), each walking every chunk in turn: whole Dk rows and V-tiles of
-# 64 where that gives at least 'state_cover' programs per SM, else key tiles of 64 and then V-tiles halved down to
-# 'state_min_v' (at small B*H, e.g. 2 x 16 heads at T = 16384, large tiles leave SMs idle; at large B*H, whole rows
-# do each chunk's work in one program). _la_output_fwd runs V-tiles of 64 (all of Dv per program measured no faster).
-# 'fused_fwd': the gate kinds (DECAY) whose forward runs the output inside the state pass when whole Dk rows cover
-# the SMs: none and the constant gate; not the per-token gate, whose in-kernel cumsums and decay tile push that kernel
-# to spill at Dk = 128 (it measured slower there than the two kernels). A key with the suffix '_d64' overrides its
-# setting at Dk <= 64.
-LA_TILE = {'state_warps': 4, 'state_stages': 3, 'state_cover': 1, 'state_cover_d64': 0, 'state_min_v': 32,
-           'out_warps': 4, 'out_stages': 3, 'dv_warps': 4, 'dqkg_warps': 4,
-           'fused_fwd': (0, 2), 'fused_warps': 4, 'fused_stages': 2, 'fused_stages_d64': 3}
-
 def _la_cfg(name, DK):
-    return LA_TILE.get(name + '_d64', LA_TILE[name]) if DK <= 64 else LA_TILE[name]
+    """TUNING['scalar'][name], or its '_d64' override at Dk <= 64."""
+    t = TUNING['scalar']
+    return t.get(name + '_d64', t[name]) if DK <= 64 else t[name]
 
 def _la_state_tiles(B, H, DK, DV, device):
-    """-> (BK, BV) of the sequential passes (LA_TILE)."""
+    """-> (BK, BV) of the sequential passes (TUNING['scalar'])."""
     BK, BV = DK, min(DV, 64)
     while (DV // BV) * (DK // BK) * B * H < _la_cfg('state_cover', DK) * _sm_count(device):
         if BK > 64:
             BK = 64
-        elif BV > LA_TILE['state_min_v']:
+        elif BV > TUNING['scalar']['state_min_v']:
             BV //= 2
         else:
             break
     return BK, BV
 
-def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec, out=None):
+def _la_states(k, v, gp, dtp, h0, GATE, SSD, h_dtype, output_final_state, prec, out=None):
     """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None).
     out (q, D, o, scale): the fused forward (whole Dk rows), which writes o instead of h (then h is None)."""
     B, T, H, HK, DK, DV, NT, _, _, _ = _la_meta(k, k, v)
@@ -2070,7 +2240,7 @@ def _la_states(k, v, gp, dtp, h0, DECAY, SSD, h_dtype, output_final_state, prec,
     hp = h if h is not None else o
     _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, dtp, hp, h0 if h0 is not None else hp,
                                                       ht if ht is not None else hp, q, D, o, scale, T, NT, H, HK,
-                                                      DK, DV, BK, BV, TRITON_CHUNK, DECAY, prec, h0 is not None,
+                                                      DK, DV, BK, BV, TRITON_CHUNK, GATE, prec, h0 is not None,
                                                       ht is not None, SSD, int(out is not None),
                                                       num_warps=_la_cfg('fused_warps' if out is not None
                                                                         else 'state_warps', DK),
@@ -2091,16 +2261,16 @@ def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     (Mamba2's SSD, both or neither): the value is dt·v and the output gains D·v."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
-    DECAY, SSD = _decay_kind(g), int(dt is not None)
+    GATE, SSD = _decay_kind(g), int(dt is not None)
     gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)  # the raw gates (the kernels sum them)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     o = torch.empty_like(v)
-    if DECAY in LA_TILE['fused_fwd'] and _la_state_tiles(B, H, DK, DV, k.device)[0] == DK:  # whole rows cover SMs
-        _, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, None, output_final_state, prec, out=(q, Dp, o, scale))
+    if GATE in TUNING['scalar']['fused_fwd'] and _la_state_tiles(B, H, DK, DV, k.device)[0] == DK:  # whole rows cover SMs
+        _, ht = _la_states(k, v, gp, dtp, h0, GATE, SSD, None, output_final_state, prec, out=(q, Dp, o, scale))
         return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
-    h, ht = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), output_final_state, prec)
+    h, ht = _la_states(k, v, gp, dtp, h0, GATE, SSD, _storage(prec), output_final_state, prec)
     _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BV,
-                                                  TRITON_CHUNK, DECAY, prec, SSD, num_warps=_la_cfg('out_warps', DK),
+                                                  TRITON_CHUNK, GATE, prec, SSD, num_warps=_la_cfg('out_warps', DK),
                                                   num_stages=_la_cfg('out_stages', DK))
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
 
@@ -2121,12 +2291,12 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     token [B,T,H] or the constant [H], or None."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
-    DECAY, SSD = _decay_kind(g), int(dt is not None)
+    GATE, SSD = _decay_kind(g), int(dt is not None)
     gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     # h[c] recomputed, and dh[c], in the dots' storage dtype (bf16 for bf16 inputs: both are only ever dot operands,
     # which _dot rounds to bf16 anyway, and rowsum(h * dh) for dg)
-    h, _ = _la_states(k, v, gp, dtp, h0, DECAY, SSD, _storage(prec), False, prec)
+    h, _ = _la_states(k, v, gp, dtp, h0, GATE, SSD, _storage(prec), False, prec)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
@@ -2134,37 +2304,36 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     BKs, BVs = _la_state_tiles(B, H, DK, DV, k.device)
     _la_state_bwd_kernel[(DV // BVs, DK // BKs, B * H)](q, gp, do, dh, dht if dht is not None else dh,
                                                         dh0 if dh0 is not None else dh, scale, T, NT, H, HK, DK, DV,
-                                                        BKs, BVs, TRITON_CHUNK, DECAY, prec, dht is not None,
+                                                        BKs, BVs, TRITON_CHUNK, GATE, prec, dht is not None,
                                                         dh0 is not None, num_warps=_la_cfg('state_warps', DK),
                                                         num_stages=_la_cfg('state_stages', DK))
     # grouped q/k: _la_dqkg_bwd sums the heads of each group in registers and writes [B, T, HK, Dk] once
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)  # k's dtype, not q's
     dv = torch.empty_like(v)
-    # _la_dqkg_bwd's key tile and stages: as before without groups; with groups (a loop over H / HK heads carrying
-    # the fp32 dq, dk) key tiles of 64, and 2 stages when Dv is one V-tile (the head loop is then the innermost loop
-    # and its loads are pipelined): fastest of the four (key tile, stages) pairs that notes/la_group_check.py times
-    # on the GPU, although offline ptxas counts more spilled bytes for it than for key tiles of 32 (notes/perf.md).
-    BKg, stages = (BK, 1) if HK == H else (min(DK, 64), 2 if DV == BV else 1)
+    # _la_dqkg_bwd's key tile and stages: as the other kernels' without groups; with groups TUNING['scalar']'s
+    # group_k and group_stages (the latter where Dv is one V-tile, else 1)
+    t = TUNING['scalar']
+    BKg, stages = (BK, 1) if HK == H else (min(DK, t['group_k']), t['group_stages'] if DV == BV else 1)
     # dg: one reverse-cumsummed share per key tile, [B, T, H, Dk // BKg], added up below (one share at Dk <= BKg)
-    dgk = torch.empty(B, T, H, DK // BKg, device=k.device, dtype=torch.float32) if DECAY == 1 else dv
+    dgk = torch.empty(B, T, H, DK // BKg, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dv
     # SSD: per-V-tile shares of dΔ and of D's gradient per token, [2, B, T, H, Dv // BV], added up below
     dssd = torch.empty(2, B, T, H, DV // BV, device=k.device, dtype=torch.float32) if SSD else dv
     _la_dv_bwd_kernel[(DV // BV, NT, B * H)](q, k, gp, do, dh, dv, v, dtp, Dp, dssd, dssd[1] if SSD else dv, scale,
-                                             T, NT, H, HK, DK, DV, BK, BV, TRITON_CHUNK, DECAY, prec, SSD,
+                                             T, NT, H, HK, DK, DV, BK, BV, TRITON_CHUNK, GATE, prec, SSD,
                                              num_warps=_la_cfg('dv_warps', DK), num_stages=1)
     _la_dqkg_bwd_kernel[(DK // BKg, NT, B * HK)](q, k, v, gp, dtp, h, do, dh, dq, dk, dgk, scale, T, NT, H, HK, DK,
-                                                 DV, BKg, BV, TRITON_CHUNK, DECAY, prec, H // HK, SSD,
+                                                 DV, BKg, BV, TRITON_CHUNK, GATE, prec, H // HK, SSD,
                                                  num_warps=_la_cfg('dqkg_warps', DK), num_stages=stages)
     empty = lambda: torch.empty(0, device=k.device)  # one per absent output: returns may not alias
-    dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if DECAY == 1 else empty()
+    dg = (dgk.sum(-1) if DK > BKg else dgk.view(B, T, H)) if GATE == GATE_SCALAR else empty()
     ddt, dD = (dssd[0].sum(-1), dssd[1].sum((0, 1, 3))) if SSD else (empty(), empty())
     return dq, dk, dv, dg, (dh0 if dh0 is not None else empty()), ddt, dD
 
 @_linear_attn_bwd.register_fake
 def _(q, k, v, g, initial_state, do, dht, scale, dt, D):
     f32 = torch.float32
-    dg = q.new_empty(v.shape[:3] if _decay_kind(g) == 1 else (0,), dtype=f32)
+    dg = q.new_empty(v.shape[:3] if _decay_kind(g) == GATE_SCALAR else (0,), dtype=f32)
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
     ddt = q.new_empty((0,) if dt is None else v.shape[:3], dtype=f32)
     dD = q.new_empty((0,) if D is None else (v.shape[2],), dtype=f32)
@@ -2182,27 +2351,11 @@ def _linear_attn_backward(ctx, do, dht):
     dq, dk, dv, dg, dh0, ddt, dD = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale, dt, D)
     g_dt, dt_dt, D_dt = ctx.dtypes
     # a constant [H] gate is not differentiated (as in linear_attn_recurrent)
-    return (dq, dk, dv, dg.to(g_dt) if _decay_kind(g) == 1 else None, None,
+    return (dq, dk, dv, dg.to(g_dt) if _decay_kind(g) == GATE_SCALAR else None, None,
             None if h0 is None else dh0.to(h0.dtype), None,
             None if dt is None else ddt.to(dt_dt), None if D is None else dD.to(D_dt))
 
 _linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
-
-@torch.library.custom_op("kernels::linear_attn_step", mutates_args=("state",))
-def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
-                         state: torch.Tensor, scale: float) -> torch.Tensor:
-    B, HK, DK = k.shape
-    H, DV = v.shape[1:]
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o = torch.empty_like(v)
-    BV = min(DV, 32)
-    _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
-                                       DK, DV, BV, 0 if g is None else (2 if g.dim() == 1 else 1))
-    return o
-
-@_linear_attn_step_op.register_fake
-def _(q, k, v, g, state, scale):
-    return v.new_empty(v.shape)
 
 def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None):
     """Scalar-decay linear attention through the Triton kernels (custom ops, differentiable); same arguments and
@@ -2215,14 +2368,59 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
     o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
     return o, (ht if output_final_state else None)
 
-def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, **kw):
-    """The torch paths with Mamba2's dt and D (linear_attn's dt=, D=): value dt·v, output + D·v."""
-    if dt is None:
-        return fn(q, k, v, g, scale, initial_state, output_final_state, **kw)
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state, dt=dt, D=D)
-    wide = torch.promote_types(v.dtype, torch.float32)
-    o, ht = fn(q, k, (v.to(wide) * dt[..., None]).to(v.dtype), g, scale, initial_state, output_final_state, **kw)
-    return (o.to(wide) + D[:, None] * v).to(o.dtype), ht
+# ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q ------------------------------------------------------
+# The torch version (any device and dtype), then the Triton step (one program per (V-tile, b, h), as 4.6).
+
+def linear_attn_step_torch(q, k, v, g, state, scale=None):
+    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
+    H, dt = v.shape[1], state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = _expand_heads(q[:, None], H)[:, 0].to(dt), _expand_heads(k[:, None], H)[:, 0].to(dt)  # [B, H, Dk]
+    if g is not None:
+        state.mul_(g.to(dt).exp().expand(v.shape[:2])[:, :, None, None])  # [H] or [B, H] -> [B, H, 1, 1]
+    state.add_(k[:, :, :, None] * v.to(dt)[:, :, None, :])
+    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
+
+@triton.jit(do_not_specialize=["H", "HK"])
+def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
+                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
+    # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
+    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_NONE none
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    bhk = b * HK + h // (H // HK)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    q = tl.load(q_ptr + bhk * DK + ck).to(tl.float32)
+    k = tl.load(k_ptr + bhk * DK + ck).to(tl.float32)
+    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
+    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
+    S = tl.load(s_ptr + s_offs)
+    if GATE == GATE_SCALAR:
+        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
+    if GATE == GATE_CONST:
+        S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
+    S += k[:, None] * v[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + s_offs, S)
+    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
+
+@torch.library.custom_op("kernels::linear_attn_step", mutates_args=("state",))
+def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                         state: torch.Tensor, scale: float) -> torch.Tensor:
+    B, HK, DK = k.shape
+    H, DV = v.shape[1:]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(v)
+    BV = min(DV, TUNING['step']['v'])
+    _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
+                                       DK, DV, BV, _decay_kind(g))
+    return o
+
+@_linear_attn_step_op.register_fake
+def _(q, k, v, g, state, scale):
+    return v.new_empty(v.shape)
 
 def linear_attn_step_triton(q, k, v, g, state, scale=None):
     """One scalar-decay decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
@@ -2232,96 +2430,11 @@ def linear_attn_step_triton(q, k, v, g, state, scale=None):
         _fail("linear_attn_step", why)
     return _linear_attn_step_op(q, k, v, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
-CHUNK_SIZE = 64  # chunk of the chunked torch path
-CHUNK_SIZE_PER_CHANNEL = 16  # KDA: pairwise decays cost C*Dk per token, the chunk loop is cheap: 2-3x faster on CPU
-PATHS = ("auto", "torch", "recurrent", "triton")  # the path argument of the public calls (model.py: GPTConfig.kernels)
-_logged = set()
+# =====================================================================================================================
+# 6. The short convolution: DeltaNet, GDN, KDA (q, k, v), Mamba2 (x, B, C); docs/mixers.md §1.1
+# model.py's ShortConv and Mamba2 call short_conv / short_conv_step (section 1).
+# =====================================================================================================================
 
-def check_path(path):
-    """Refuse a path argument that is not one of PATHS: a one-line ValueError naming it and the allowed ones."""
-    if not isinstance(path, str) or path not in PATHS:
-        raise ValueError(f"kernels path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
-
-def _pick_path(fn, q, v, state=None, path="auto"):
-    """-> (path, note): 'recurrent' | 'chunked' | 'triton' and why, for the log line.
-    path 'auto': on CUDA both families use their Triton kernels when the shapes and dtypes allow, else the chunked
-    torch path; 'torch' (chunked), 'recurrent' and 'triton' force one."""
-    check_path(path)
-    if path != "auto":
-        if path == "triton" and not HAVE_TRITON:
-            raise ValueError(f"{fn}: path 'triton' but triton is not installed (use 'auto' or 'torch')")
-        if path == "triton" and not q.is_cuda and not _INTERPRETING:
-            raise ValueError(f"{fn}: path 'triton' on CPU needs TRITON_INTERPRET=1, set before triton is imported "
-                             f"(or use 'auto' or 'torch')")
-        return ("chunked" if path == "torch" else path), f" (kernels={path!r})"
-    if not q.is_cuda:
-        return "chunked", ""
-    why = _triton_unsupported(q, v, state)
-    return ("chunked", f" ({why})") if why else ("triton", "")
-
-def _say_once(line):
-    if line not in _logged:
-        _logged.add(line)
-        print(line)
-
-def _log_path(fn, path, note, x):
-    what = {"recurrent": "the recurrent torch path", "chunked": "the chunked torch path", "triton": "the Triton kernels",
-            "step": "the torch step", "triton step": "the Triton step kernel", "torch": "torch"}[path]
-    line = f"kernels: {fn} uses {what} on {x.device.type}{note}"
-    if torch.compiler.is_compiling():
-        # Dynamo cannot trace print: say it once while tracing (comptime runs at trace time), with no guard on
-        # _logged (a guard would recompile the model once the line is logged). Imported here: torch._dynamo is
-        # loaded by then, and importing it with kernels.py costs eager users seconds of start-up.
-        from torch._dynamo.comptime import comptime
-        comptime(lambda ctx: _say_once(ctx.get_local("line").as_python_constant()))
-    else:
-        _say_once(line)
-
-def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto", dt=None,
-                D=None):
-    """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
-    path, note = _pick_path("linear_attn", q, v, path=path)
-    _log_path("linear_attn", path, note, q)
-    if path == "recurrent":
-        return _ssd_torch(linear_attn_recurrent, q, k, v, g, scale, initial_state, output_final_state, dt, D)
-    if path == "triton":
-        return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state, dt, D)
-    return _ssd_torch(linear_attn_chunked, q, k, v, g, scale, initial_state, output_final_state, dt, D,
-                      chunk_size=CHUNK_SIZE)
-
-def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto",
-               A_log=None, dt_bias=None):
-    """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
-    path, note = _pick_path("delta_rule", q, v, path=path)
-    _log_path("delta_rule", path, note, q)
-    if path == "triton":
-        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)
-    if A_log is not None:  # the torch paths form the gate first
-        _check_gate_fn("delta_rule", g, A_log, dt_bias)
-        g = decay_gate(g, A_log, dt_bias)
-    if path == "recurrent":
-        return delta_rule_recurrent(q, k, v, beta, g, scale, initial_state, output_final_state)
-    C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.ndim == 4 else CHUNK_SIZE
-    return delta_rule_chunked(q, k, v, beta, g, scale, initial_state, output_final_state, chunk_size=C)
-
-def delta_rule_step(q, k, v, beta, g, state, scale=None, path="auto"):
-    """One delta-rule decode token (state updated in place); see the module docstring. -> o"""
-    path, note = _pick_path("delta_rule_step", q, v, state, path=path)
-    _log_path("delta_rule_step", "triton step" if path == "triton" else "step", note, q)
-    if path == "triton":
-        return delta_rule_step_triton(q, k, v, beta, g, state, scale)
-    return delta_rule_step_torch(q, k, v, beta, g, state, scale)
-
-def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
-    """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
-    path, note = _pick_path("linear_attn_step", q, v, state, path=path)
-    _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
-    if path == "triton":
-        return linear_attn_step_triton(q, k, v, g, state, scale)
-    return linear_attn_step_torch(q, k, v, g, state, scale)
-
-# -----------------------------------------------------------------------------
-# short convolution (DeltaNet, Gated DeltaNet, KDA: q, k, v; Mamba2: x, B, C), width 4
 #   p_t = b + w0 x_{t-3} + w1 x_{t-2} + w2 x_{t-1} + w3 x_t   (x_t = 0 for t < 0),   y_t = silu(p_t)   per channel
 #   with norm (q and k of the delta rule): out_t = y_t / sqrt(|y_t|^2 + eps) over each group of G channels (a head)
 #   backward: dy = r (dout - r^2 (y . dout) y) with r = (|y|^2 + eps)^-1/2 (norm), dp_t = dy_t silu'(p_t),
@@ -2336,6 +2449,8 @@ def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
 # memory-bound, so the floor is one read of x and one write of y forward, two reads (x, dy) and one write backward.
 
 NORM_EPS = 1e-6  # of the l2 norm of q and k (as model.l2norm)
+
+# ---- 6.1 reference (the math; also the torch path: F.conv1d, or the masked taps with documents) --------------------
 
 def short_conv_torch(x, weight, bias=None, norm=0, doc_pos=None):
     """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype; norm G > 0:
@@ -2356,18 +2471,9 @@ def short_conv_torch(x, weight, bias=None, norm=0, doc_pos=None):
         y = (yf * torch.rsqrt(yf.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2).to(x.dtype)
     return y
 
-def short_conv_step_torch(x, state, weight, bias=None, norm=0):
-    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs, updated in place) -> y [B, D]."""
-    window = torch.cat([state, x[:, None].to(state.dtype)], dim=1)            # [B, W, D]
-    p = torch.einsum("bwd,dw->bd", window.float(), weight.float())
-    if bias is not None:
-        p = p + bias.float()
-    state.copy_(window[:, 1:])
-    y = F.silu(p)
-    if norm:
-        y = y.unflatten(-1, (-1, norm))
-        y = (y * torch.rsqrt(y.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2)
-    return y.to(x.dtype)
+# ---- 6.2 chunked torch: none (the convolution has no recurrence; 6.1 is the torch path) ----------------------------
+
+# ---- 6.3 Triton forward --------------------------------------------------------------------------------------------
 
 @triton.jit
 def _conv_ld(base, t, stride, lo, hi, d, dm):
@@ -2452,6 +2558,8 @@ def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, T, D, sxb, sxt, 
             y = y * tl.rsqrt(tl.sum(y * y, 1)[:, None] + eps)
         tl.store(yb + t * D + d, y.to(y_ptr.dtype.element_ty), mask=dm & ((t + d * 0) < hi))
         xa, xm, xc = xm, xc, x0
+
+# ---- 6.4 Triton backward -------------------------------------------------------------------------------------------
 
 @triton.jit
 def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, sdt, t, t0, T, d, dm, ps,
@@ -2566,56 +2674,7 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     if BIAS:
         tl.store(db_ptr + pid * D + d, ab, mask=dm)
 
-@triton.jit
-def _conv_sum_kernel(p_ptr, out_ptr, P, D, J: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
-    # out[d * J + j] = sum_p part[p, j, d]: the backward's per-program partial sums [P, J, D] of dw (J = 4; out is
-    # dw [D, 4]) or db (J = 1), in a fixed order (deterministic)
-    c, j = tl.program_id(0), tl.program_id(1)
-    d = c * BN + tl.arange(0, BN)
-    rows = tl.arange(0, BP)
-    acc = tl.zeros([BP, BN], dtype=tl.float32)
-    for p0 in range(0, P, BP):
-        pp = p0 + rows
-        acc += tl.load(p_ptr + (pp[:, None] * J + j) * D + d[None, :], mask=(pp[:, None] < P) & (d[None, :] < D),
-                       other=0.)
-    tl.store(out_ptr + d * J + j, tl.sum(acc, 0), mask=d < D)
-
-@triton.jit
-def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.constexpr, BIAS: tl.constexpr,
-                            NORM: tl.constexpr):
-    # one token per batch row: y = silu(p) over the window (s0, s1, s2, x); the state becomes (s1, s2, x)
-    idd, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    d = idd * BD + tl.arange(0, BD)
-    dm = d < D
-    sb = s_ptr + b * 3 * D
-    s0 = tl.load(sb + d, mask=dm, other=0.)
-    s1 = tl.load(sb + D + d, mask=dm, other=0.)
-    s2 = tl.load(sb + 2 * D + d, mask=dm, other=0.)
-    x = tl.load(x_ptr + b * D + d, mask=dm, other=0.)
-    p = (tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.) * s0.to(tl.float32)
-         + tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.) * s1.to(tl.float32)
-         + tl.load(w_ptr + d * 4 + 2, mask=dm, other=0.) * s2.to(tl.float32)
-         + tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.) * x.to(tl.float32))
-    if BIAS:
-        p += tl.load(b_ptr + d, mask=dm, other=0.)
-    tl.store(sb + d, s1, mask=dm)
-    tl.store(sb + D + d, s2, mask=dm)
-    tl.store(sb + 2 * D + d, x.to(s_ptr.dtype.element_ty), mask=dm)
-    y = p * tl.sigmoid(p)
-    if NORM:
-        y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
-    tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
-
-# Tilings of the row kernels. L: rows per program (per work item in the backward); BD: channels per program
-# without the norm, with it `heads` groups (heads x norm channels); warps; ahead: rows loaded ahead (4 or 8);
-# unroll: the row loop's unroll factor (1: none, so about one row in flight, see above; a multiple of ahead);
-# backward only: parts: programs along the rows, each summing dw, db over items parts apart (0: one item each,
-# B*T/L partial sums per channel), red: who sums the partial sums, 'torch' (.sum(0)) or 'triton' (_conv_sum_kernel).
-# Chosen by notes/conv_tiles.py on an H100 (notes/perf.md): the forward 32 rows x 128 channels, one warp, 4 rows
-# ahead, unrolled by 4; the backward 128 rows x 128 channels, one warp, 8 rows ahead, unrolled by 8, its partial sums
-# added by _conv_sum_kernel (the fastest of each at [8, 4096, 768] bf16, with and without the norm).
-_CONV_FWD = {'L': 32, 'BD': 128, 'heads': 1, 'warps': 1, 'ahead': 4, 'unroll': 4}
-_CONV_BWD = {'L': 128, 'BD': 128, 'heads': 1, 'warps': 1, 'ahead': 8, 'unroll': 8, 'parts': 0, 'red': 'triton'}
+# ---- 6.5 the custom ops (kernels::short_conv_fwd, short_conv_bwd) --------------------------------------------------
 
 def _conv_rows(x):
     """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels
@@ -2649,22 +2708,13 @@ def _short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         xs, sxb, sxt = _conv_rows(x[..., c0:c1])
         D = c1 - c0
         y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-        L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_FWD, T, D, norm)
+        L, BD, G, ahead_unroll, opts = _conv_cfg(TUNING['conv_fwd'], T, D, norm)
         _short_conv_fwd_kernel[(triton.cdiv(D, BD), B, triton.cdiv(T, L))](
             xs, weight[c0:c1].contiguous(), bias[c0:c1] if bias is not None else weight, y,
             doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, NORM_EPS, L, BD,
             bias is not None, norm > 0, G, *ahead_unroll, doc_pos is not None, **opts)
         ys.append(y)
     return ys
-
-def _conv_partial_sums(part, D, J, red, out):
-    """[P, J, D] fp32 per-program partial sums -> their sum, written to out [D, J] (J = 4: dw) or [D] (J = 1: db);
-    also the decay gate's backward's (J = 2)"""
-    if red == 'torch':
-        out.copy_(part.sum(0).t() if J > 1 else part.sum(0))
-        return
-    P, BN = part.shape[0], 32
-    _conv_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN, num_warps=4)
 
 @_short_conv_fwd.register_fake
 def _(x, weight, bias, sizes, norms, doc_pos=None):
@@ -2680,15 +2730,14 @@ def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
     dx = torch.empty(B, T, DX, device=x.device, dtype=x.dtype)
     dw = torch.empty(DX, 4, device=x.device, dtype=torch.float32)
     db = torch.empty(DX if bias is not None else 0, device=x.device, dtype=torch.float32)
-    red = _CONV_BWD['red']
     for (c0, c1, norm), dy in zip(_conv_parts(sizes, norms), dys):
         xs, sxb, sxt = _conv_rows(x[..., c0:c1])
         dy = dy.contiguous()
         D = c1 - c0
-        L, BD, G, ahead_unroll, opts = _conv_cfg(_CONV_BWD, T, D, norm)
+        L, BD, G, ahead_unroll, opts = _conv_cfg(TUNING['conv_bwd'], T, D, norm)
         NS = triton.cdiv(T, L)
         NW = B * NS                                      # work items (b, segment)
-        NP = min(NW, _CONV_BWD['parts'] or NW, 65535)    # programs along the rows = partial sums per channel
+        NP = min(NW, TUNING['conv_bwd']['parts'] or NW, 65535)    # programs along the rows = partial sums per channel
         pw = torch.empty(NP, 4, D, device=x.device, dtype=torch.float32)
         pb = torch.empty(NP, D, device=x.device, dtype=torch.float32) if bias is not None else pw
         _short_conv_bwd_kernel[(triton.cdiv(D, BD), NP)](
@@ -2696,9 +2745,9 @@ def _short_conv_bwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
             doc_pos.contiguous() if doc_pos is not None else weight, T, D, sxb, sxt, dx.stride(0), dx.stride(1),
             NORM_EPS, NS, NW, L, BD, bias is not None, norm > 0, G, *ahead_unroll, NP < NW, doc_pos is not None,
             **opts)
-        _conv_partial_sums(pw, D, 4, red, dw[c0:c1])
+        _column_sums(pw, D, 4, dw[c0:c1])
         if bias is not None:
-            _conv_partial_sums(pb, D, 1, red, db[c0:c1])
+            _column_sums(pb, D, 1, db[c0:c1])
     return dx, dw, db
 
 @_short_conv_bwd.register_fake
@@ -2723,6 +2772,47 @@ class _ShortConv(torch.autograd.Function):
         dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.sizes, ctx.norms, list(dys), doc_pos)
         return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None, None, None
 
+# ---- 6.6 the decode step: the last 3 raw inputs are the state; one token shifts it by one --------------------------
+
+def short_conv_step_torch(x, state, weight, bias=None, norm=0):
+    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs, updated in place) -> y [B, D]."""
+    window = torch.cat([state, x[:, None].to(state.dtype)], dim=1)            # [B, W, D]
+    p = torch.einsum("bwd,dw->bd", window.float(), weight.float())
+    if bias is not None:
+        p = p + bias.float()
+    state.copy_(window[:, 1:])
+    y = F.silu(p)
+    if norm:
+        y = y.unflatten(-1, (-1, norm))
+        y = (y * torch.rsqrt(y.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2)
+    return y.to(x.dtype)
+
+@triton.jit
+def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.constexpr, BIAS: tl.constexpr,
+                            NORM: tl.constexpr):
+    # one token per batch row: y = silu(p) over the window (s0, s1, s2, x); the state becomes (s1, s2, x)
+    idd, b = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    d = idd * BD + tl.arange(0, BD)
+    dm = d < D
+    sb = s_ptr + b * 3 * D
+    s0 = tl.load(sb + d, mask=dm, other=0.)
+    s1 = tl.load(sb + D + d, mask=dm, other=0.)
+    s2 = tl.load(sb + 2 * D + d, mask=dm, other=0.)
+    x = tl.load(x_ptr + b * D + d, mask=dm, other=0.)
+    p = (tl.load(w_ptr + d * 4 + 0, mask=dm, other=0.) * s0.to(tl.float32)
+         + tl.load(w_ptr + d * 4 + 1, mask=dm, other=0.) * s1.to(tl.float32)
+         + tl.load(w_ptr + d * 4 + 2, mask=dm, other=0.) * s2.to(tl.float32)
+         + tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.) * x.to(tl.float32))
+    if BIAS:
+        p += tl.load(b_ptr + d, mask=dm, other=0.)
+    tl.store(sb + d, s1, mask=dm)
+    tl.store(sb + D + d, s2, mask=dm)
+    tl.store(sb + 2 * D + d, x.to(s_ptr.dtype.element_ty), mask=dm)
+    y = p * tl.sigmoid(p)
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(y * y, 0) + eps)
+    tl.store(y_ptr + b * D + d, y.to(y_ptr.dtype.element_ty), mask=dm)
+
 @torch.library.custom_op("kernels::short_conv_step", mutates_args=("state",))
 def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         norm: int) -> torch.Tensor:
@@ -2738,68 +2828,3 @@ def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tens
 @_short_conv_step_op.register_fake
 def _(x, state, weight, bias, norm):
     return x.new_empty(x.shape)
-
-def _conv_path(x, weight, path="auto"):
-    """-> ('triton' | 'torch', note): as _pick_path ('recurrent' is 'torch' here), for any channel count (the kernels
-    tile D by 128); width 4."""
-    check_path(path)
-    if weight.shape[1] != 4:
-        return "torch", f" (the Triton kernels are written for width 4, got {weight.shape[1]})"
-    if path != "auto":
-        _pick_path("short_conv", x, x, path=path)  # the same checks of the forced value
-        return ("triton" if path == "triton" else "torch"), f" (kernels={path!r})"
-    if not (x.is_cuda and HAVE_TRITON):
-        return "torch", ""
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return "torch", f" (the Triton kernels take fp16/bf16/fp32 inputs, got {x.dtype})"
-    return "triton", ""
-
-def short_conv(x, weight, bias=None, initial=None, norm=0, path="auto", doc_pos=None, split=None):
-    """silu(causal depthwise conv) over x [B, T, D] with weight [D, 4], bias [D] | None; initial [B, 3, D] | None
-    holds the raw inputs before x (zeros when None); norm G > 0 divides each group of G channels by its l2 norm.
-    doc_pos [B, T] | None (documents): each token's position inside its document, any integer dtype (uint8 with
-    values clipped at W-1 is enough); tap x_{t-j} is used only where j <= doc_pos_t, so no window reaches into an
-    earlier document (None: every tap, the plain kernels). -> y [B, T, D] in x's dtype. split (channel counts summing
-    to D): -> one contiguous y per part instead, norm then one value for all parts or one per part; x's gradient
-    comes back whole (the parts of one matmul's output: no cat of their gradients). path 'auto': Triton on CUDA,
-    torch elsewhere; 'triton' forces the kernels, 'torch' and 'recurrent' the torch version; differentiable in x,
-    weight, bias (and initial)."""
-    if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
-        _fail("short_conv", f"expects x [B, T, D] and weight [D, W], got x {_shape(x)}, weight {_shape(weight)}")
-    sizes = [x.shape[-1]] if split is None else [int(n) for n in split]
-    if sum(sizes) != x.shape[-1] or min(sizes) < 1:
-        _fail("short_conv", f"split must be positive channel counts summing to D={x.shape[-1]}, got {split}")
-    norms = [int(n) for n in norm] if isinstance(norm, (list, tuple)) else [int(norm)] * len(sizes)
-    if len(norms) != len(sizes):
-        _fail("short_conv", f"norm must be one value or one per part of split ({len(sizes)}), got {norm}")
-    for n, g in zip(sizes, norms):
-        if g and (n % g or g & (g - 1) or not 16 <= g <= 256):
-            _fail("short_conv", f"norm groups must be a power of two in [16, 256] dividing D={n}, got {g}")
-    if doc_pos is not None and (_shape(doc_pos) != _shape(x)[:2] or doc_pos.is_floating_point()):
-        _fail("short_conv", f"doc_pos must be integers [B, T] = {_shape(x)[:2]}, got {doc_pos.dtype} {_shape(doc_pos)}")
-    path, note = _conv_path(x, weight, path)
-    _log_path("short_conv", path, note, x)
-    P = 0
-    if initial is not None:  # prefill after earlier tokens: run over (initial, x) and drop the first W-1 outputs
-        P = initial.shape[1]
-        x = torch.cat([initial.to(x.dtype), x], dim=1)
-        if doc_pos is not None:  # the initial rows' outputs are dropped; x's rows keep their positions
-            doc_pos = torch.cat([doc_pos.new_full((x.shape[0], P), P), doc_pos], dim=1)
-    if path == "triton":
-        ys = _ShortConv.apply(x, weight, bias, sizes, norms, doc_pos)
-    else:
-        ys = [short_conv_torch(x[..., c0:c1], weight[c0:c1], None if bias is None else bias[c0:c1], g, doc_pos)
-              for c0, c1, g in _conv_parts(sizes, norms)]
-    ys = [y[:, P:] for y in ys] if P else ys
-    return ys[0] if split is None else ys
-
-def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
-    """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs; updated in place) -> y [B, D]; path as
-    short_conv."""
-    path, note = _conv_path(x, weight, path)
-    if path == "triton" and not state.is_contiguous():
-        path, note = "torch", " (the Triton step needs a contiguous state)"
-    _log_path("short_conv_step", "triton step" if path == "triton" else "step", note, x)
-    if path == "triton":
-        return _short_conv_step_op(x, state, weight, bias, norm)
-    return short_conv_step_torch(x, state, weight, bias, norm)

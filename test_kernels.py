@@ -671,10 +671,10 @@ def test_gate_in_kernel_torch_paths():
 @pytest.mark.parametrize("bk", ["whole", "half"])
 def test_triton_grams_tiles(gate, strength, bk, monkeypatch):
     # the Grams by 16 x 16 blocks with whole key rows and with two key tiles (the loop over them), as
-    # notes/delta_tiles.py times them; T = 130: a partial last chunk whose last sub-chunks are empty
+    # bench.py --tiles delta times them; T = 130: a partial last chunk whose last sub-chunks are empty
     D = 128 if CUDA else 32
     k = D if bk == "whole" else D // 2
-    monkeypatch.setattr(kernels, "GRAMS_TILE", dict(kernels.GRAMS_TILE, k=k, kda_k=k))
+    monkeypatch.setitem(kernels.TUNING, "grams", dict(kernels.TUNING["grams"], k=k, kda_k=k))
     triton_check(2 if CUDA else 1, 130, 2, D, D if CUDA else 16, gate, strength, torch.bfloat16 if CUDA else F32)
 
 @pytest.mark.skipif(not CUDA, reason="the grid-size rule only applies on a GPU (the interpreter has one 'SM')")
@@ -804,7 +804,9 @@ else:  # interpreter: about a second per case
 def test_linear_attn_triton_vs_reference(T, DK, DV, dtype, gate, strength):
     la_triton_check(T, DK, DV, dtype, gate, strength)
 
-@pytest.mark.parametrize("settings", [{"fused_fwd": ()}, {"fused_fwd": (0, 1, 2)}, {"state_cover": 10**9}],
+@pytest.mark.parametrize("settings", [{"fused_fwd": ()}, {"fused_fwd": tuple(map(int, (kernels.GATE_NONE, kernels.GATE_SCALAR,
+                                                                         kernels.GATE_CONST)))},
+                                      {"state_cover": 10**9}],
                          ids=["two-kernel forward", "fused forward", "split state tiles"])
 @pytest.mark.parametrize("T,DK,DV,dtype,gate,strength", [(130, 16, 32, F32, "mamba2", "strong"),
                                                          (65, 128, 64, F32, "retnet", "strong")], ids=_id)
@@ -812,7 +814,7 @@ def test_linear_attn_triton_launch_settings(settings, T, DK, DV, dtype, gate, st
     # the forward's two forms (the fused state pass + output where whole Dk rows cover the SMs, else the state pass,
     # snapshots h[c] and _la_output_fwd) and the state passes' split tiles (key tiles of 64, V-tiles halved to
     # state_min_v) that a GPU takes at small B*H; on CPU (one "SM") the defaults take the fused form and whole tiles
-    monkeypatch.setattr(kernels, "LA_TILE", dict(kernels.LA_TILE, **settings))
+    monkeypatch.setitem(kernels.TUNING, "scalar", dict(kernels.TUNING["scalar"], **settings))
     la_triton_check(T, DK, DV, dtype, gate, strength)
     x = la_triton_inputs(2, 40, 4, 2, 16, 16, "mamba2", "mild", F32, seed=8)  # with dt, D
     x = dict(x, dt=torch.rand(2, 40, 4, device=DEV), D=torch.rand(4, device=DEV))
@@ -1156,9 +1158,9 @@ def test_short_conv_documents_match_documents_run_alone(D, bias, norm, wide, pos
     if path == "triton" and not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     if not CUDA:
-        monkeypatch.setattr(kernels, "_CONV_FWD", dict(kernels._CONV_FWD, L=16))
-        monkeypatch.setattr(kernels, "_CONV_BWD", dict(kernels._CONV_BWD, L=32))
-    Lf, Lb = kernels._CONV_FWD["L"], kernels._CONV_BWD["L"]
+        monkeypatch.setitem(kernels.TUNING, "conv_fwd", dict(kernels.TUNING["conv_fwd"], L=16))
+        monkeypatch.setitem(kernels.TUNING, "conv_bwd", dict(kernels.TUNING["conv_bwd"], L=32))
+    Lf, Lb = kernels.TUNING["conv_fwd"]["L"], kernels.TUNING["conv_bwd"]["L"]
     T = Lb + 22
     starts = ([0, 1, 2, Lf - 1, Lf, Lf + 1, Lb - 1, Lb, T - 10], [0, Lf + 2, Lf + 3, Lb + 1])
     xw, w, b, dy = conv_inputs(2, T, D, 4, F64, bias, wide=wide)
