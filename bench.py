@@ -28,6 +28,12 @@ category per mixer and context.
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
     python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
+    python bench.py --tiles delta --jobs 8     # kernels.TUNING's candidates (TILE_CANDIDATES) for the delta rule, each
+                                               # checked against the fp64 reference in its own process, then timed
+    python bench.py --tiles conv --only "bwd"  # the short conv's backward candidates (and 'default'); also: scalar
+    python bench.py --tiles delta --tiny --jobs 2   # CPU: the checks only, through Triton's interpreter
+    python bench.py --ptxas --only _wy,_grads   # registers / spills / shared memory of every launch of those kernels,
+                                                # compiled offline for sm_90a (no GPU needed): prepares GPU work
 A cold run (empty Triton cache) spends minutes compiling before it measures anything: on an H200 (Triton 3.6),
 the first shape of the full run got through SDPA, DeltaNet (ours, fla) and GDN (ours) in about 4.5 minutes, with our
 kernels already compiled by the tests and fla's chunk_kda backward still compiling.
@@ -65,6 +71,8 @@ of the two outputs. A kernel that refuses or fails is reported in its row.
 import argparse
 import importlib
 import importlib.util
+import inspect
+import itertools
 import json
 import math
 import os
@@ -73,8 +81,10 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 
 import torch
@@ -663,6 +673,398 @@ def chunk_sweep(chunks, variants):
 
 
 # -----------------------------------------------------------------------------
+# --tiles: kernels.TUNING's candidates, each checked against the fp64 reference in its own process, then timed
+
+# family -> {candidate: {TUNING entry: {key: value}}}, each a change of kernels.TUNING (the rest stays as it is);
+# 'default' is kernels.TUNING itself, timed beside the others (the column "÷ default")
+TILE_CANDIDATES = {
+    "delta": {
+        "default": {},
+        "wy_grads warps 16": {"wy_grads": dict(warps=16)},
+        "wy_grads warps 4": {"wy_grads": dict(warps=4)},
+        "wy_grads v 32": {"wy_grads": dict(v=32)},
+        "wy_grads d64 deltanet 8": {"wy_grads": dict(warps_d64={0: 8, 1: 4})},
+        "wy_grads d64 gdn 8": {"wy_grads": dict(warps_d64={0: 4, 1: 8})},
+        "state warps 8": {"state": dict(warps=8, out_warps=8)},
+        "state warps 2": {"state": dict(warps=2, out_warps=2)},
+        "state v 32": {"state": dict(v=32)},
+        "state kda_bwd_warps 4": {"state": dict(kda_bwd_warps=4)},
+        "state min_v 16": {"state": dict(min_v=16)},
+        "state out_warps 8": {"state": dict(out_warps=8)},
+        "state stages 3": {"state": dict(stages=3, bwd_stages=3)},
+        "kda_grads k 32": {"kda_grads": dict(k=32)},
+        "kda_grads warps 4": {"kda_grads": dict(warps=4)},
+        "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
+        "grams kda_k 32": {"grams": dict(kda_k=32)},
+        "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
+        "grams k 128": {"grams": dict(k=128)},
+        "inverse warps 2": {"inverse": dict(warps=2)},
+        "inverse warps 4": {"inverse": dict(warps=4)},
+        "inverse prec tf32x3": {"inverse": dict(prec={"bf16": "tf32x3", "tf32": "tf32x3", "ieee": "ieee"})},
+    },
+    "scalar": {
+        "default": {},
+        "state stages 2": {"scalar": dict(state_stages=2)},
+        "state cover 2": {"scalar": dict(state_cover=2)},
+        "fused every gate": {"scalar": dict(fused_fwd=(int(kernels.GATE_NONE), int(kernels.GATE_SCALAR),
+                                                       int(kernels.GATE_CONST)))},
+        "fused none": {"scalar": dict(fused_fwd=())},
+        "fused warps 8": {"scalar": dict(fused_warps=8)},
+        "state cover d64 1": {"scalar": dict(state_cover_d64=1)},
+        "group k 32": {"scalar": dict(group_k=32)},
+        "group stages 1": {"scalar": dict(group_stages=1)},
+    },
+    "conv": {
+        "default": {},
+        "fwd ahead 8": {"conv_fwd": dict(ahead=8, unroll=8)},
+        "fwd L 64": {"conv_fwd": dict(L=64)},
+        "bwd L 64": {"conv_bwd": dict(L=64)},
+        "bwd ahead 4": {"conv_bwd": dict(ahead=4, unroll=4)},
+        "bwd 2 channels": {"conv_bwd": dict(warps=2, heads=2)},
+        "bwd persist 256": {"conv_bwd": dict(parts=256)},
+    },
+}
+# relative RMS error bounds against the fp64 reference (test_kernels.py's): bf16 inputs, fp32 inputs (IEEE dots)
+TILE_TOL = {"o": (5e-3, 1e-4), "y": (1e-2, 2e-5), "ht": (5e-3, 1e-4), "beta": (2e-2, 1e-3), "g": (2e-2, 1e-3)}
+TILE_TOL_GRAD = (8e-3, 1e-4)  # every other input's gradient
+
+
+class tuned:
+    """with tuned(overrides): kernels.TUNING with overrides {entry: {key: value}} applied, restored afterwards; a key
+    that TUNING does not have is an error (a candidate that names a setting kernels.py no longer has)."""
+
+    def __init__(self, overrides):
+        self.overrides = overrides
+
+    def __enter__(self):
+        self.saved = {e: kernels.TUNING[e] for e in self.overrides}
+        for entry, kv in self.overrides.items():
+            unknown = set(kv) - set(kernels.TUNING[entry])
+            if unknown:
+                raise KeyError(f"kernels.TUNING[{entry!r}] has no {sorted(unknown)}")
+            kernels.TUNING[entry] = dict(kernels.TUNING[entry], **kv)
+
+    def __exit__(self, *exc):
+        kernels.TUNING.update(self.saved)
+
+
+def rel_rms(a, ref):
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def reference_errors(fn, ref_fn, x, diff, seed=0, names=("o", "ht")):
+    """fn(**x) -> (o, final state | None) against ref_fn on fp64 copies: {name: relative RMS error} of the output, the
+    final state and the gradients of x[diff] (random cotangents for both outputs)."""
+    leaves = {n: (t.detach().clone().requires_grad_(n in diff) if torch.is_tensor(t) else t) for n, t in x.items()}
+    ref = {n: (t.detach().double().requires_grad_(n in diff) if torch.is_tensor(t) else t) for n, t in x.items()}
+    out, rout = fn(**leaves), ref_fn(**ref)
+    gen = torch.Generator().manual_seed(seed)
+    loss = rloss = 0
+    errs = {}
+    for name, a, b in zip(names, out, rout):
+        if b is None:
+            continue
+        w = torch.randn(b.shape, generator=gen, dtype=torch.float64).to(b.device)
+        loss, rloss = loss + (a.double() * w).sum(), rloss + (b * w).sum()
+        errs[name] = rel_rms(a, b)
+    grads = torch.autograd.grad(loss, [leaves[n] for n in diff])
+    rgrads = torch.autograd.grad(rloss, [ref[n] for n in diff])
+    errs |= {n: rel_rms(a, b) for n, a, b in zip(diff, grads, rgrads)}
+    return errs
+
+
+def tile_cases(family, device, tiny):
+    """The inputs a candidate is checked on: [(label, fn, ref_fn, x, diff, dtype)]; tiny: CPU-sized (the interpreter)."""
+    gen = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=gen)
+    cases = []
+    if family == "delta":
+        shapes = [(1, 65, 2, 16, torch.float32)] if tiny else \
+            [(2, 1000, 2, 128, torch.bfloat16), (2, 65, 2, 64, torch.bfloat16), (2, 65, 2, 128, torch.float32)]
+        for (B, T, H, D, dtype), gate in itertools.product(shapes, ("deltanet", "gdn", "kda")):
+            x = dict(q=F.normalize(rnd(B, T, H, D), dim=-1), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
+                     beta=torch.sigmoid(rnd(B, T, H)))
+            if gate == "gdn":
+                x["g"] = F.logsigmoid(rnd(B, T, H)) / 16
+            if gate == "kda":  # strong: a tenth of the gates at -1000
+                g = -5 - 5 * torch.rand(B, T, H, D, generator=gen)
+                x["g"] = torch.where(torch.rand(B, T, H, D, generator=gen) < 0.1, -1000.0, g)
+            x = {n: t.to(device, dtype) for n, t in x.items()} | dict(initial_state=rnd(B, H, D, D).to(device),
+                                                                      output_final_state=True)
+            cases.append((f"{gate} B{B} T{T} H{H} D{D} {str(dtype)[6:]}", kernels.delta_rule_triton,
+                          kernels.delta_rule_recurrent, x, [n for n in x if n not in ("output_final_state",)], dtype))
+    elif family == "scalar":
+        shapes = [(1, 65, 2, 1, 16, 32, torch.float32)] if tiny else \
+            [(2, 1000, 4, 4, 128, 128, torch.bfloat16), (2, 1000, 8, 1, 128, 64, torch.bfloat16)]
+        for B, T, H, HK, DK, DV, dtype in shapes:
+            for gate in ("retnet", "mamba2"):
+                if gate == "retnet":  # RetNet's constant gate (not differentiated), one q/k head per head
+                    hk, g = H, torch.log(1 - 2.0 ** (-5.0 - torch.arange(H, dtype=torch.float32)))
+                else:  # Mamba2's per-token gate, strong: -A_h softplus(3x + 2), A_h in [1, 16]
+                    hk, g = HK, -(1 + 15 * torch.rand(H, generator=gen)) * F.softplus(3 * rnd(B, T, H) + 2)
+                x = dict(q=rnd(B, T, hk, DK).to(device, dtype), k=rnd(B, T, hk, DK).to(device, dtype),
+                         v=rnd(B, T, H, DV).to(device, dtype), g=g.to(device), initial_state=rnd(B, H, DK, DV).to(device),
+                         output_final_state=True, scale=1.0)
+                diff = ["q", "k", "v", "initial_state"] + (["g"] if gate == "mamba2" else [])
+                cases.append((f"{gate} B{B} T{T} H{H}/{hk} Dk{DK} Dv{DV} {str(dtype)[6:]}", kernels.linear_attn_triton,
+                              kernels.linear_attn_recurrent, x, diff, dtype))
+    else:  # conv: (B, T, D, norm, bias, x a column slice of a wider tensor)
+        shapes = [(2, 40, 32, 16, False, False), (2, 40, 24, 0, True, True)] if tiny else \
+            [(3, 1000, 384, 0, True, True), (3, 1000, 384, 128, False, False), (8, 4096, 768, 128, False, False)]
+        dtype = torch.float32 if tiny else torch.bfloat16
+        for B, T, D, norm, bias, wide in shapes:
+            x = dict(xw=rnd(B, T, D + (8 if wide else 0)).to(device, dtype), weight=(rnd(D, 4) / 2).to(device),
+                     bias=rnd(D).to(device) if bias else None)  # x: the first D columns of xw (a slice when wide)
+            run = lambda xw, weight, bias, D=D, norm=norm: (
+                kernels.short_conv(xw[..., :D], weight, bias, norm=norm, path="triton"), None)
+            ref = lambda xw, weight, bias, D=D, norm=norm: (kernels.short_conv_torch(xw[..., :D], weight, bias, norm), None)
+            cases.append((f"conv B{B} T{T} D{D} norm {norm}{' bias slice' if wide else ''}", run, ref, x,
+                          ["xw", "weight"] + (["bias"] if bias else []), dtype))
+    return cases
+
+
+def tiles_check(family, name, device="cuda", tiny=False):
+    """Check candidate `name` of TILE_CANDIDATES[family] on tile_cases -> {case: errors}; AssertionError naming the
+    errors over the bounds (TILE_TOL; 2.5x for bf16 on CPU, where the interpreter truncates instead of rounding)."""
+    failed, out = [], {}
+    with tuned(TILE_CANDIDATES[family][name]):
+        for label, fn, ref, x, diff, dtype in tile_cases(family, device, tiny):
+            errs = out[label] = reference_errors(fn, ref, x, diff, names=("y" if family == "conv" else "o", "ht"))
+            j = 0 if dtype == torch.bfloat16 else 1
+            slack = 2.5 if (j == 0 and device == "cpu") else 1.0
+            bad = {n: e for n, e in errs.items() if not e < slack * TILE_TOL.get(n, TILE_TOL_GRAD)[j]}
+            print(f"  {name}: {label}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
+            if bad:
+                failed.append(f"{label}: {bad}")
+    assert not failed, f"{name}: errors over the bounds: " + "; ".join(failed)
+    return out
+
+
+def tile_timings(family, name, variants, shapes=None):
+    """fwd / fwd+bwd ms and peak MiB of candidate `name` -> {(variant, shape): (fwd, fwd+bwd, peak)}: the delta rule
+    at `shapes` (B, T, H, D; default SHAPES), the scalar decay at RETNET_SHAPES and MAMBA2_SHAPES, the short conv at
+    KDA's [8, 4096, 768] bf16 with and without the norm."""
+    out = {}
+    with tuned(TILE_CANDIDATES[family][name]):
+        if family == "delta":
+            for variant in [v for v in VARIANTS if v in variants]:
+                for B, T, H, D in shapes or SHAPES:
+                    x = inputs(B, T, H, D, variant)
+                    out[variant, (B, T, H, D)] = measure(lambda x, v=variant: run_chunk("ours", v, x), x,
+                                                         ["q", "k", "v", "beta", "g"])
+        elif family == "scalar":
+            if "retnet" in variants:
+                for sh in RETNET_SHAPES:
+                    x, g = retnet_inputs(*sh), retnet_gate(sh[2])
+                    out["retnet", sh] = measure(lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], g)[0],
+                                                x, "qkv")
+            if "mamba2" in variants:
+                for sh in MAMBA2_SHAPES:
+                    out["mamba2", sh] = measure(mamba2_core, mamba2_inputs(*sh),
+                                                ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"])
+        else:
+            for norm in (0, 128):  # KDA's convs: v without the norm, q and k with it (heads of 128)
+                x = dict(x=torch.randn(8, 4096, 768, device=DEVICE, dtype=torch.bfloat16),
+                         w=torch.randn(768, 4, device=DEVICE) / 2)
+                out[f"norm {norm}", (8, 4096, 768)] = measure(
+                    lambda x, norm=norm: kernels.short_conv(x["x"], x["w"], norm=norm, path="triton"), x, ["x", "w"])
+        torch.cuda.empty_cache()
+    return out
+
+
+def tiles(family, only, variants, jobs, tiny, shapes=None):
+    """--tiles: check every chosen candidate in its own process (jobs at a time; an illegal address or a miscompile
+    cannot touch the others, and the processes fill Triton's disk cache), then time those that passed, one by one,
+    next to 'default'."""
+    names = [n for n in TILE_CANDIDATES[family] if not only or n == "default" or
+             any(n.startswith(p) for p in only.split(","))]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cmd = [sys.executable, os.path.abspath(__file__), "--tiles", family, "--tiles_check"]
+    env = dict(os.environ, TRITON_INTERPRET="1") if device == "cpu" else None  # CPU: the kernels through the interpreter
+    ok = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = {n: pool.submit(subprocess.run, cmd + [n] + (["--tiny"] if tiny else []), capture_output=True,
+                               text=True, env=env) for n in names}
+        for n, r in runs.items():
+            p = r.result()
+            ok[n] = p.returncode == 0
+            why = "" if ok[n] else " ".join((p.stderr.strip().splitlines() or ["?"])[-1:])[:150]
+            print(f"check {family} {n:26s} {'ok' if ok[n] else 'FAILED ' + why}", flush=True)
+    if device != "cuda":
+        print("timing needs CUDA: checks only")
+        return ok
+    print(f"\n{family} candidates that passed, fwd / fwd+bwd ms ({TIMING} timing), peak MiB, fwd+bwd ÷ default's",
+          flush=True)
+    widths = (26, 10, 22, 7, 10, 8, 9)
+    row(["candidate", "variant", "shape", "fwd ms", "fwd+bwd ms", "peak MiB", "÷ default"], widths)
+    base = tile_timings(family, "default", variants, shapes) if ok.get("default") else {}
+    for n in names:
+        if not ok[n]:
+            continue
+        got = base if n == "default" else tile_timings(family, n, variants, shapes)
+        for (variant, shape), (f, fb, peak) in got.items():
+            ratio = f"{fb / base[variant, shape][1]:.3f}" if (variant, shape) in base else "-"
+            row([n, variant, ",".join(map(str, shape)), f"{f:.3f}", f"{fb:.3f}", f"{peak:.0f}", ratio], widths)
+    return ok
+
+
+# -----------------------------------------------------------------------------
+# --ptxas: registers, spills and shared memory of every Triton launch of kernels.py, compiled offline for sm_90a
+
+SHARED_LIMIT_KB = 227  # Hopper's shared memory per block
+TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+                   torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                   torch.bool: "i1"}
+
+
+class LaunchRecorder:
+    """Stands in for a Triton kernel of kernels.py: kernel[grid](*args) records (name, {runtime argument: type},
+    {constexpr: value}, warps, stages) and runs nothing."""
+
+    def __init__(self, name, kernel, out):
+        params = inspect.signature(kernel.fn).parameters
+        self.name, self.out, self.arg_names = name, out, list(params)
+        self.constexpr = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
+        self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps=4, num_stages=3, **kw):
+            values = dict(self.defaults) | dict(zip(self.arg_names, args)) | kw
+            sig, const = {}, {}
+            for n in self.arg_names:
+                v = values[n]
+                if n in self.constexpr or v is None:
+                    const[n] = v
+                elif torch.is_tensor(v):
+                    sig[n] = "*" + TORCH_TO_TRITON[v.dtype]
+                elif isinstance(v, bool):
+                    sig[n] = "i1"
+                elif isinstance(v, int):
+                    sig[n] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+                else:
+                    sig[n] = "fp32"
+            self.out.append((self.name, sig, const, num_warps, num_stages))
+        return launch
+
+
+def record_launches(D, dtypes, H=4):
+    """Every Triton launch of the public calls at Dk = Dv = D, T = 65 (a partial last chunk), B = 1, H heads, in each
+    dtype: the delta rule (DeltaNet, GDN, KDA; with and without the gate formed in the kernels) and the scalar decay
+    (plain, RetNet, Mamba2 with H heads on one q/k head and dt, D), forward, backward and decode step; the short conv
+    (with and without the norm, bias, documents), forward, backward and step. kernels.py's Triton kernels are replaced
+    by LaunchRecorders while they run, so nothing is computed (the calls only allocate by shape) -> the unique
+    launches. CPU tensors on the Triton path: needs TRITON_INTERPRET=1. One SM on CPU: the state passes take the tiles
+    of a large B*H."""
+    out = []
+    found = {n: k for n, k in vars(kernels).items()
+             if n.endswith("_kernel") and isinstance(k, triton.runtime.jit.KernelInterface)}
+    for n, k in found.items():
+        setattr(kernels, n, LaunchRecorder(n, k, out))
+    try:
+        T = 65
+        rnd = lambda *s, dtype=torch.float32: torch.randn(*s, dtype=dtype, requires_grad=True)
+        for dtype in dtypes:
+            for gate, fn in itertools.product((None, "gdn", "kda"), (False, True)):
+                if fn and gate is None:
+                    continue
+                g = None if gate is None else rnd(*((1, T, H) if gate == "gdn" else (1, T, H, D)))
+                gate_fn = dict(A_log=rnd(H), dt_bias=rnd(*g.shape[2:])) if fn else {}
+                o, ht = kernels.delta_rule_triton(rnd(1, T, H, D, dtype=dtype), rnd(1, T, H, D, dtype=dtype),
+                                                  rnd(1, T, H, D, dtype=dtype), rnd(1, T, H, dtype=dtype), g,
+                                                  initial_state=rnd(1, H, D, D), output_final_state=True, **gate_fn)
+                (o.float().sum() + ht.sum()).backward()
+                gs = None if g is None else g.detach()[:, 0]
+                kernels.delta_rule_step_triton(*(torch.zeros(1, H, D, dtype=dtype) for _ in "qkv"),
+                                               torch.zeros(1, H, dtype=dtype), gs, torch.zeros(1, H, D, D))
+            for gate in (None, "retnet", "mamba2"):
+                hk = 1 if gate == "mamba2" else H
+                g = {None: None, "retnet": torch.full((H,), -0.1), "mamba2": -rnd(1, T, H).detach().abs()}[gate]
+                ssd = dict(dt=rnd(1, T, H), D=rnd(H)) if gate == "mamba2" else {}
+                o, ht = kernels.linear_attn_triton(rnd(1, T, hk, D, dtype=dtype), rnd(1, T, hk, D, dtype=dtype),
+                                                   rnd(1, T, H, D, dtype=dtype), g, initial_state=rnd(1, H, D, D),
+                                                   output_final_state=True, **ssd)
+                (o.float().sum() + ht.sum()).backward()
+                gs = None if g is None else (g if g.dim() == 1 else g[:, 0])
+                kernels.linear_attn_step_triton(torch.zeros(1, hk, D, dtype=dtype), torch.zeros(1, hk, D, dtype=dtype),
+                                                torch.zeros(1, H, D, dtype=dtype), gs, torch.zeros(1, H, D, D))
+            for norm, bias, pos in ((0, False, False), (16, True, False), (0, True, True)):
+                x = rnd(2, T, 64, dtype=dtype)
+                doc_pos = torch.zeros(2, T, dtype=torch.uint8) if pos else None
+                kernels.short_conv(x, rnd(64, 4), rnd(64) if bias else None, norm=norm, path="triton",
+                                   doc_pos=doc_pos).float().sum().backward()
+                kernels.short_conv_step(x.detach()[:, 0], torch.zeros(2, 3, 64, dtype=dtype), rnd(64, 4).detach(),
+                                        None, norm=norm, path="triton")
+    finally:
+        for n, k in found.items():
+            setattr(kernels, n, k)
+    unique = {json.dumps(launch, sort_keys=True): launch for launch in out}
+    return list(unique.values())
+
+
+def ptxas_report(name, sig, constexprs, warps, stages):
+    """-> (registers, spill-store bytes, shared KB) of one recorded launch compiled for sm_90a: Triton lowers it to PTX
+    and its bundled ptxas assembles it; nothing is launched. Pointer arguments are taken 16-byte aligned, as Triton
+    specialises them on torch tensors (without it every access is scalar and the counts are far from the GPU's)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    fn = getattr(kernels, name)
+    names = fn.arg_names
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig.get(n, "").startswith("*")}
+    src = ASTSource(fn=fn, signature={n: sig.get(n, "constexpr") for n in names},
+                    constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(k.asm["ptx"])
+        err = ""
+        for ptxas in ("ptxas", "ptxas-blackwell"):  # the first that accepts this PTX version
+            p = subprocess.run([os.path.join(bin_dir, ptxas), "-v", "-arch=sm_90a", "k.ptx", "-o", "k.cubin"], cwd=d,
+                               capture_output=True, text=True)
+            err = p.stderr
+            if p.returncode == 0:
+                break
+    regs, spill = re.search(r"Used (\d+) registers", err), re.search(r"(\d+) bytes spill stores", err)
+    if not regs:
+        raise RuntimeError(f"ptxas failed: {err[-300:]}")
+    return int(regs.group(1)), int(spill.group(1)) if spill else 0, k.metadata.shared // 1024
+
+
+PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SSD", "NORM", "POS", "L", "BD", "AHEAD")
+
+
+def ptxas(D, dtypes, only):
+    """--ptxas: every launch of the public calls at Dk = Dv = D in each dtype (record_launches, in a process with
+    TRITON_INTERPRET=1), compiled here without the interpreter for sm_90a, with the current kernels.TUNING. Indicative:
+    the local Triton may differ from the GPU machine's; spills are not time (time candidates with --tiles)."""
+    if os.environ.get("TRITON_INTERPRET"):  # the compiler needs triton without the interpreter: run again without it
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        argv = ["--ptxas", "--shape", f"1,65,4,{D}", "--dtypes", ",".join(dtypes)] + (["--only", only] if only else [])
+        return subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, env=env).returncode
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--ptxas_record", str(D), ",".join(dtypes)],
+                       env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"recording the launches failed:\n{p.stderr[-2000:]}")
+    launches = json.loads(p.stdout.strip().splitlines()[-1])
+    print(f"triton {triton.__version__}, sm_90a; every launch of the public calls at Dk = Dv = {D}, "
+          f"{'/'.join(dtypes)} inputs", flush=True)
+    for name, sig, const, warps, stages in sorted(launches, key=lambda x: (x[0], json.dumps(x[2], sort_keys=True))):
+        if only and not any(name.startswith(o) for o in only.split(",")):
+            continue
+        dtype = next((t[1:] for n, t in sorted(sig.items()) if n in ("q_ptr", "k_ptr", "x_ptr", "v_ptr")), "-")
+        what = " ".join(f"{k}={const[k]}" for k in PTXAS_KEYS if k in const)
+        try:
+            regs, spill, shared = ptxas_report(name, sig, const, warps, stages)
+            flag = f"  OVER {SHARED_LIMIT_KB} KB" if shared > SHARED_LIMIT_KB else ""
+            res = f"regs {regs:3d}, spill stores {spill:5d} B, shared {shared:3d} KB{flag}"
+        except Exception as e:  # noqa: BLE001 (one that does not compile is reported in its row)
+            res = "FAILED " + first_line(e, 120)
+        print(f"  {name:28s} {dtype:4s} {what:52s} warps={warps} stages={stages}: {res}", flush=True)
+    return 0
+
+
+# -----------------------------------------------------------------------------
 # whole-model training: tokens/s, MFU, peak memory and where the GPU time goes, per mixer and context
 
 TRAIN_CONFIGS = {"softmax": "owt", "kda*3,softmax": "kda_hybrid", "kda": "owt",  # mixer -> config/<file>.py, run with
@@ -847,7 +1249,6 @@ def train_bench(args, mixers, contexts):
     """Phase 1 (warm): every cell once, args.jobs processes at a time, to compile (the Inductor and Triton caches
     on disk are shared, so phase 2 compiles from them). A warm run that fails (e.g. out of memory while sharing
     the GPU) is measured anyway. Phase 2 (measure): each cell alone, one after the other. Then the table."""
-    from concurrent.futures import ThreadPoolExecutor
     mixers = ["softmax"] + [m for m in mixers if m != "softmax"]  # every row is a ratio to softmax at its T
     cells = [(m, T, d) for T in contexts for m in mixers for d in ((False, True) if args.documents else (False,))]
     label = lambda r: r["mixer"] + (" +docs" if r.get("documents") else "")
@@ -922,8 +1323,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
     ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours")
-    ap.add_argument("--shape", default="", help="--profile: the delta-rule variants at this B,T,H,D (default the first "
-                    "of SHAPES)")
+    ap.add_argument("--shape", default="", help="--profile, --tiles delta: the delta-rule variants at this B,T,H,D "
+                    "(default the first of SHAPES / all of them); --ptxas: Dk = Dv = its last number")
     ap.add_argument("--chunks", default="", help="retnet/mamba2: time our kernels at these chunk sizes, e.g. 32,64,128")
     ap.add_argument("--model_decode", action="store_true",
                     help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
@@ -942,9 +1343,21 @@ def main():
     ap.add_argument("--device", default="", help="--model_decode / --train: '' = cuda if available, else cpu")
     ap.add_argument("--tokens", type=int, default=32768, help="--train: tokens per step; batch = tokens // T")
     ap.add_argument("--steps", type=int, default=10, help="--train: timed steps per cell (the median is reported)")
-    ap.add_argument("--jobs", type=int, default=2, help="--train: cells compiled at once in the warm phase")
+    ap.add_argument("--jobs", type=int, default=2, help="--train: cells compiled at once in the warm phase; --tiles: "
+                    "candidates checked at once")
     ap.add_argument("--json", default="", help="--train: also write the results to this JSON file")
-    ap.add_argument("--tiny", action="store_true", help="--train: a 4-layer x 64 model (CPU smoke run)")
+    ap.add_argument("--tiny", action="store_true", help="--train: a 4-layer x 64 model (CPU smoke run); --tiles: "
+                    "CPU-sized check inputs (the interpreter)")
+    ap.add_argument("--tiles", choices=tuple(TILE_CANDIDATES), default=None,
+                    help="check kernels.TUNING's candidates (TILE_CANDIDATES) of one family against the fp64 "
+                         "reference, then time those that pass (CUDA; checks only on CPU)")
+    ap.add_argument("--only", default="", help="--tiles: candidates whose names start with one of these "
+                    "(comma-separated; 'default' always runs); --ptxas: kernels whose names start with one of these")
+    ap.add_argument("--ptxas", action="store_true", help="registers / spills / shared memory of every Triton launch, "
+                    "compiled offline for sm_90a (no GPU needed), at Dk = Dv = the last number of --shape (128)")
+    ap.add_argument("--dtypes", default="bf16,fp32", help="--ptxas: input dtypes (bf16, fp16, fp32)")
+    ap.add_argument("--tiles_check", default="", help=argparse.SUPPRESS)  # internal: one candidate of --tiles
+    ap.add_argument("--ptxas_record", nargs=2, metavar=("D", "DTYPES"), help=argparse.SUPPRESS)  # internal
     ap.add_argument("--documents", action="store_true",
                     help="--train: every mixer also with documents=True (EOTs in its tokens): a row '+docs', ÷ off")
     ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
@@ -960,6 +1373,23 @@ def main():
     if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.ptxas_record:  # --ptxas's first step, in a process with TRITON_INTERPRET=1: one JSON line
+        names = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        launches = record_launches(int(args.ptxas_record[0]), [names[d] for d in args.ptxas_record[1].split(",")])
+        print(json.dumps(launches))
+        return
+    if args.ptxas:  # needs no GPU
+        D = int(args.shape.split(",")[-1]) if args.shape else 128
+        sys.exit(ptxas(D, [d for d in args.dtypes.split(",") if d], args.only))
+    if args.tiles_check:  # one candidate of --tiles, in its own process
+        tiles_check(args.tiles, args.tiles_check, "cuda" if torch.cuda.is_available() else "cpu", args.tiny)
+        return
+    if args.tiles:  # the checks run on CPU too (--tiny)
+        if args.tiles == "scalar" and variants == list(VARIANTS):
+            variants = list(SCALAR_VARIANTS)
+        shapes = [tuple(map(int, args.shape.split(",")))] if args.shape else None
+        ok = tiles(args.tiles, args.only, variants, args.jobs, args.tiny, shapes)
+        sys.exit(0 if all(ok.values()) else 1)
     if args.model_decode:  # needs no GPU
         mixers = args.mixers or ["softmax", "kda*3,softmax", "kda", "gdn", "mamba2"]
         return model_decode(mixers, [int(t) for t in (args.contexts or "256,1024,4096,16384").split(",")],

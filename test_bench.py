@@ -1,17 +1,23 @@
 """
 bench.py --train on CPU: the kernel-name categories (names as torch.profiler reported them on an H100, torch 2.11),
 one training cell in this process, the cell's JSON line through `--train_cell`, and the parent's table and ratios
-from given cells (the GPU-only columns cannot be measured here).
+from given cells (the GPU-only columns cannot be measured here). bench.py --tiles: its candidates name settings
+kernels.TUNING has, and its checks run through Triton's interpreter at CPU sizes; bench.py --ptxas compiles the
+recorded launches for sm_90a offline.
 
 $ python -m pytest test_bench.py -q
 """
 import argparse
 import json
+import os
+import subprocess
 import sys
 
 import pytest
+import torch
 
 import bench
+import kernels
 
 MIXER = frozenset({'_grads_bwd_kernel', '_grams_block_kernel', '_la_state_fwd_kernel', '_st', '_short_conv_bwd_kernel'})
 
@@ -141,3 +147,65 @@ def test_train_table_documents_column(monkeypatch, capsys):
     assert rows[0][3:5] == ['× softmax', '÷ off'] and len({len(r) for r in rows}) == 1
     assert [r[0] for r in rows[2:]] == ['softmax', 'softmax +docs', 'kda', 'kda +docs']
     assert rows[3][3:5] == ['0.80', '0.80'] and rows[4][3:5] == ['0.67', ''] and rows[5][3:5] == ['0.63', '0.95']
+
+
+# -----------------------------------------------------------------------------
+# --tiles and --ptxas (kernels.TUNING's candidates; offline compiles)
+
+INTERPRET = bool(os.environ.get('TRITON_INTERPRET')) or torch.cuda.is_available()
+
+
+def test_tile_candidates_name_tuning_settings():
+    """Every candidate changes settings kernels.TUNING has (a renamed setting fails here, not in a GPU call), and
+    bench.tuned restores TUNING as it was."""
+    before = repr(kernels.TUNING)
+    for family, candidates in bench.TILE_CANDIDATES.items():
+        assert 'default' in candidates and candidates['default'] == {}
+        for name, overrides in candidates.items():
+            for entry, kv in overrides.items():
+                assert entry in kernels.TUNING and set(kv) <= set(kernels.TUNING[entry]), (family, name)
+            with bench.tuned(overrides):
+                for entry, kv in overrides.items():
+                    assert all(kernels.TUNING[entry][k] == v for k, v in kv.items())
+    assert repr(kernels.TUNING) == before
+    with pytest.raises(KeyError, match='no_such_setting'):
+        with bench.tuned({'state': {'no_such_setting': 1}}):
+            pass
+    assert repr(kernels.TUNING) == before
+
+
+@pytest.mark.skipif(not INTERPRET, reason='needs CUDA or TRITON_INTERPRET=1 (conftest.py sets it without CUDA)')
+def test_tiles_check_against_the_reference(monkeypatch):
+    """One candidate per family through the checker at CPU sizes: within the bounds, and a bound of 0 fails it."""
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    for family, name in (('delta', 'wy_grads warps 4'), ('scalar', 'fused none'), ('conv', 'bwd L 64')):
+        errs = bench.tiles_check(family, name, device, tiny=True)
+        assert errs and all(0 <= e < 1e-3 for case in errs.values() for e in case.values()), (family, errs)
+    monkeypatch.setattr(bench, 'TILE_TOL_GRAD', (0.0, 0.0))
+    with pytest.raises(AssertionError, match='errors over the bounds'):
+        bench.tiles_check('conv', 'default', device, tiny=True)
+
+
+@pytest.mark.skipif(not INTERPRET, reason='needs CUDA or TRITON_INTERPRET=1 (conftest.py sets it without CUDA)')
+def test_tiles_command_checks_each_candidate_in_its_own_process():
+    p = subprocess.run([sys.executable, 'bench.py', '--tiles', 'conv', '--tiny', '--only', 'fwd L', '--jobs', '2'],
+                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=600)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert [s.split()[2] for s in lines if s.startswith('check conv')] == ['default', 'fwd'], lines
+    assert all(s.endswith(' ok') for s in lines if s.startswith('check conv'))
+
+
+def test_ptxas_reports_every_launch_offline():
+    """--ptxas records the launches of the public calls (interpreter) and compiles those asked for, for sm_90a."""
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'ptxas')
+    if not os.path.exists(ptxas):
+        pytest.skip("this triton has no bundled ptxas")
+    p = subprocess.run([sys.executable, 'bench.py', '--ptxas', '--only', '_step_kernel', '--shape', '1,65,4,16',
+                        '--dtypes', 'fp32'], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)), timeout=600)
+    rows = [s.split() for s in p.stdout.splitlines() if s.strip().startswith('_step_kernel')]
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert sorted(r[2] for r in rows) == ['GATE=0', 'GATE=1', 'GATE=2'], p.stdout  # DeltaNet, GDN, KDA
+    assert all('regs' in r and 'FAILED' not in r for r in rows), p.stdout
