@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: the short-conv GPU tests, the conv tilings (notes/conv_tiles.py), then
+# One device call: the short-conv GPU tests, the conv tilings (bench.py --tiles conv), then
 # bench.py --train with the given arguments. Usage (device tool): bash notes/gpu_train.sh [bench.py --train args]
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -9,5 +9,5 @@ if [ -z "$SKIP_TESTS" ]; then
   echo "tests rc=$?" >> $OUT/tests.txt
   grep -E "passed|failed|error|rc=" $OUT/tests.txt | tail -3; grep -E "^FAILED" $OUT/tests.txt | head -20
 fi
-[ -z "$SKIP_TILES" ] && timeout 150 python3 notes/conv_tiles.py 2>&1 | tee $OUT/conv_tiles.txt
+[ -z "$SKIP_TILES" ] && timeout 300 python3 bench.py --tiles conv --jobs 4 2>&1 | tee $OUT/conv_tiles.txt
 if [ $# -gt 0 ]; then python3 bench.py --train "$@" --json $OUT/train.json 2>&1 | tee $OUT/train.log; fi
