@@ -87,8 +87,9 @@ GATE_NONE = tl.constexpr(0)     # no decay: DeltaNet, plain linear attention
 GATE_SCALAR = tl.constexpr(1)   # one log-decay per token and head, g [B, T, H]: GDN, Mamba2 (Δ·A)
 GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA
 GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (log γ; not differentiated)
-TRITON_CHUNK = 64  # tokens per chunk of the Triton kernels; (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md
-                   # §4.3.3); faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks)
+# Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
+# faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks).
+TRITON_CHUNK = 64
 
 # =====================================================================================================================
 # 1. The public calls, and the one place a path is chosen
@@ -543,7 +544,8 @@ def _column_sum_kernel(p_ptr, out_ptr, P, D, J: tl.constexpr, BP: tl.constexpr, 
 def _column_sums(part, D, J, out):
     """[P, J, D] fp32 per-program partial sums -> their sum, written to out [D, J] (J > 1) or [D] (J = 1)"""
     P, BN = part.shape[0], 32
-    _column_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN, num_warps=4)
+    _column_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN,
+                                                num_warps=4)
 
 # =====================================================================================================================
 # 4. The delta rule: DeltaNet, Gated DeltaNet (GDN), KDA
@@ -681,7 +683,7 @@ def _st(ptr, tok0, H, n, x, i, j):
 def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr, DG: tl.constexpr,
                SG: tl.constexpr):
     # G [C, DG] of the chunk (0 on padded rows), G_n as a row [1, DG] and as a column [DG, 1];
-    # SG = gate values per token (DG < SG reads a tile of key channels). DeltaNet (GATE=0) uses
+    # SG = gate values per token (DG < SG reads a tile of key channels). DeltaNet (GATE_NONE) uses
     # G = 0: every decay factor becomes exp(0) = 1.
     cg = tl.arange(0, DG)
     if GATE != GATE_NONE:
@@ -837,8 +839,9 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
-    # A = (I + L)^-1 from L (fp32, from _grams_block) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks (C = 64, docs/mixers.md §4.3.3): the four diagonal
-    # blocks by forward substitution, then block forward substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
+    # A = (I + L)^-1 from L (fp32, from _grams_block) into A_ptr (the storage dtype; may be L_ptr), by 16x16 blocks
+    # (C = 64, docs/mixers.md §4.3.3): the four diagonal blocks by forward substitution, then block forward
+    # substitution below them, X_ij = -X_ii sum_{j<=m<i} L_im X_mj.
     # The work is a chain of small dependent steps, so it runs in its own kernel with tiny tiles and few warps:
     # many programs per SM hide the latency (inside _wy_fwd, one 255-register program per SM could not).
     # IPREC: TUNING['inverse']['prec'], by the inputs' dot precision.
@@ -927,7 +930,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
-    # output's rows rather than K and Q. DECAYED: k_ptr holds Kd = K exp(G_n - G) and q_ptr Qg = Q exp(G) (from _wy_fwd), and only G_n is read from G.
+    # output's rows rather than K and Q. DECAYED (KDA): k_ptr holds Kd = K exp(G_n - G) and q_ptr Qg = Q exp(G) (from
+    # _wy_fwd), and only G_n is read from G.
     # OUTPUT (the forward): O = scale (Qg S + P_qk Delta) formed here from the state in registers, and neither the
     # snapshots h nor Delta are written (the pass is bound by bandwidth, and h is its largest write: [Dk, Dv] per
     # chunk, twice a [C, Dk] tile at C = 64). Without it (the backward's recompute): h[c] and Delta stored.
@@ -1096,7 +1100,8 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
                       PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr):
-    # DECAYED: k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read from G.
+    # DECAYED (KDA): k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read
+    # from G.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
