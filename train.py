@@ -232,8 +232,12 @@ def print0(*args):
     if master_process:
         line = ' '.join(str(a) for a in args)
         print(line, flush=True)
-        with open(log_path, 'a') as f:
-            f.write(line + '\n')
+        try:
+            with open(log_path, 'a') as f:
+                f.write(line + '\n')
+        except OSError as e:  # a full disk or a quota: say so, not a traceback; the checkpoints are not touched here
+            raise UserError(f"cannot write {log_path}: {os.strerror(e.errno).lower() if e.errno else e}: free space "
+                            f"or pass another --out_dir (the checkpoints there are as they were)") from None
 
 
 tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
