@@ -164,7 +164,19 @@ def configure(config_globals, argv, nullable=()):
         seen = {k: config_globals[k] for k in keys}
         seen.update(o for o in overrides[i + 1:] if o is not None)
         scope = dict(seen, __file__=arg)
-        exec(compile(source, arg, 'exec'), scope)
+        try:
+            exec(compile(source, arg, 'exec'), scope)
+        except SyntaxError as e:
+            raise UserError(f"config file {arg}, line {e.lineno}: {e.msg} (a config file is Python: plain assignments, "
+                            f"e.g. batch_size = 8)") from None
+        except Exception as e:  # the file's own code raised: say where, in one line
+            tb = e.__traceback__
+            line = None
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == arg:
+                    line = tb.tb_lineno
+                tb = tb.tb_next
+            raise UserError(f"config file {arg}{f', line {line}' if line else ''} raised {type(e).__name__}: {e}") from None
         for key, value in scope.items():
             if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
                 continue  # imports and helper functions in a config file are not settings

@@ -44,6 +44,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,8 @@ from collections import namedtuple
 
 import torch
 
+from checkpoint import INHERITED_LOCK, lock_out_dir
+from configurator import UserError
 from plot import read_log
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -80,8 +83,9 @@ QUICK = ['--batch_size=32', '--max_iters=200', '--lr_decay_iters=200', '--warmup
 SEED = 1337  # train.py's default seed: the one seed of a grid without --seeds
 
 # one train.py run of the grid; the runs of one (task, mixer, size, width, seed) differ only in lr and batch, the
-# settings tried in turn (batch None: the config's; overrides then hold the run's --batch_size and --eval_iters)
-Run = namedtuple('Run', 'task mixer size width seed lr out_dir overrides batch', defaults=(None,))
+# settings tried in turn (batch None: the config's; overrides then hold the run's --batch_size and --eval_iters);
+# lock: out_dir's lock, held by run_all from before it clears out_dir until the launched train.py holds it too
+Run = namedtuple('Run', 'task mixer size width seed lr out_dir overrides batch lock', defaults=(None, None))
 
 
 def run_name(mixer, size, width, lr, seed, batch=None):
@@ -158,13 +162,38 @@ def train_args(task, mixer, size, width, lr, seed, out_dir, extra):
 
 
 def start(run, env):
-    """Start one train.py run in the background; its stdout and stderr go to out_dir/run.txt. Returns the Popen."""
+    """Start one train.py run in the background; its stdout and stderr go to out_dir/run.txt. Returns the Popen.
+    The run inherits out_dir's lock (run.lock) and adopts it (checkpoint.lock_out_dir), so that no other process can
+    take out_dir between run_all clearing it and train.py starting. Its own session: a Ctrl-C in the terminal reaches
+    grid.py only, which passes it on once (two would stop the run without saving)."""
     cmd = [sys.executable, 'train.py'] + train_args(run.task, run.mixer, run.size, run.width, run.lr, run.seed,
                                                     run.out_dir, run.overrides)
+    fds = (run.lock.fileno(),) if run.lock is not None else ()
+    env = dict(env, **({INHERITED_LOCK: str(fds[0])} if fds else {}))
     with open(os.path.join(run.out_dir, 'run.txt'), 'w') as f:
         f.write(' '.join(cmd) + '\n')
         f.flush()
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, pass_fds=fds,
+                                start_new_session=True)
+
+
+def claim(out_dir):
+    """out_dir's lock (an open file), or None with a line printed when a live run holds it: such an out_dir is
+    never cleared nor run in (another grid.py into the same out_root, or a train.py started by hand)."""
+    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)  # the lock lives beside out_dir
+    try:
+        return lock_out_dir(out_dir)
+    except UserError as e:
+        print(f"{out_dir}: left alone: {str(e).split(': wait for it')[0]}", flush=True)
+        return None
+
+
+def clear(out_dir):
+    """Remove out_dir (an older grid's run that this grid does not run), unless a live run holds it."""
+    lock = claim(out_dir)
+    if lock is not None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        lock.close()
 
 
 def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_within=None, ahead=False):
@@ -182,6 +211,10 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     the threshold. Once every run has ended the table is the same (collect() counts no setting after one that reached
     it; while an earlier one is unfinished, a later one that finished counts); the grid takes less wall time where
     many cells need every setting, and more GPU time where an earlier one would have reached.
+    An out_dir that a live run holds (its lock) is never cleared nor run in: that run counts as failed.
+    SIGTERM or SIGINT (Ctrl-C) to grid.py goes on to every running train.py, each of which saves its ckpt.pt and
+    stops; grid.py waits for them and exits with 128 + the signal (a second signal is passed on too: the runs exit at
+    once). Run the same command with resume=True (--resume) to continue them.
     Returns (the out_dirs of failed runs, the number not started for start_within, the number not needed)."""
     earlier = {}  # out_dir -> the out_dirs of the earlier LRs of its (task, mixer, size, width, seed)
     so_far = {}   # (task, mixer, size, width, seed) -> its out_dirs met so far, in LR order
@@ -196,24 +229,49 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
     setting_of = {r.out_dir: ('lr ' if r.batch is None else '') + setting_label(r.lr, r.batch) for r in runs}
     pending, running = list(runs), []  # running: (run, Popen, start time)
     failures, not_started, not_needed, t_start = [], 0, 0, time.time()
+    signals = []  # the SIGTERM / SIGINT grid.py received, in order
+
+    def on_signal(signum, frame):
+        signals.append(signum)  # acted on in the loops below, not here: a handler must not wait for children
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def stop_all():
+        """Pass the signals on to the running runs, wait for every one to end, and exit."""
+        sent = 0
+        while running:
+            for s in signals[sent:]:
+                for _, proc, _ in running:
+                    if proc.poll() is None:
+                        proc.send_signal(s)
+            sent = len(signals)
+            running[:] = [item for item in running if item[1].poll() is None]
+            time.sleep(0.1)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        name = signal.Signals(signals[0]).name
+        print(f"grid: stopped by {name}; the runs under way saved their ckpt.pt: run the same command with --resume "
+              f"to continue them and run the rest", flush=True)
+        sys.exit(128 + signals[0])
 
     def stop_later_ones(winner):
         """ahead: stop the running later LRs of winner's cell and seed, which it made not needed."""
         nonlocal not_needed
         for item in [item for item in running if winner in earlier[item[0].out_dir]]:
             run, proc, _ = item
-            proc.terminate()
+            proc.kill()  # not SIGTERM: its state is not wanted, no checkpoint to write
             proc.wait()
             running.remove(item)
             done[run.out_dir] = False
             not_needed += 1
             if not resume:  # as for a run not needed: its partial log must not stand in a later table
-                shutil.rmtree(run.out_dir, ignore_errors=True)
+                clear(run.out_dir)
             print(f"[{number[run.out_dir]}/{len(runs)}] {run.out_dir}: stopped, not needed: {setting_of[winner]} "
                   f"reached stop_at_val_acc {stop_at_val_acc:g}", flush=True)
 
     def wait_for_one():
         while True:
+            if signals:
+                stop_all()
             for item in running:
                 run, proc, t0 = item
                 if proc.poll() is not None:
@@ -233,6 +291,8 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
             time.sleep(0.1)
 
     while pending or running:
+        if signals:
+            stop_all()
         # the first pending run whose earlier LRs are all done (without stop_at_val_acc: the first pending run)
         run = next((r for r in pending if stop_at_val_acc <= 0 or ahead or all(d in done for d in earlier[r.out_dir])),
                    None)
@@ -251,7 +311,7 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
             done[run.out_dir] = False
             not_needed += 1
             if not resume:  # this grid reruns every cell: an older log there must not stand in the table
-                shutil.rmtree(run.out_dir, ignore_errors=True)
+                clear(run.out_dir)
             print(f"{tag}: not needed: {setting_of[winner]} reached stop_at_val_acc {stop_at_val_acc:g}")
             continue
         if len(running) == jobs:  # wait for a slot, then choose again: the run that ended may have readied another
@@ -262,7 +322,12 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
             done[run.out_dir] = False
             not_started += 1
             if not resume:  # as for a run not needed: no older log may stand in the table
-                shutil.rmtree(run.out_dir, ignore_errors=True)
+                clear(run.out_dir)
+            continue
+        lock = claim(run.out_dir)  # held from before any deletion until the launched run holds it as well
+        if lock is None:
+            done[run.out_dir] = False
+            failures.append(run.out_dir)
             continue
         if resume and os.path.isfile(os.path.join(run.out_dir, 'ckpt.pt')):
             # unfinished, with a checkpoint (a lease ended under it): go on from its last eval; the log goes on too
@@ -271,7 +336,13 @@ def run_all(runs, launch, jobs=1, stop_at_val_acc=0.0, resume=False, start_withi
         else:
             shutil.rmtree(run.out_dir, ignore_errors=True)  # a fresh log: train.py appends to log.txt
             os.makedirs(run.out_dir)
-        running.append((run, launch(run), time.time()))
+        run = run._replace(lock=lock)
+        try:
+            running.append((run, launch(run), time.time()))
+        finally:
+            lock.close()  # the launched train.py holds it now (or, not started, nobody needs it)
+    for s, h in handlers.items():
+        signal.signal(s, h)
     return failures, not_started, not_needed
 
 

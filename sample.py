@@ -21,8 +21,8 @@ import time
 from contextlib import nullcontext
 
 import torch
-from model import GPTConfig, GPT, Decoder
-from checkpoint import load_checkpoint
+from model import Decoder
+from checkpoint import load_checkpoint, build_model
 from dataloader import gpt2_encoding
 
 # -----------------------------------------------------------------------------
@@ -58,20 +58,24 @@ torch.cuda.manual_seed(seed) if device_type == 'cuda' else None
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
 
-checkpoint = load_checkpoint(os.path.join(out_dir, ckpt), map_location=device)
+if start.startswith('FILE:'):  # before the checkpoint loads: a bad prompt file costs no wait
+    if not os.path.isfile(start[5:]):
+        raise UserError(f"start={start!r}: no such file {start[5:]}")
+    try:
+        with open(start[5:], 'r', encoding='utf-8') as f:
+            start = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"start={start!r}: {start[5:]} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                        f"{e.start}): save the prompt as UTF-8") from None
+
+ckpt_path = os.path.join(out_dir, ckpt)
+checkpoint = load_checkpoint(ckpt_path, map_location=device, need='model')  # data only: a checkpoint never runs code
 model_args = dict(checkpoint['model_args'], **({'kernels': kernels} if kernels else {}))  # old checkpoints: 'auto'
 if not kernels and model_args.get('kernels') == 'triton' and device_type != 'cuda':
     raise UserError(f"{out_dir} was trained with kernels='triton', which needs CUDA: add --kernels=auto to sample on {device}")
-model = GPT(GPTConfig(**model_args))
-model.load_state_dict(checkpoint['model'])
+model = build_model(checkpoint, ckpt_path, model_args)
 model.eval().to(device)
 print(model.describe())
-
-if start.startswith('FILE:'):
-    if not os.path.isfile(start[5:]):
-        raise UserError(f"start={start!r}: no such file {start[5:]}")
-    with open(start[5:], 'r', encoding='utf-8') as f:
-        start = f.read()
 task = checkpoint.get('config', {}).get('dataset') in ('mqar', 'statetrack')
 if task:  # synthetic task: token ids in, token ids out
     vocab = checkpoint['model_args']['vocab_size']

@@ -60,13 +60,14 @@ def test_training_lowers_the_loss(trained):
 
 
 def test_resume_continues_exactly(pystdlib, tmp_path):
-    """Stop after a checkpoint at iter 4, resume, and get the same losses as one uninterrupted run."""
+    """Stop after iter 5 (checkpoints at the eval of iter 4 and at the end, iter 6), resume, and get the same losses
+    as one uninterrupted run."""
     straight = run(TINY + [f'--out_dir={tmp_path}/a', '--max_iters=8', '--eval_interval=4'])
-    run(TINY + [f'--out_dir={tmp_path}/b', '--max_iters=5', '--eval_interval=4'])  # last checkpoint: iter 4
+    run(TINY + [f'--out_dir={tmp_path}/b', '--max_iters=5', '--eval_interval=4'])  # last checkpoint: its end, iter 6
     resumed = run(TINY + [f'--out_dir={tmp_path}/b', '--max_iters=8', '--eval_interval=4', '--init_from=resume'])
     a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
-    assert min(b) == 4, resumed.stdout[-2000:]  # iter_num continues from the checkpoint
-    for it in range(4, 9):
+    assert min(b) == 6, resumed.stdout[-2000:]  # iter_num continues from the checkpoint
+    for it in range(6, 9):
         assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
 
 
@@ -77,7 +78,8 @@ def test_resume_with_dropout_continues_rng(pystdlib, tmp_path):
     run(common + [f'--out_dir={tmp_path}/b', '--max_iters=3'])
     resumed = run(common + [f'--out_dir={tmp_path}/b', '--max_iters=5', '--init_from=resume'])
     a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
-    for it in range(3, 6):
+    assert sorted(b) == [4, 5]  # from the end of the first run (iters 0-3), saved at 4
+    for it in b:
         assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
 
 
@@ -88,7 +90,7 @@ def test_ddp_two_processes_gloo(pystdlib, tmp_path, torchrun_train):
     args = TINY + ['--max_iters=3', '--eval_interval=3', '--gradient_accumulation_steps=2']
     p = run(args + [f'--out_dir={tmp_path}/ddp'], cmd=torchrun_train)
     assert 'world size 2' in p.stdout
-    rank0, rank1 = (torch.load(f'{tmp_path}/ddp/rank{r}.pt') for r in (0, 1))  # each rank's weights at the end
+    rank0, rank1 = (torch.load(f'{tmp_path}/ddp/rank{r}.pt', weights_only=True) for r in (0, 1))  # each rank's weights at the end
     assert max((rank0[k].float() - rank1[k].float()).abs().max().item() for k in rank0) == 0.0
     run(args + [f'--out_dir={tmp_path}/single'])
     ddp, single = load_checkpoint(f'{tmp_path}/ddp/ckpt.pt')['model'], load_checkpoint(f'{tmp_path}/single/ckpt.pt')['model']
@@ -123,7 +125,7 @@ def test_fsdp_two_processes_gloo_matches_one_and_resumes_across_rank_counts(pyst
     straight = load_checkpoint(f'{tmp_path}/straight/ckpt.pt')['model']
     for name in ('fsdp_then_one', 'one_then_fsdp'):
         resumed = load_checkpoint(f'{tmp_path}/{name}/ckpt.pt')
-        assert resumed['iter_num'] == 6, name
+        assert resumed['iter_num'] == 7, name  # the end of a run to max_iters 6 (iters 0-6)
         for k in straight:
             torch.testing.assert_close(resumed['model'][k], straight[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}")
 
@@ -198,7 +200,7 @@ def test_kernels_key_is_saved_and_used_on_resume_and_sampling(pystdlib, tmp_path
     assert "resume: kernels" not in p.stdout and "(kernels='recurrent')" not in p.stdout
     assert "kernels: delta_rule uses the chunked torch path on cpu (kernels='torch')" in p.stdout, p.stdout[-2000:]
     c = load_checkpoint(ckpt)
-    assert c['iter_num'] == 6 and c['model_args']['kernels'] == 'torch'
+    assert c['iter_num'] == 7 and c['model_args']['kernels'] == 'torch'  # the run's end: iters up to 6 done
     del c['model_args']['kernels']  # as written before the key existed
     save_checkpoint(c, ckpt)
     p = run(args + ['--max_iters=8', '--init_from=resume'])
@@ -355,7 +357,7 @@ def test_best_checkpoint_is_kept_apart(trained, tmp_path):
     out, stdout = trained
     evals = [float(x) for x in re.findall(r'val loss ([\d.]+)', stdout)]
     best, last = load_checkpoint(os.path.join(out, 'best.pt')), load_checkpoint(os.path.join(out, 'ckpt.pt'))
-    assert abs(best['val_loss'] - min(evals[1:])) < 1e-4 and last['iter_num'] == 20
+    assert abs(best['val_loss'] - min(evals[1:])) < 1e-4 and last['iter_num'] == 21  # the run's end is saved too
     a, b = str(tmp_path / 'ckpt.pt'), str(tmp_path / 'best.pt')
     save_checkpoint({'model': {'w': torch.ones(3)}, 'val_loss': 1.0}, a, best=b)
     save_checkpoint({'model': {'w': torch.zeros(3)}, 'val_loss': 2.0}, a)  # worse: not kept as best

@@ -20,15 +20,18 @@ Any global below can be overridden: `python train.py config/x.py --batch_size=8 
 nats (on the recall tasks: of the answers only). out_dir, unless given, is out-<dataset>-<mixer>.
 
 Safety: a setting that cannot train stops at once with one line naming it; a second run in the same out_dir
-stops at once (out_dir/lock); a non-finite loss or gradient norm stops the run before the weights change, so
-ckpt.pt stays the last good state; best.pt holds the lowest val loss; a loss past 2x the run's first is warned about.
+stops at once (its lock, .<out_dir>.lock beside it); a run from scratch never replaces an earlier run's ckpt.pt or
+best.pt (--init_from=resume continues it, --overwrite=True starts over); SIGTERM or Ctrl-C finishes the step, saves
+ckpt.pt and exits (a second Ctrl-C exits at once), and the run's end is saved too; a non-finite loss or gradient norm
+stops the run before the weights change, so ckpt.pt stays the last good state; best.pt holds the lowest val loss of
+the run; a loss past 2x the run's first is warned about. Checkpoints are read as data (checkpoint.py): never code.
 """
 import os
 import sys
 import time
 import math
 import random
-import socket
+import signal
 import subprocess
 from contextlib import nullcontext
 
@@ -39,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.tensor import DTensor
 
 from model import GPTConfig, GPT, gpu_peak_flops
-from checkpoint import save_checkpoint, load_checkpoint
+from checkpoint import save_checkpoint, load_checkpoint, build_model, lock_out_dir, rng_state, set_rng_state
 from dataloader import ShardLoader
 from tasks import MQAR, StateTracking, TaskLoader, count_correct
 
@@ -54,6 +57,8 @@ always_save_checkpoint = True   # save ckpt.pt at every eval, not only when val 
 stop_at_val_acc = 0.0           # tasks (mqar, statetrack): stop after the first eval whose val accuracy reaches this
                                 # (0: never); grid.py's runs train to convergence this way
 init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
+overwrite = False               # scratch in an out_dir holding an earlier run's ckpt.pt/best.pt: True deletes them (and
+                                # its log.txt) and starts over; False stops with a line saying so
 # wandb logging (off by default; imported only when on)
 wandb_log = False
 wandb_project = 'linear-gpt'
@@ -115,7 +120,6 @@ from configurator import configure, device_and_dtype, UserError
 configure(globals(), sys.argv[1:])
 # one folder per dataset and mixer unless given: 'kda*3,softmax' -> out-pystdlib-kdax3+softmax
 out_dir = out_dir or f"out-{dataset}-{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}"
-config = {k: globals()[k] for k in config_keys}  # goes to the log, the checkpoint and wandb
 # -----------------------------------------------------------------------------
 
 
@@ -152,8 +156,57 @@ device, dtype = device_and_dtype(device, dtype)  # a device this machine lacks s
 
 # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
+ddp_rank = int(os.environ['RANK']) if ddp else 0
+master_process = ddp_rank == 0
+
+
+def prepare_out_dir():
+    """Make out_dir and hold its lock (rank 0); refuse to start from scratch over an earlier run's checkpoints.
+    Returns the lock file (None on the other ranks) and the lines to log once the log is open."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"out_dir {out_dir!r} is a file, not a folder: pass another --out_dir")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create out_dir {out_dir!r}: {os.strerror(e.errno).lower() if e.errno else e}: "
+                        f"pass another --out_dir") from None
+    if not master_process:
+        return None, []
+    if not os.access(out_dir, os.W_OK):
+        raise UserError(f"out_dir {out_dir!r} is not writable (read-only file system or permissions): pass another --out_dir")
+    lock = lock_out_dir(out_dir)  # before looking at its files: a live run there may be writing them
+    earlier = [n for n in ('ckpt.pt', 'best.pt') if os.path.exists(os.path.join(out_dir, n))]
+    if init_from != 'scratch' or eval_only or not earlier:
+        return lock, []
+    if not overwrite:
+        raise UserError(f"out_dir {out_dir!r} holds an earlier run's {' and '.join(earlier)}: continue that run with "
+                        f"--init_from=resume, start over with --overwrite=True (deletes it), or pass another --out_dir")
+    gone = earlier + [n for n in ('log.txt',) if os.path.exists(os.path.join(out_dir, n))]
+    for n in gone:
+        os.remove(os.path.join(out_dir, n))
+    return lock, [f"overwrite=True: deleted the earlier run's {', '.join(gone)} in {out_dir}"]
+
+
+out_dir_lock, notices = prepare_out_dir()
+log_path = os.path.join(out_dir, 'log.txt')
+
+# resume: the architecture comes from the checkpoint (dropout may be changed, and kernels when given; checkpoints
+# older than the kernels key run 'auto'): its values replace the config's before anything uses them
+checkpoint = None
+if init_from == 'resume':
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    # onto the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses CUDA ones, so a resume on CUDA
+    # failed), the model is moved below and the optimizer's state goes to its parameters' device on loading
+    checkpoint = load_checkpoint(ckpt_path, map_location='cpu', need='resume')
+    for k, v in checkpoint['model_args'].items():
+        asked = (kernels or 'auto') if k == 'kernels' else globals().get(k)
+        if k in config_keys and k != 'dropout' and not (k == 'kernels' and kernels) and asked != v:
+            notices.append(f"resume: {k} = {v!r} from the checkpoint (the config asked for {asked!r})")
+            globals()[k] = v
+config = {k: globals()[k] for k in config_keys}  # the values in use: to the log, the checkpoint and wandb
+
 if ddp:
-    ddp_rank, ddp_local_rank, ddp_world_size = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
+    ddp_local_rank, ddp_world_size = int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
     if device.startswith('cuda'):
         device = f'cuda:{ddp_local_rank}'
         torch.cuda.set_device(device)
@@ -163,8 +216,7 @@ if ddp:
                         f"DDP ranks: it is the global number of micro-steps, e.g. {ddp_world_size * max(1, gradient_accumulation_steps // ddp_world_size)}")
     gradient_accumulation_steps //= ddp_world_size
 else:
-    ddp_rank, ddp_local_rank, ddp_world_size = 0, 0, 1
-master_process = ddp_rank == 0
+    ddp_local_rank, ddp_world_size = 0, 1
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 compile = (device_type == 'cuda') if compile is None else compile
 if compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'max-autotune') and gradient_accumulation_steps > 1:
@@ -174,44 +226,24 @@ if compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'ma
                     f"{gradient_accumulation_steps} micro-steps: use gradient_accumulation_steps=1 with a larger batch_size, "
                     f"or compile_mode='default' or 'max-autotune-no-cudagraphs'")
 
-os.makedirs(out_dir, exist_ok=True)
-log_path = os.path.join(out_dir, 'log.txt')
-
-
-def lock_out_dir():
-    """Hold out_dir/lock while this run lives, so a second run in the same out_dir stops at once instead of mixing
-    logs and checkpoints. The OS drops the lock with the process, even at kill -9: a stale one never blocks."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock
-        return None
-    f = open(os.path.join(out_dir, 'lock'), 'a+')
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise UserError(f"out_dir {out_dir!r} is in use by another run ({f.read().strip() or 'pid unknown'}): wait for it, "
-                        f"stop it, or pass another --out_dir") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f  # kept open for the whole run: closing it would release the lock
-
-
-out_dir_lock = lock_out_dir() if master_process else None
-
 
 def print0(*args):
     """Print on rank 0 only, and append the same line to out_dir/log.txt."""
     if master_process:
         line = ' '.join(str(a) for a in args)
         print(line, flush=True)
-        with open(log_path, 'a') as f:
-            f.write(line + '\n')
+        try:
+            with open(log_path, 'a') as f:
+                f.write(line + '\n')
+        except OSError as e:  # a full disk or a quota: say so, not a traceback; the checkpoints are not touched here
+            raise UserError(f"cannot write {log_path}: {os.strerror(e.errno).lower() if e.errno else e}: free space "
+                            f"or pass another --out_dir (the checkpoints there are as they were)") from None
 
 
 tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
 print0(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}")
+for line in notices:
+    print0(line)
 print0(f"config: {config}")
 print0(f"torch {torch.__version__}, device {device}, dtype {dtype}, compile {compile}, world size {ddp_world_size}")
 if master_process and device_type == 'cuda':
@@ -221,6 +253,36 @@ if master_process and device_type == 'cuda':
         pass
 print0(f"tokens per iteration: {gradient_accumulation_steps} grad accum × {ddp_world_size} ranks × "
        f"{batch_size} batch × {block_size} context = {tokens_per_iter:,}")
+
+# SIGTERM (preemption, a scheduler's stop) and SIGINT (Ctrl-C): the step under way finishes, the ranks agree on the
+# stop at the step's end (see the loop), ckpt.pt is saved and the run exits with 128 + the signal's number. A second
+# signal, or one before the first step has finished (nothing to save), exits at once.
+stop_requested = 0  # the signal this process got (set by on_signal)
+stop_signal = 0     # the one the ranks agreed on at the end of the last step (the largest over ranks)
+
+
+def on_signal(signum, frame):
+    global stop_requested
+    if stop_requested or local_iter_num == 0:
+        name = signal.Signals(signum).name
+        what = "again" if stop_requested else "before the first step"
+        # os.write, not print: a print here could land inside one the loop is making and raise
+        os.write(2, f"{os.path.basename(sys.argv[0])}: {name} {what}: exiting now without saving\n".encode())
+        for n in ('ckpt.pt.tmp', 'best.pt.tmp') if master_process else ():  # a save under way: the previous
+            try:                                                                 # files stay, the temp goes
+                os.remove(os.path.join(out_dir, n))
+            except OSError:
+                pass
+        os._exit(128 + signum)
+    stop_requested = signum
+    if master_process:
+        os.write(2, f"{os.path.basename(sys.argv[0])}: {signal.Signals(signum).name}: finishing this step, then saving "
+                    f"(again: exit at once)\n".encode())
+
+
+local_iter_num = 0
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
 
 torch.manual_seed(seed + ddp_rank)
 random.seed(seed + ddp_rank)
@@ -257,21 +319,9 @@ best_val_loss = 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head,
                   head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto', documents=documents, eot_token=eot_token)
-checkpoint = None
-if init_from == 'resume':
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    print0(f"Resuming training from {ckpt_path}")
-    # onto the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses CUDA ones, so a resume on CUDA
-    # failed), the model is moved below and the optimizer's state goes to its parameters' device on loading
-    checkpoint = load_checkpoint(ckpt_path, map_location='cpu')
-    # the architecture comes from the checkpoint (dropout may be changed on resume, and kernels when given; checkpoints
-    # older than the kernels key run 'auto'): say what it overrides
-    for k, v in checkpoint['model_args'].items():
-        if k != 'dropout' and not (k == 'kernels' and kernels) and model_args.get(k) != v:
-            print0(f"resume: {k} = {v!r} from the checkpoint (the config asked for {model_args.get(k)!r})")
-            model_args[k] = v
-    model = GPT(GPTConfig(**model_args))
-    model.load_state_dict(checkpoint['model'])
+if checkpoint is not None:
+    print0(f"Resuming training from {ckpt_path} (iter {checkpoint['iter_num']})")
+    model = build_model(checkpoint, ckpt_path, model_args)
     iter_num = checkpoint['iter_num']
     best_val_loss = checkpoint['best_val_loss']
 else:
@@ -388,8 +438,29 @@ def diverged(what):
     """The error that stops a diverged run, raised before anything non-finite reaches the weights or a checkpoint."""
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     kept = f"{ckpt_path} keeps the last good state" if os.path.exists(ckpt_path) else "no checkpoint was written"
+    clip = f"lower grad_clip (now {grad_clip:g})" if grad_clip > 0 else "set grad_clip > 0 (now 0: off), e.g. 1.0"
     return UserError(f"training diverged at iter {iter_num}: {what}; nothing was saved ({kept}): lower learning_rate "
-                     f"(now {learning_rate:g}) or set grad_clip > 0 (now {grad_clip:g})")
+                     f"(now {learning_rate:g}) or {clip}")
+
+
+def save(val_loss, improved=False, why=''):
+    """Write ckpt.pt (and best.pt when improved) of the state at the top of iteration iter_num: the weights after
+    iter_num steps, every rank's data position and RNG states, so that a resume continues exactly. A collective:
+    every rank calls it."""
+    global saved_iter
+    loader_states, rng_states = [train_loader_state], [rng_state(device_type, device)]
+    if ddp:
+        loader_states, rng_states = [None] * ddp_world_size, [None] * ddp_world_size
+        dist.all_gather_object(loader_states, train_loader_state)
+        dist.all_gather_object(rng_states, rng_state(device_type, device))
+    model_sd, optimizer_sd = full_state()
+    if master_process:
+        ckpt = {'model': model_sd, 'optimizer': optimizer_sd, 'model_args': model_args,
+                'iter_num': iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss, 'config': config,
+                'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
+        print0(f"saving checkpoint to {out_dir}{why}" + (" (best so far, also best.pt)" if improved else ""))
+        save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'), best=os.path.join(out_dir, 'best.pt') if improved else None)
+    saved_iter = iter_num
 
 
 if wandb_log and master_process:
@@ -403,12 +474,11 @@ peak_flops = gpu_peak_flops(torch.cuda.get_device_name(device)) if device_type =
 flops_per_iter = raw_model.flops_per_token(block_size) * tokens_per_iter
 # restore the RNG last: model construction above consumed random numbers on both paths
 if checkpoint is not None and 'rng' in checkpoint:
-    rng = checkpoint['rng'][min(ddp_rank, len(checkpoint['rng']) - 1)]
-    torch.set_rng_state(rng['torch'])
-    if device_type == 'cuda' and rng.get('cuda') is not None:
-        torch.cuda.set_rng_state(rng['cuda'])
-    np.random.set_state(rng['numpy'])
-    random.setstate(rng['python'])
+    set_rng_state(checkpoint['rng'][min(ddp_rank, len(checkpoint['rng']) - 1)], device_type)
+if checkpoint is not None and iter_num > max_iters and not eval_only:
+    print0(f"nothing to train: {ckpt_path} is at iter {iter_num}, past max_iters={max_iters} (the run ended there): "
+           f"raise --max_iters to train further")
+    sys.exit(0)
 checkpoint = None  # free memory
 
 # training loop
@@ -416,12 +486,23 @@ train_loader_state = train_loader.state_dict()  # position of the batch about to
 X, Y = train_loader.next_batch()
 X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
 t0 = time.time()
-local_iter_num = 0
 running_mfu = -1.0
 start_iter = iter_num
+saved_iter = iter_num if init_from == 'resume' else None  # the iteration ckpt.pt holds, once this run saved or resumed it
+last_val = None                   # the last eval's val loss
 first_loss, warn_at = None, None  # a loss past warn_at (2x the run's first, then 2x the last warned) is warned about
 skipped = 0                       # consecutive steps the fp16 grad scaler skipped (inf/nan gradients)
 while True:
+    if stop_signal:  # every rank sees the same value (agreed at the end of the last step)
+        name = signal.Signals(stop_signal).name
+        if saved_iter != iter_num:
+            save(last_val, why=f" ({name})")
+        print0(f"stopped by {name} at iter {iter_num}; resume with --init_from=resume")
+        if wandb_log and master_process:
+            wandb.finish()
+        if ddp:
+            dist.destroy_process_group()
+        sys.exit(128 + stop_signal)
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for param_group in optimizer.param_groups:
         param_group['lr'] = lr
@@ -439,24 +520,9 @@ while True:
         if wandb_log and master_process:
             wandb.log(metrics)
         improved = losses['val'] < best_val_loss
-        best_val_loss = min(best_val_loss, losses['val'])
-        if iter_num > 0 and (improved or always_save_checkpoint):
-            # every rank's data position and RNG states (a collective: every rank takes this branch), so that a
-            # resume continues each rank's stream and draws exactly where this run stopped
-            rng = {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state(device) if device_type == 'cuda' else None,
-                   'numpy': np.random.get_state(), 'python': random.getstate()}
-            loader_states, rng_states = [train_loader_state], [rng]
-            if ddp:
-                loader_states, rng_states = [None] * ddp_world_size, [None] * ddp_world_size
-                dist.all_gather_object(loader_states, train_loader_state)
-                dist.all_gather_object(rng_states, rng)
-            model_sd, optimizer_sd = full_state()
-            if master_process:
-                ckpt = {'model': model_sd, 'optimizer': optimizer_sd, 'model_args': model_args,
-                        'iter_num': iter_num, 'val_loss': losses['val'], 'best_val_loss': best_val_loss, 'config': config,
-                        'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
-                print0(f"saving checkpoint to {out_dir}" + (" (best so far, also best.pt)" if improved else ""))
-                save_checkpoint(ckpt, os.path.join(out_dir, 'ckpt.pt'), best=os.path.join(out_dir, 'best.pt') if improved else None)
+        best_val_loss, last_val = min(best_val_loss, losses['val']), losses['val']
+        if iter_num > 0 and not eval_only and (improved or always_save_checkpoint):
+            save(losses['val'], improved)  # every rank takes this branch (the losses are averaged over ranks)
         if task is not None and stop_at_val_acc > 0 and iter_num > 0 and losses['val_acc'] >= stop_at_val_acc:
             # every rank sees the same val accuracy (summed over ranks above), so all stop here together
             print0(f"stopping at step {iter_num}: val acc {losses['val_acc']:.4f} >= stop_at_val_acc {stop_at_val_acc}")
@@ -486,7 +552,12 @@ while True:
         grad_norm = grad_norm.full_tensor()
     # every step, before the weights change: a non-finite loss or gradient norm stops the run (one CPU-GPU sync).
     # With fp16 the scaler skips inf/nan gradients by design; 16 skips in a row (the scale / 65536) mean divergence.
-    lossf, normf = torch.stack([step_loss.float(), grad_norm.float()]).tolist()
+    # the stop signal rides on the same sync: under torchrun the ranks get it at different moments, and the largest
+    # over ranks makes all of them stop at the same step
+    stop = torch.tensor(float(stop_requested), device=device)
+    if ddp:
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+    lossf, normf, stopf = torch.stack([step_loss.float(), grad_norm.float(), stop]).tolist()
     skipped = skipped + 1 if scaler.is_enabled() and not math.isfinite(normf) else 0
     if not math.isfinite(lossf) or (not math.isfinite(normf) and (not scaler.is_enabled() or skipped > 16)):
         raise diverged(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
@@ -512,9 +583,12 @@ while True:
         print0(line)
     iter_num += 1
     local_iter_num += 1
+    stop_signal = int(stopf)
     if iter_num > max_iters:
         break
 
+if not eval_only and saved_iter != iter_num:
+    save(last_val, why=f" (end of run, iter {iter_num})")  # the last steps since the last eval are not lost
 if wandb_log and master_process:
     wandb.finish()
 if ddp:
