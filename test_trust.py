@@ -203,7 +203,7 @@ def test_run_from_scratch_never_replaces_an_earlier_runs_checkpoints(finished, t
     one_line(run(TINY + [f'--out_dir={out}', '--max_iters=10'], check=False))
     p = run(TINY + [f'--out_dir={out}', '--max_iters=3', '--overwrite=True'])
     assert "overwrite=True: deleted the earlier run's best.pt, log.txt" in p.stdout
-    assert (out / 'log.txt').read_text().count('=== ') == 1 and torch.load(out / 'ckpt.pt')['iter_num'] == 4
+    assert (out / 'log.txt').read_text().count('=== ') == 1 and torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
 
 
 def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
@@ -268,7 +268,7 @@ def test_grid_passes_sigterm_to_its_runs_and_waits(tmp_path):
     m = re.search(r'^stopped by SIGTERM at iter (\d+); resume with --init_from=resume$', log.read_text(), re.M)
     assert m, log.read_text()[-2000:]
     assert subprocess.run(['pgrep', '-f', str(out_root)], capture_output=True).stdout == b''  # no orphans
-    assert torch.load(log.parent / 'ckpt.pt')['iter_num'] == int(m.group(1))
+    assert torch.load(log.parent / 'ckpt.pt', weights_only=True)['iter_num'] == int(m.group(1))
 
 
 # -----------------------------------------------------------------------------
@@ -287,12 +287,12 @@ def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path)
     assert p.returncode == 143 and stderr == 'train.py: SIGTERM: finishing this step, then saving (again: exit at once)\n', stderr
     m = re.search(r'^stopped by SIGTERM at iter (\d+); resume with --init_from=resume$', stdout, re.M)
     n = int(m.group(1))
-    assert torch.load(f'{tmp_path}/stopped/ckpt.pt')['iter_num'] == n
+    assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n
     common = TINY + ['--eval_interval=100000', '--lr_decay_iters=100000']
     resumed = run(common + [f'--out_dir={tmp_path}/stopped', '--init_from=resume', f'--max_iters={n + 2}'])
     # the end of a run: iters 0..n-1 then saved at n, resumed to n + 2
     run(common + [f'--out_dir={tmp_path}/ended', f'--max_iters={n - 1}'])
-    assert torch.load(f'{tmp_path}/ended/ckpt.pt')['iter_num'] == n
+    assert torch.load(f'{tmp_path}/ended/ckpt.pt', weights_only=True)['iter_num'] == n
     ended = run(common + [f'--out_dir={tmp_path}/ended', '--init_from=resume', f'--max_iters={n + 2}'])
     straight = iter_losses(run(common + [f'--out_dir={tmp_path}/straight', f'--max_iters={n + 2}']).stdout)
     for continued in (resumed, ended):
@@ -362,7 +362,7 @@ def test_failed_save_is_one_line_keeps_the_previous_and_leaves_no_temp(finished,
     assert f'could not save {out}/ckpt.pt: file too large; the previous ckpt.pt there is intact' in line
     assert (out / 'ckpt.pt').read_bytes() == before and not [f for f in os.listdir(out) if f.endswith('.tmp')]
     p = run(TINY + [f'--out_dir={out}', '--init_from=resume', '--max_iters=25', '--eval_interval=10'])
-    assert torch.load(out / 'ckpt.pt')['iter_num'] == 26
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 26
 
 
 # -----------------------------------------------------------------------------
