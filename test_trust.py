@@ -203,7 +203,8 @@ def test_run_from_scratch_never_replaces_an_earlier_runs_checkpoints(finished, t
     one_line(run(TINY + [f'--out_dir={out}', '--max_iters=10'], check=False))
     p = run(TINY + [f'--out_dir={out}', '--max_iters=3', '--overwrite=True'])
     assert "overwrite=True: deleted the earlier run's best.pt, log.txt" in p.stdout
-    assert (out / 'log.txt').read_text().count('=== ') == 1 and torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
+    assert (out / 'log.txt').read_text().count('=== ') == 1
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
 
 
 def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
