@@ -204,9 +204,11 @@ def test_run_from_scratch_never_replaces_an_earlier_runs_checkpoints(finished, t
 def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
     """The lock was a file inside out_dir: deleting and recreating the folder let a second run in beside a live one."""
     out = tmp_path / 'out'
-    first = start(TINY + [f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000'])
+    # no log line after iter 0: a live run whose out_dir vanished stops at its next log line (it cannot write it),
+    # which would free the lock for a reason other than the one tested here
+    first = start(TINY + [f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000', '--log_interval=100000'])
     try:
-        wait_for(first, r'^iter 1:')
+        wait_for(first, r'^iter 0:')
         shutil.rmtree(out)
         out.mkdir()
         second = run(TINY + [f'--out_dir={out}', '--max_iters=2'], check=False)
