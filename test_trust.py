@@ -212,6 +212,8 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
         shutil.rmtree(out)
         out.mkdir()
         second = run(TINY + [f'--out_dir={out}', '--max_iters=2'], check=False)
+        alive = first.poll()
+        assert second.returncode == 1, (alive, first.stderr.read() if alive is not None else '', second.stdout[-600:])
         assert f"out_dir '{out}' is in use by another run (pid {first.pid} on" in one_line(second)
     finally:
         first.kill()
