@@ -1071,6 +1071,9 @@ TRAIN_CONFIGS = {"softmax": "owt", "kda*3,softmax": "kda_hybrid", "kda": "owt", 
                  "gdn": "owt", "mamba2": "owt", "deltanet": "owt", "retnet": "owt"}  # that mixer
 TRAIN_CONTEXTS = "1024,4096,8192,16384"
 CATEGORIES = ("linear mixer", "attention", "matmul", "conv", "fused elem", "unfused", "optimizer")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # train.py's
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
+TRAIN_COMPILE_MODE = "default"  # train.py's default on CUDA
 WARM_STEPS, WARMUP_STEPS, PROFILE_STEPS = 2, 3, 3  # steps of the --warm run; before the timing; under the profiler
 DOC_LEN = 1100  # --documents: mean tokens per document (OpenWebText: ~9.0B GPT-2 tokens in ~8.0M documents)
 # the Triton functions of kernels.py (KernelInterface: also what triton.jit returns under TRITON_INTERPRET=1)
@@ -1135,18 +1138,20 @@ def train_model_config(mixer, T, tiny=False, documents=False):
     return GPTConfig(**args)
 
 
-def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False):
+def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False, mode="default"):
     """One (mixer, T) cell, in its own process: build the model, torch.compile it on CUDA (eager on CPU), then train
     on fixed random tokens with train.py's step (bf16 autocast and TF32 on CUDA, fp32 on CPU; forward, backward,
     clip_grad_norm_ at 1.0, the finiteness check of loss and gradient norm, which syncs, fused AdamW, zero_grad),
     one micro-step per optimizer step. warm: WARM_STEPS steps and return (fills the compile caches). Otherwise
     WARMUP_STEPS steps, then `steps` timed ones (CUDA events around each step; the median), peak memory over them,
     then PROFILE_STEPS under torch.profiler (CUDA only): GPU ms per step by kernel_category. -> dict for the JSON
-    line. documents: GPTConfig.documents on, and an EOT at random positions (one in DOC_LEN) of the tokens."""
+    line. documents: GPTConfig.documents on, and an EOT at random positions (one in DOC_LEN) of the tokens. mode:
+    torch.compile's mode; under CUDA graphs ('reduce-overhead', 'max-autotune') the gradients stay allocated between
+    steps, as train.py keeps them."""
     from model import GPT
     cuda = device.startswith("cuda")
     B = max(1, tokens // T)
-    out = dict(mixer=mixer, T=T, B=B, documents=documents)
+    out = dict(mixer=mixer, T=T, B=B, documents=documents, mode=mode)
     torch.backends.cuda.matmul.allow_tf32 = True  # as train.py
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
@@ -1157,7 +1162,11 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
         # kept on disk, and timed beside the other warm processes it was noisy (one RMSNorm kernel 7x slower in one
         # run than in another: notes/perf.md 2026-11-24 (o)); the measure phase, alone, times and keeps it
         torch._inductor.config.autotune_local_cache = False  # (outside the compile caches' keys: they still hit)
-    model = torch.compile(raw) if cuda else raw
+    model = torch.compile(raw, mode=mode) if cuda else raw
+    graphs = cuda and mode in CUDA_GRAPH_MODES
+    if graphs:  # train.py's rule: a graph's outputs are overwritten by its next replay, so .grad must not be one
+        for p in raw.parameters():
+            p.grad = torch.zeros_like(p)
     ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else nullcontext()
     seq = torch.randint(0, raw.config.vocab_size, (B, T + 1), generator=torch.Generator().manual_seed(0)).to(device)
     if documents:  # documents of DOC_LEN tokens on average (the eot_token the data would hold)
@@ -1174,11 +1183,11 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
         if not (math.isfinite(lossf) and math.isfinite(normf)):
             raise RuntimeError(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not graphs)
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
-    for _ in range(WARM_STEPS if warm else WARMUP_STEPS):
+    for _ in range(WARM_STEPS if warm else WARMUP_STEPS + graphs):  # (one more: the graphs are recorded at the 2nd)
         step()
     sync()
     if warm:
@@ -1193,7 +1202,8 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
             end.record()
         sync()
         times = [start.elapsed_time(end) for start, end in events]
-        out["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        # under CUDA graphs the graphs' memory pools are reserved, not allocated, while the graphs replay
+        out["peak_mib"] = (torch.cuda.max_memory_reserved() if graphs else torch.cuda.max_memory_allocated()) / 2**20
         out["device_name"] = torch.cuda.get_device_name()
     else:
         for _ in range(steps):
@@ -1209,15 +1219,29 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     out["mfu"] = raw.flops_per_token(T) * out["tokens_per_s"] / peak if peak else None
     if cuda:
         from torch.profiler import ProfilerActivity, profile
+        first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            first.record()
             for _ in range(PROFILE_STEPS):
                 step()
+            last.record()
             sync()
         per_kernel = {}  # name -> GPU ms per step
+        spans = []  # (start, end) of every kernel, µs
         for e in prof.events():
             if e.device_type.name == "CUDA":
                 per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / PROFILE_STEPS / 1000
+                spans.append((e.time_range.start, e.time_range.end))
         out["gpu_ms"] = sum(per_kernel.values())
+        # GPU idle per step: the profiled steps' wall time (CUDA events) less the time some kernel ran (the union of
+        # the kernels' spans, so that kernels running side by side count once)
+        busy, end = 0.0, float("-inf")
+        for a, b in sorted(spans):
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+        wall = first.elapsed_time(last)
+        out["profiled_ms"] = wall / PROFILE_STEPS
+        out["idle_ms"] = max(0.0, wall - busy / 1000) / PROFILE_STEPS
         out["categories"] = {c: 0.0 for c in CATEGORIES}
         for name, ms in per_kernel.items():
             out["categories"][kernel_category(name)] += ms
@@ -1228,18 +1252,18 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     return out
 
 
-def run_cell(mixer, T, args, warm, documents=False):
+def run_cell(mixer, T, args, warm, documents=False, mode="default"):
     """Run train_cell in a fresh `python bench.py --train_cell` process -> its dict, or {'error': first line}.
     Also keeps the 'kernels: ...' lines (which path each mixer took) of its output."""
     cmd = [sys.executable, os.path.abspath(__file__), "--train_cell", mixer, str(T), "--tokens", str(args.tokens),
            "--steps", str(args.steps), "--device", args.device] + ["--tiny"] * args.tiny + ["--warm"] * warm + [
-           "--documents"] * documents
+           "--documents"] * documents + ["--compile_mode", mode]
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = p.stdout.splitlines()
     cell = next((json.loads(s[5:]) for s in reversed(lines) if s.startswith("CELL ")), None)
     if cell is None:  # died without a word (a crash, killed for memory): the last line it wrote to stderr
         err = [s for s in p.stderr.splitlines() if s.strip()]
-        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents,
+        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents, mode=mode,
                     error=err[-1] if err else f"exit code {p.returncode}")
     cell["paths"] = sorted({s for s in lines if s.startswith("kernels: ")})
     return cell
@@ -1250,17 +1274,20 @@ def train_bench(args, mixers, contexts):
     on disk are shared, so phase 2 compiles from them). A warm run that fails (e.g. out of memory while sharing
     the GPU) is measured anyway. Phase 2 (measure): each cell alone, one after the other. Then the table."""
     mixers = ["softmax"] + [m for m in mixers if m != "softmax"]  # every row is a ratio to softmax at its T
-    cells = [(m, T, d) for T in contexts for m in mixers for d in ((False, True) if args.documents else (False,))]
-    label = lambda r: r["mixer"] + (" +docs" if r.get("documents") else "")
+    modes = args.compile_mode
+    cells = [(m, T, d, mode) for mode in modes for T in contexts for m in mixers
+             for d in ((False, True) if args.documents else (False,))]
+    label = lambda r: (r["mixer"] + (" +docs" if r.get("documents") else "")
+                       + (f" [{r['mode']}]" if len(modes) > 1 else ""))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        for w in pool.map(lambda c: run_cell(c[0], c[1], args, True, c[2]), cells):
+        for w in pool.map(lambda c: run_cell(c[0], c[1], args, True, c[2], c[3]), cells):
             status = f"error: {w['error']}" if "error" in w else f"{WARM_STEPS} steps in {w['warm_s']:.0f} s, compiling included"
             print(f"warm {label(w)} T={w['T']} B={w['B']}: {status} ({time.perf_counter() - t0:.0f} s in)",
                   flush=True)
     results = []
-    for m, T, d in cells:
-        r = run_cell(m, T, args, False, d)
+    for m, T, d, mode in cells:
+        r = run_cell(m, T, args, False, d, mode)
         status = f"error: {r['error']}" if "error" in r else f"{r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s"
         print(f"measure {label(r)} T={T} B={r['B']}: {status} ({time.perf_counter() - t0:.0f} s in)", flush=True)
         results.append(r)
@@ -1269,12 +1296,14 @@ def train_bench(args, mixers, contexts):
         c = r.get("categories")
         return r["gpu_ms"] - c["linear mixer"] - c["attention"] if c else None
 
-    soft = {r["T"]: r for r in results if r["mixer"] == "softmax" and not r.get("documents") and "error" not in r}
-    off = {(r["mixer"], r["T"]): r for r in results if not r.get("documents") and "error" not in r}
+    # every ratio is to the cell of the same context and compile mode
+    soft = {(r["T"], r["mode"]): r for r in results
+            if r["mixer"] == "softmax" and not r.get("documents") and "error" not in r}
+    off = {(r["mixer"], r["T"], r["mode"]): r for r in results if not r.get("documents") and "error" not in r}
     for r in results:
-        s = soft.get(r["T"])
-        if r.get("documents") and "error" not in r and (r["mixer"], r["T"]) in off:
-            r["x_off"] = r["tokens_per_s"] / off[r["mixer"], r["T"]]["tokens_per_s"]  # documents on ÷ off
+        s = soft.get((r["T"], r["mode"]))
+        if r.get("documents") and "error" not in r and (r["mixer"], r["T"], r["mode"]) in off:
+            r["x_off"] = r["tokens_per_s"] / off[r["mixer"], r["T"], r["mode"]]["tokens_per_s"]  # documents on ÷ off
         if "error" not in r and s:
             r["x_softmax"] = r["tokens_per_s"] / s["tokens_per_s"]
             if outside(r) is not None:
@@ -1283,17 +1312,18 @@ def train_bench(args, mixers, contexts):
     device_name = next((r["device_name"] for r in results if "device_name" in r), args.device)
     print(f"\ndevice {device_name}, torch {torch.__version__}, triton {triton.__version__}")
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
-    print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps; categories: GPU ms "
-          f"per step from the kernels of {PROFILE_STEPS} profiled steps (ms/step: median wall time of a step)\n")
+    print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps, torch.compile mode "
+          f"{' / '.join(modes)}; categories: GPU ms per step from the kernels of {PROFILE_STEPS} profiled steps "
+          f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; idle: the profiled steps' wall time when no kernel ran, per step, and its share)\n")
     f = lambda x, spec: "" if x is None else format(x, spec)
     docs = args.documents  # one more column: ÷ off
     print("| mixer | T (B) | tokens/s | × softmax | " + "÷ off | " * docs + "MFU | peak MiB | ms/step | "
-          + " | ".join(CATEGORIES) + " | outside mixer+attn | ÷ softmax's |")
-    print("|---" * (9 + docs + len(CATEGORIES)) + "|")
+          + " | ".join(CATEGORIES) + " | idle ms | idle % | outside mixer+attn | ÷ softmax's |")
+    print("|---" * (11 + docs + len(CATEGORIES)) + "|")
     for r in results:
         head = f"| {label(r)} | {r['T']} ({r['B']}) | "
         if "error" in r:
-            print(head + f"error: {r['error'][:100]} |" + " |" * (6 + docs + len(CATEGORIES)))
+            print(head + f"error: {r['error'][:100]} |" + " |" * (8 + docs + len(CATEGORIES)))
             continue
         c = r.get("categories", {})
         print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f")]
@@ -1301,7 +1331,8 @@ def train_bench(args, mixers, contexts):
                                 + [f(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
                                    f(r.get("peak_mib"), ",.0f"), f(r["ms"], ".1f")]
                                 + [f(c.get(k), ".2f") for k in CATEGORIES]
-                                + [f(r.get("outside_ms"), ".2f"), f(r.get("outside_vs_softmax"), ".2f")]) + " |")
+                                + [f(r.get("idle_ms"), ".2f"), f(r.get("idle_ms") and 100 * r["idle_ms"] / r["profiled_ms"], ".1f"),
+                                   f(r.get("outside_ms"), ".2f"), f(r.get("outside_vs_softmax"), ".2f")]) + " |")
     for r in results:
         for category, top in r.get("top", {}).items():
             print(f"\n{label(r)} T={r['T']}: top {category} kernels, ms/step")
@@ -1315,7 +1346,8 @@ def train_bench(args, mixers, contexts):
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=device_name, torch=torch.__version__, triton=triton.__version__,
-                           command=sys.argv, tokens=args.tokens, steps=args.steps, cells=results), fh, indent=1)
+                           command=sys.argv, tokens=args.tokens, steps=args.steps, compile_modes=modes,
+                           cells=results), fh, indent=1)
         print(f"\nwrote {args.json}")
 
 
@@ -1323,8 +1355,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
     ap.add_argument("--profile", action="store_true", help="per-kernel times and registers/spills of ours")
-    ap.add_argument("--shape", default="", help="--profile, --tiles delta: the delta-rule variants at this B,T,H,D "
-                    "(default the first of SHAPES / all of them); --ptxas: Dk = Dv = its last number")
+    ap.add_argument("--shape", default="", help="--profile, --tiles delta, the kernel table: the delta-rule variants "
+                    "at this B,T,H,D (default the first of SHAPES / all of them / SHAPES); --ptxas: Dk = Dv = its last "
+                    "number")
     ap.add_argument("--chunks", default="", help="retnet/mamba2: time our kernels at these chunk sizes, e.g. 32,64,128")
     ap.add_argument("--model_decode", action="store_true",
                     help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
@@ -1342,6 +1375,9 @@ def main():
     ap.add_argument("--no_compile", action="store_true", help="--model_decode: capture the step without torch.compile")
     ap.add_argument("--device", default="", help="--model_decode / --train: '' = cuda if available, else cpu")
     ap.add_argument("--tokens", type=int, default=32768, help="--train: tokens per step; batch = tokens // T")
+    ap.add_argument("--compile_mode", nargs="+", default=[TRAIN_COMPILE_MODE], choices=COMPILE_MODES,
+                    help=f"--train: torch.compile mode(s), each a set of rows (default {TRAIN_COMPILE_MODE}, "
+                         "train.py's on CUDA)")
     ap.add_argument("--steps", type=int, default=10, help="--train: timed steps per cell (the median is reported)")
     ap.add_argument("--jobs", type=int, default=2, help="--train: cells compiled at once in the warm phase; --tiles: "
                     "candidates checked at once")
@@ -1398,12 +1434,13 @@ def main():
     if args.train_cell:  # one cell of --train, in its own process: one JSON line for the parent
         mixer, T = args.train_cell[0], int(args.train_cell[1])
         try:
-            cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm, args.documents)
+            cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm, args.documents,
+                              args.compile_mode[0])
         except Exception as e:  # noqa: BLE001 (out of memory, a compile error: the table reports it)
             import traceback
             traceback.print_exc()
             cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=args.documents,
-                        error=first_line(e, 200))
+                        mode=args.compile_mode[0], error=first_line(e, 200))
         print("CELL " + json.dumps(cell), flush=True)
         return
     if args.train:  # runs on CPU too (--tiny)
@@ -1425,7 +1462,8 @@ def main():
     if args.chunks:
         return chunk_sweep([int(c) for c in args.chunks.split(",")], scalar)
     if delta:
-        bench_chunked(QUICK_SHAPES if args.quick else SHAPES, delta, fla)
+        bench_chunked([tuple(map(int, args.shape.split(",")))] if args.shape else QUICK_SHAPES if args.quick
+                      else SHAPES, delta, fla)
         bench_decode((1,) if args.quick else (1, 64), delta, fla)
     if scalar:
         chunk_retention, scan_combined = load_scalar_peers()

@@ -90,6 +90,10 @@ GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (l
 # Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
 # faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks).
 TRITON_CHUNK = 64
+# KDA's Gram backward rescales rows by exp(G_r - G_ref) and exp(G_ref - G_i) about one reference row per group of rows
+# where |G_r - G_ref| <= EXP_SPAN for all of them: e^60 ~ 1e26 leaves fp32's and bf16's range (e^88) room for the
+# products and the 64-term sums of the dots.
+EXP_SPAN = tl.constexpr(60.0)
 
 # =====================================================================================================================
 # 1. The public calls, and the one place a path is chosen
@@ -787,20 +791,28 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
         ck = kt * BK + tl.arange(0, BK)
         qj = _sub_rows(q_ptr, tok0, H, n, j, ck, DK)
         kj = _sub_rows(k_ptr, tok0, H, n, j, ck, DK)
-        if GATE == GATE_CHANNEL:  # KDA: the dyadic levels inside the 16 rows
+        if GATE == GATE_CHANNEL:  # KDA: about the block's first row if in range, else by dyadic levels
             Gj = _sub_rows(G_ptr, tok0, H, n, j, ck, DK)
             P += tl.where(r == s, tl.sum(qj * kj, 1)[:, None], 0.)  # the diagonal, factor 1
-            for lvl in tl.static_range(4):
-                half = 1 << lvl  # pairs in one block of 2 half, in different halves
-                ref = tl.minimum(16 * j + (a // (2 * half)) * (2 * half) + half - 1, n - 1)  # last row of the left half
-                nu = tl.load(G_ptr + (tok0 + ref[:, None] * H) * DK + ck[None, :])
-                right = ((a % (2 * half)) >= half)[:, None]
-                e = tl.exp(tl.where(vj, tl.where(right, Gj - nu, nu - Gj), float('-inf')))  # both <= 1
-                up = tl.where(right, e, 0.)
-                kl = kj * tl.where(right, 0., e)
-                same = (r // (2 * half)) == (s // (2 * half))
-                P += tl.where(same, _dot(qj * up, tl.trans(kl), PREC), 0.)
-                K += tl.where(same, _dot(kj * up, tl.trans(kl), PREC), 0.)
+            nu = tl.load(G_ptr + (tok0 + tl.minimum(16 * j, n - 1) * H) * DK + ck)[None, :]
+            near = tl.max(tl.where(vj, tl.abs(Gj - nu), 0.)) <= EXP_SPAN  # (per key tile: exp factors per channel)
+            if near:  # exp(G_r - G_i) = exp(G_r - G_nu) exp(G_nu - G_i), both factors within e^EXP_SPAN
+                eu = tl.exp(tl.where(vj, Gj - nu, float('-inf')))
+                kl = kj * tl.exp(tl.where(vj, nu - Gj, float('-inf')))
+                P += tl.where(s < r, _dot(qj * eu, tl.trans(kl), PREC), 0.)
+                K += tl.where(s < r, _dot(kj * eu, tl.trans(kl), PREC), 0.)
+            else:  # dyadic levels: pairs in different halves of a 2 half-row block, about the left half's last row
+                for lvl in tl.static_range(4):
+                    half = 1 << lvl  # pairs in one block of 2 half, in different halves
+                    ref = tl.minimum(16 * j + (a // (2 * half)) * (2 * half) + half - 1, n - 1)  # left half's last
+                    Gref = tl.load(G_ptr + (tok0 + ref[:, None] * H) * DK + ck[None, :])
+                    right = ((a % (2 * half)) >= half)[:, None]
+                    e = tl.exp(tl.where(vj, tl.where(right, Gj - Gref, Gref - Gj), float('-inf')))  # both <= 1
+                    up = tl.where(right, e, 0.)
+                    kl = kj * tl.where(right, 0., e)
+                    same = (r // (2 * half)) == (s // (2 * half))
+                    P += tl.where(same, _dot(qj * up, tl.trans(kl), PREC), 0.)
+                    K += tl.where(same, _dot(kj * up, tl.trans(kl), PREC), 0.)
         else:
             P += _dot(qj, tl.trans(kj), PREC)
             K += _dot(kj, tl.trans(kj), PREC)
@@ -1044,9 +1056,15 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
     # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
     #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
     #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
-    # KDA (GATE_CHANNEL): the same dyadic reference rows as the forward's Grams, so every exp is of a number <= 0; the
-    # two exp factors of a level are shared by the four products. DeltaNet (GATE_NONE): plain dots. GDN's gradient
-    # kernels form these terms themselves (_wy_grads_bwd, _wy_grads_bwd_phased).
+    # KDA (GATE_CHANNEL): exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about a reference row ref, so
+    # that the pair sums become dots of rescaled rows. Groups of S rows share one reference, their first row, when
+    # every |G_r - G_ref| in them is at most EXP_SPAN (the factors stay in fp32's and bf16's range): S = C (the whole
+    # chunk: four dots) when that holds for the chunk, else S = 16 when it holds for every 16-row group, else S = 1.
+    # The pairs in different groups go by dyadic levels (pairs in different halves of a 2s-row block, about the left
+    # half's last row: both exps of a number <= 0 whatever the gate), levels log2(S) .. log2(C) - 1, four dots each.
+    # So a gate that decays by at most EXP_SPAN over a chunk costs one level, an unbounded one six (-1000 entries).
+    # DeltaNet (GATE_NONE): plain dots. GDN's gradient kernels form these terms themselves (_wy_grads_bwd,
+    # _wy_grads_bwd_phased).
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
     dLb = dL * beta[:, None]
@@ -1056,8 +1074,36 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
         dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
         dq += dPd * k
         dk += dPd * q
-        for lvl in tl.static_range(LOG2C):
-            s = 1 << lvl  # half-block size of this level (compile-time)
+        # the group size S: the chunk's first row, then each 16-row group's first row as the reference
+        G0 = tl.load(g_ptr + cols)
+        nu16 = tl.load(g_ptr + (r // 16 * 16) * sg + cols)
+        whole = tl.max(tl.where(valid, tl.abs(Gm - G0), 0.)) <= EXP_SPAN
+        by16 = tl.max(tl.where(valid, tl.abs(Gm - nu16), 0.)) <= EXP_SPAN
+        S = tl.where(whole, C, tl.where(by16, 16, 1))
+        first = tl.where(whole, LOG2C, tl.where(by16, 4, 0))           # the first dyadic level still needed
+        if S > 1:  # the pairs inside a group, about its first row
+            nu = tl.where(whole, G0, nu16)
+            eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))       # exp(G_r - G_ref), 0 on padded rows
+            ed = tl.exp(tl.where(valid, nu - Gm, float('-inf')))       # exp(G_ref - G_i)
+            same = ((r // S) == (i // S)) & (i < r)
+            X = tl.where(same, dP, 0.)
+            kd = k * ed
+            m = eu * _dot(X, kd, PREC)
+            dq += m
+            dG += q * m
+            m = ed * _dot(tl.trans(X), q * eu, PREC)
+            dk += m
+            dG -= k * m
+            X = tl.where(same, dL, 0.)
+            m = eu * _dot(X, kd, PREC)
+            dk += beta[:, None] * m
+            dG += beta[:, None] * k * m
+            dbeta += tl.sum(m * k, 1)
+            m = ed * _dot(tl.trans(X * beta[:, None]), k * eu, PREC)
+            dk += m
+            dG -= k * m
+        for lvl in range(first, LOG2C):  # the pairs in different groups, by dyadic levels
+            s = 1 << lvl  # half-block size of this level
             ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
             nu = tl.load(g_ptr + ref * sg + cols)
             right = (r % (2 * s)) >= s

@@ -106,14 +106,15 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
              ('softmax', 4096): dict(ms=100.0, tokens_per_s=300.0, gpu_ms=90.0, categories=cats(0.0, 30.0, 60.0))}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm, documents=False):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default'):
         calls.append((mixer, T, warm))
-        r = dict(mixer=mixer, T=T, B=args.tokens // T, paths=[], device_name='test GPU', mfu=None, peak_mib=1.0)
+        r = dict(mixer=mixer, T=T, B=args.tokens // T, paths=[], device_name='test GPU', mfu=None, peak_mib=1.0,
+                 mode=mode)
         return dict(r, warm_s=1.0) if warm else dict(r, **given[mixer, T])
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=2, device='cuda', tiny=False, json=str(tmp_path / 'r.json'),
-                              documents=False)
+                              documents=False, compile_mode=['default'])
     bench.train_bench(args, ['kda'], [1024, 4096])
     assert [c for c in calls if not c[2]] == [('softmax', 1024, False), ('kda', 1024, False), ('softmax', 4096, False),
                                              ('kda', 4096, False)]
@@ -133,13 +134,15 @@ def test_train_table_documents_column(monkeypatch, capsys):
     speed = {('softmax', False): 300.0, ('softmax', True): 240.0, ('kda', False): 200.0, ('kda', True): 190.0}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm, documents=False):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default'):
         calls.append((mixer, documents))
-        r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None)
+        r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
+                 mode=mode)
         return dict(r, warm_s=1.0) if warm else dict(r, ms=1.0, tokens_per_s=speed[mixer, documents])
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
-    args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=True)
+    args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=True,
+                              compile_mode=['default'])
     bench.train_bench(args, ['kda'], [1024])
     assert calls[4:] == [('softmax', False), ('softmax', True), ('kda', False), ('kda', True)]
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
@@ -147,6 +150,31 @@ def test_train_table_documents_column(monkeypatch, capsys):
     assert rows[0][3:5] == ['× softmax', '÷ off'] and len({len(r) for r in rows}) == 1
     assert [r[0] for r in rows[2:]] == ['softmax', 'softmax +docs', 'kda', 'kda +docs']
     assert rows[3][3:5] == ['0.80', '0.80'] and rows[4][3:5] == ['0.67', ''] and rows[5][3:5] == ['0.63', '0.95']
+
+
+def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
+    """--compile_mode with two modes: each mode's rows are labelled and divided by softmax of the same mode; the idle
+    columns show a cell's idle ms and its share of the profiled step."""
+    speed = {('softmax', 'default'): 300.0, ('kda', 'default'): 150.0, ('softmax', 'reduce-overhead'): 400.0,
+             ('kda', 'reduce-overhead'): 300.0}
+
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default'):
+        r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
+                 mode=mode)
+        return dict(r, warm_s=1.0) if warm else dict(r, ms=10.0, tokens_per_s=speed[mixer, mode], idle_ms=0.5,
+                                                       profiled_ms=20.0)
+
+    monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
+    args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
+                              compile_mode=['default', 'reduce-overhead'])
+    bench.train_bench(args, ['kda'], [1024])
+    rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
+            if s.startswith('|')]
+    head = rows[0]
+    assert [r[0] for r in rows[2:]] == ['softmax [default]', 'kda [default]', 'softmax [reduce-overhead]',
+                                        'kda [reduce-overhead]']
+    assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '1.00', '0.75']
+    assert rows[3][head.index('idle ms')] == '0.50' and rows[3][head.index('idle %')] == '2.5'
 
 
 # -----------------------------------------------------------------------------

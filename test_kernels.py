@@ -511,8 +511,10 @@ TRITON_TOL = {  # name -> (bf16, fp32)
 }
 
 def triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed=0):
-    """gate 'none' | 'gdn' [B,T,H] | 'kda' [B,T,H,Dk]; strength 'zero' | 'mild' | 'strong' (<= -5, a tenth at -1000).
-    On DEV, in dtype; the initial state stays fp32."""
+    """gate 'none' | 'gdn' [B,T,H] | 'kda' [B,T,H,Dk]; strength 'zero' | 'mild' | 'strong' (<= -5, a tenth at -1000)
+    | 'medium' (KDA: mild, but every 8th key channel in [-4, -2], as fast channels of a trained gate: a chunk decays by
+    more than kernels.EXP_SPAN, 16 rows by less, so the Gram backward takes its 16-row groups). On DEV, in dtype; the
+    initial state stays fp32."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=gen)
     x = dict(q=F.normalize(rnd(B, T, nh, dk), dim=-1), k=F.normalize(rnd(B, T, nh, dk), dim=-1),
@@ -521,8 +523,10 @@ def triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed=0):
         shape = (B, T, nh) if gate == "gdn" else (B, T, nh, dk)
         if strength == "zero":
             x["g"] = torch.zeros(shape)
-        elif strength == "mild":
+        elif strength in ("mild", "medium"):
             x["g"] = F.logsigmoid(rnd(*shape)) / 16
+            if strength == "medium":
+                x["g"][..., ::8] = -2 - 2 * torch.rand(x["g"][..., ::8].shape, generator=gen)
         else:
             g = -5 - 5 * torch.rand(shape, generator=gen)
             x["g"] = torch.where(torch.rand(shape, generator=gen) < 0.1, -1000.0, g)
@@ -568,7 +572,7 @@ def compare_to_reference(tri_fn, ref_fn, x, dtype, with_state=True, seed=0, labe
     assert not bad, f"errors over tolerance: {bad}"
 
 TRITON_GATES = [("none", "-"), ("gdn", "zero"), ("gdn", "mild"), ("gdn", "strong"),
-                ("kda", "zero"), ("kda", "mild"), ("kda", "strong")]
+                ("kda", "zero"), ("kda", "mild"), ("kda", "medium"), ("kda", "strong")]
 if CUDA:  # bf16 over the whole matrix; fp32 (IEEE dots) at two lengths
     TRITON_CASES = ([(T, D, torch.bfloat16, gate, st) for T in (1, 63, 64, 65, 1000, 4096) for D in (64, 128)
                      for gate, st in TRITON_GATES]
@@ -577,6 +581,7 @@ else:  # interpreter: a few seconds per case
     TRITON_CASES = ([(T, 16, F32, "kda", "mild") for T in (1, 63, 64, 65, 130)]
                     + [(T, 16, F32, gate, "mild") for T in (1, 64, 130) for gate in ("none", "gdn")]
                     + [(100, 16, F32, gate, st) for gate, st in TRITON_GATES if st in ("zero", "strong")]
+                    + [(130, 16, F32, "kda", "medium")]
                     + [(65, 32, torch.bfloat16, "none", "-"), (65, 32, torch.bfloat16, "gdn", "mild"),
                        (65, 128, torch.bfloat16, "kda", "strong"),  # Dk = 128: four key tiles of 32 in the backward
                        (65, 64, F32, "gdn", "mild")])  # two key tiles: GDN's per-tile dg and dbeta partial sums

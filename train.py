@@ -219,12 +219,9 @@ else:
     ddp_local_rank, ddp_world_size = 0, 1
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 compile = (device_type == 'cuda') if compile is None else compile
-if compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'max-autotune') and gradient_accumulation_steps > 1:
-    # the second micro-step's CUDA-graph replay overwrites the tied embedding's gradient of the first before autograd
-    # adds the two, and the step fails deep in torch (notes/perf.md 2026-11-25 (s))
-    raise UserError(f"compile_mode={compile_mode!r} (CUDA graphs) cannot accumulate gradients over "
-                    f"{gradient_accumulation_steps} micro-steps: use gradient_accumulation_steps=1 with a larger batch_size, "
-                    f"or compile_mode='default' or 'max-autotune-no-cudagraphs'")
+# CUDA graphs (torch.compile's 'reduce-overhead' and 'max-autotune'): the compiled forward and backward replay as a few
+# graph launches, so that the GPU does not wait for Python between kernels
+cuda_graphs = compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'max-autotune')
 
 
 def print0(*args):
@@ -386,6 +383,13 @@ if checkpoint is not None:
     train_loader.load_state_dict(checkpoint['train_loader'][ddp_rank] if ddp_rank < len(checkpoint['train_loader']) else checkpoint['train_loader'][0])
 
 raw_model = model
+if cuda_graphs and not sharded:
+    # a graph's outputs live in memory that its next replay overwrites: a gradient autograd stored as .grad (what it
+    # does when .grad is None) would be overwritten by the next micro-step's backward. Gradients that exist before the
+    # first backward are added into in place, and zero_grad(set_to_none=False) keeps them.
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
 if compile:
     print0(f"compiling the model{'' if compile_mode == 'default' else f' ({compile_mode})'}... (takes a minute)")
     model = torch.compile(model, mode=compile_mode)
@@ -569,7 +573,7 @@ while True:
         warn_at = 2 * lossf  # the next warning when it doubles again
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
 
     t1 = time.time()
     dt = t1 - t0
