@@ -1242,6 +1242,9 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
         wall = first.elapsed_time(last)
         out["profiled_ms"] = wall / PROFILE_STEPS
         out["idle_ms"] = max(0.0, wall - busy / 1000) / PROFILE_STEPS
+        # the same against the timed steps' median: the profiler's tracing slows the host (more idle in the profiled
+        # steps) and the kernels (more busy time), so the two bracket the truth (notes/perf.md 2026-11-26 (x))
+        out["idle_timed_ms"] = out["ms"] - busy / 1000 / PROFILE_STEPS
         out["categories"] = {c: 0.0 for c in CATEGORIES}
         for name, ms in per_kernel.items():
             out["categories"][kernel_category(name)] += ms
@@ -1314,16 +1317,16 @@ def train_bench(args, mixers, contexts):
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
     print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps, torch.compile mode "
           f"{' / '.join(modes)}; categories: GPU ms per step from the kernels of {PROFILE_STEPS} profiled steps "
-          f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; idle: the profiled steps' wall time when no kernel ran, per step, and its share)\n")
+          f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; idle: the profiled steps' wall time when no kernel ran, per step, and its share; ms − busy: the median step less the profiled kernels' busy time; the profiler's tracing inflates the first and can make the second negative)\n")
     f = lambda x, spec: "" if x is None else format(x, spec)
     docs = args.documents  # one more column: ÷ off
     print("| mixer | T (B) | tokens/s | × softmax | " + "÷ off | " * docs + "MFU | peak MiB | ms/step | "
-          + " | ".join(CATEGORIES) + " | idle ms | idle % | outside mixer+attn | ÷ softmax's |")
-    print("|---" * (11 + docs + len(CATEGORIES)) + "|")
+          + " | ".join(CATEGORIES) + " | idle ms | idle % | ms − busy | outside mixer+attn | ÷ softmax's |")
+    print("|---" * (12 + docs + len(CATEGORIES)) + "|")
     for r in results:
         head = f"| {label(r)} | {r['T']} ({r['B']}) | "
         if "error" in r:
-            print(head + f"error: {r['error'][:100]} |" + " |" * (8 + docs + len(CATEGORIES)))
+            print(head + f"error: {r['error'][:100]} |" + " |" * (9 + docs + len(CATEGORIES)))
             continue
         c = r.get("categories", {})
         print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f")]
@@ -1332,6 +1335,7 @@ def train_bench(args, mixers, contexts):
                                    f(r.get("peak_mib"), ",.0f"), f(r["ms"], ".1f")]
                                 + [f(c.get(k), ".2f") for k in CATEGORIES]
                                 + [f(r.get("idle_ms"), ".2f"), f(r.get("idle_ms") and 100 * r["idle_ms"] / r["profiled_ms"], ".1f"),
+                                   f(r.get("idle_timed_ms"), ".2f"),
                                    f(r.get("outside_ms"), ".2f"), f(r.get("outside_vs_softmax"), ".2f")]) + " |")
     for r in results:
         for category, top in r.get("top", {}).items():
