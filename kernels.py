@@ -638,8 +638,8 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # Kernels: _chunk_cumsum (G; with A_log, dt_bias it also forms GDN's / KDA's gate), _grams_block (P_qk, L; KDA's
 # per-channel Gram), _inverse (A in place of L), _wy_fwd (W, U; KDA also Kd, Qg), _state_fwd (O; in the backward's
 # recompute the snapshots h[c] = S and Delta instead).
-# TODO (speed): what limits them is KDA's gated Grams (_grams_block, _grams_bwd) and the fp32 intermediates between
-# eight kernels; the backward recomputes W, h and Delta.
+# TODO (speed): KDA's backward per-chunk gradients (_grads_bwd) are half of its forward+backward time, the forward's
+# _wy_fwd writes four [B, T, H, D] tensors, and the backward recomputes W, h and Delta (notes/perf.md 2026-11-26 (x)).
 
 # The decayed Gram products within a chunk, and KDA's per-channel gate in them (the dyadic split).
 #
@@ -731,8 +731,9 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, 
 # - below the diagonal (j > i, every s < r): KDA splits the decay at the first row nu of sub-chunk j,
 #   exp(G_r - G_nu) exp(G_nu - G_s), both factors <= 1 (s < nu <= r), so the block is one plain tensor-core dot of
 #   the rescaled rows; a scalar gate (GDN) multiplies the plain dot by exp(G_r - G_s) afterwards;
-# - on the diagonal, KDA's pairs inside 16 rows take the dyadic split above (levels 1, 2, 4, 8:
-#   four [16, BK] dots, each masked to its pairs), exact for any gate.
+# - on the diagonal, KDA's pairs inside 16 rows: one dot of the rows rescaled about the block's first row when the
+#   key tile's |G_r - G_nu| stay within EXP_SPAN, else the dyadic split above (levels 1, 2, 4, 8: four [16, BK] dots,
+#   each masked to its pairs), exact for any gate.
 # Against one program per chunk with [C, C] tiles (the former _grams_fwd: six dyadic levels of [C, C] dots for KDA, twelve
 # [64, 64, 64] dots per key tile where the pairs need two, and spills) the work is the pairs' own, spread over ten
 # small programs per chunk. The inverse stays its own kernel (_inverse): fused after the Grams, one program per
@@ -1019,8 +1020,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 # - DeltaNet and GDN (no gate or a scalar one): _wy_grads_bwd, one program per chunk with whole Dk rows: the V-tiles
 #   are read once, and every contraction over them (X, dP, dL, dv, dQg, dKd, Y) happens in the same pass; GDN at
 #   Dk <= 64 in two passes instead (_wy_grads_bwd_phased: fewer live accumulators).
-# - KDA: the per-channel gated Gram backward needs [C, BK] exp tiles per dyadic level, which do not fit beside whole
-#   rows, so two kernels: _wy_bwd (per chunk: dP, dL, X, dv, rowsum(X V)) and _grads_bwd (per chunk and key tile of
+# - KDA: the per-channel gated Gram backward needs [C, BK] exp tiles (per row group or dyadic level), which do not
+#   fit beside whole rows, so two kernels: _wy_bwd (per chunk: dP, dL, X, dv, rowsum(X V)) and _grads_bwd (per chunk and key tile of
 #   BK channels; the row sums over channels come back as one partial per key tile, added up outside).
 
 @triton.jit(do_not_specialize=["T", "H"])
