@@ -1021,8 +1021,9 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 #   are read once, and every contraction over them (X, dP, dL, dv, dQg, dKd, Y) happens in the same pass; GDN at
 #   Dk <= 64 in two passes instead (_wy_grads_bwd_phased: fewer live accumulators).
 # - KDA: the per-channel gated Gram backward needs [C, BK] exp tiles (per row group or dyadic level), which do not
-#   fit beside whole rows, so two kernels: _wy_bwd (per chunk: dP, dL, X, dv, rowsum(X V)) and _grads_bwd (per chunk and key tile of
-#   BK channels; the row sums over channels come back as one partial per key tile, added up outside).
+#   fit beside whole rows, so two kernels: _wy_bwd (per chunk: dP, dL, X, dv, rowsum(X V)) and _grads_bwd (per
+#   chunk and key tile of BK channels; the row sums over channels come back as one partial per key tile, added up
+#   outside).
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, H, DG: tl.constexpr,
