@@ -16,6 +16,17 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest -n N (pytest-xdist, as CI runs): N worker processes share the cores, and torch's default of one thread per
+# core in each gave N threads per core, whose OpenMP threads wait for descheduled siblings: on 2 cores under -n 2 an
+# in-process training test took 220 s instead of 12 (test_tasks.py::test_tiny_softmax_model_learns_tiny_mqar). Each
+# worker gets its share of the cores, and so does every process it starts that does not set OMP_NUM_THREADS itself
+# (the training subprocesses of the tests set 1). A caller's OMP_NUM_THREADS wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
+    torch.set_num_threads(max(1, _cores // _WORKERS))
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # Runs train.py, then saves this rank's weights (under FSDP its shards) to out_dir/rank<RANK>.pt so that a test can check that DDP kept the

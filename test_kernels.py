@@ -996,6 +996,12 @@ def conv_reference(x, w, b, norm=0):
 def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    if not CUDA and dtype == torch.bfloat16 and T > 3 and (D, T) != (130, 70):
+        # the interpreter's time (90 of this test's 215 s on 2 CPU cores): the dtype changes only the element type of
+        # the loads and stores, not which rows and channels a program reads, masks or writes, so bf16 at T = 33, 70
+        # runs the row programs of the fp32 case of its shape (which checks them at the tighter tolerance); bf16 is
+        # still checked at every shape at T = 1, 3 and across program edges at D = 130 (bias, wide), T = 70
+        pytest.skip("interpreter: bf16 at T > 3 repeats the fp32 case's row programs (on a GPU: every case)")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     xw, w, b, dy = conv_inputs(2, T, D, 4, dtype, bias, wide=wide)
     ref_in = [xw[..., :D].clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if bias else [])
@@ -1023,6 +1029,12 @@ def test_short_conv_split_parts(path, bias):
     # x's gradient comes back whole from the parts' gradients (the last part's unused: its columns get zeros)
     if path == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    if path == "triton" and not bias and not CUDA:
+        # the interpreter's time (20 s): what the split adds (the parts' column slices of x, weight and bias, their
+        # norm groups, dx written whole, the unused part's zero gradient) is checked with the bias; a part's launch
+        # without one is the unsplit launch without one, checked by test_short_conv_triton_vs_reference (D = 5, 64,
+        # 96) and the documents test
+        pytest.skip("interpreter: the split without a bias repeats the split with one (on a GPU: both)")
     sizes, norms, T = [32, 32, 48, 8], [16, 16, 0, 0], 37
     D = sum(sizes)
     xw, w, b, dy = conv_inputs(2, T, D, 4, F32, bias, wide=True)

@@ -209,6 +209,13 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
     first = start(TINY + [f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000', '--log_interval=100000'])
     try:
         wait_for(first, r'^iter 0:')
+        # train.py prints a line, then appends it to log.txt: wait for the append too. An rmtree between the two
+        # stopped the first run (cannot write log.txt), which freed the lock: under -n 2, where this process and
+        # the run share one core, the print woke this process and its rmtree came first every time (taskset -c 0)
+        log, t0 = out / 'log.txt', time.time()
+        while not re.search(r'^iter 0:', log.read_text(), re.M):
+            assert time.time() - t0 < 60 and first.poll() is None, first.stderr.read() if first.poll() else ''
+            time.sleep(0.05)
         shutil.rmtree(out)
         out.mkdir()
         second = run(TINY + [f'--out_dir={out}', '--max_iters=2'], check=False)
