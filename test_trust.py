@@ -56,7 +56,7 @@ def one_line(p, code=1):
 
 
 def iter_losses(text):
-    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+): loss ([\d.]+)', text, re.M)}
+    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+)/\d+: loss ([\d.]+)', text, re.M)}
 
 
 def start(args, **kw):
@@ -121,7 +121,7 @@ def test_new_checkpoints_are_plain_data_and_rng_round_trips(finished):
     """What train.py writes loads with torch.load(weights_only=True) as it is, and rng_state() / set_rng_state()
     bring back every generator (numpy's included: its state was a numpy array, which weights_only refuses)."""
     ckpt = torch.load(os.path.join(finished[0], 'ckpt.pt'), weights_only=True)
-    assert ckpt['iter_num'] == 21 and isinstance(ckpt['rng'][0]['numpy']['keys'], torch.Tensor)
+    assert ckpt['iter_num'] == 20 and isinstance(ckpt['rng'][0]['numpy']['keys'], torch.Tensor)
     np.random.seed(5)
     random_state = rng_state('cpu', 'cpu')
     expected = (np.random.rand(3), torch.rand(3), __import__('random').random())
@@ -198,7 +198,7 @@ def test_run_from_scratch_never_replaces_an_earlier_runs_checkpoints(finished, t
     p = run(TINY + [f'--out_dir={out}', '--max_iters=3', '--overwrite=True'])
     assert "overwrite=True: deleted the earlier run's best.pt, log.txt" in p.stdout
     assert (out / 'log.txt').read_text().count('=== ') == 1
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 3
 
 
 def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
@@ -208,7 +208,7 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
     # which would free the lock for a reason other than the one tested here
     first = start(TINY + [f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000', '--log_interval=100000'])
     try:
-        wait_for(first, r'^iter 0:')
+        wait_for(first, r'^iter 0/')
         shutil.rmtree(out)
         out.mkdir()
         second = run(TINY + [f'--out_dir={out}', '--max_iters=2'], check=False)
@@ -258,7 +258,7 @@ def test_grid_passes_sigterm_to_its_runs_and_waits(tmp_path):
     g = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3, grid.SEED) / 'log.txt'
     t0 = time.time()
-    while not (log.exists() and re.search(r'^iter 3:', log.read_text(), re.M)):
+    while not (log.exists() and re.search(r'^iter 3/', log.read_text(), re.M)):
         assert time.time() - t0 < 120 and g.poll() is None, g.stdout.read()
         time.sleep(0.2)
     g.send_signal(signal.SIGTERM)
@@ -277,11 +277,11 @@ def test_grid_passes_sigterm_to_its_runs_and_waits(tmp_path):
 def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path):
     """SIGTERM exited 143 with no save and no word; the last steps after the last eval were never saved. Now SIGTERM
     finishes the step, saves, says so and exits 143, and the resumed run continues exactly like one uninterrupted
-    run; a run's end is saved (iter max_iters + 1), and resuming a finished run trains nothing. (test_train.py's
+    run; a run's end is saved (iter max_iters, evaluated), and resuming a finished run trains nothing. (test_train.py's
     resume tests continue from a run's saved end.)"""
     p = start(TINY + [f'--out_dir={tmp_path}/stopped', '--max_iters=100000', '--eval_interval=100000',
                       '--lr_decay_iters=100000'])
-    wait_for(p, r'^iter 4:')
+    wait_for(p, r'^iter 4/')
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 143 and stderr == 'train.py: SIGTERM: finishing this step, then saving (again: exit at once)\n', stderr
@@ -290,10 +290,10 @@ def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path)
     assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n
     common = TINY + ['--eval_interval=100000', '--lr_decay_iters=100000']
     resumed = run(common + [f'--out_dir={tmp_path}/stopped', '--init_from=resume', f'--max_iters={n + 2}'])
-    assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n + 3  # the run's end
+    assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n + 2  # the run's end
     straight = iter_losses(run(common + [f'--out_dir={tmp_path}/straight', f'--max_iters={n + 2}']).stdout)
     losses = iter_losses(resumed.stdout)
-    assert sorted(losses) == [n, n + 1, n + 2]
+    assert sorted(losses) == [n, n + 1]
     for it in losses:
         assert abs(losses[it] - straight[it]) < 1e-5, (it, losses[it], straight[it])
     again = run(common + [f'--out_dir={tmp_path}/stopped', '--init_from=resume', f'--max_iters={n + 2}'])
