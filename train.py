@@ -19,6 +19,13 @@ Any global below can be overridden: `python train.py config/x.py --batch_size=8 
 `python train.py --help` lists them with their defaults. The loss is the mean cross-entropy of the next token in
 nats (on the recall tasks: of the answers only). out_dir, unless given, is out-<dataset>-<mixer>.
 
+Output: a short header (model, parameters, tokens per step, data, out_dir), then `iter N/max_iters` lines (the step's
+loss, an exponential moving average of it, the step's time without any eval, the ETA) and `step N:` eval lines with
+the eval's own time; out_dir/log.txt gets the same lines plus the config files and overrides as given, the full
+config and the model per mixer. On a terminal, an eval or a stretch of steps without a line shows a progress bar
+(on stderr) once it has taken a second. The run makes max_iters optimizer steps; step max_iters, the end, is always
+evaluated and saved. wandb (--wandb_log=True) takes WANDB_MODE, WANDB_PROJECT, WANDB_NAME unless the config sets them.
+
 Safety: a setting that cannot train stops at once with one line naming it; a second run in the same out_dir
 stops at once (its lock, .<out_dir>.lock beside it); a run from scratch never replaces an earlier run's ckpt.pt or
 best.pt (--init_from=resume continues it, --overwrite=True starts over); SIGTERM or Ctrl-C finishes the step, saves
@@ -50,7 +57,7 @@ from tasks import MQAR, StateTracking, TaskLoader, count_correct
 # -----------------------------------------------------------------------------
 # I/O
 out_dir = ''                    # ckpt.pt (latest), best.pt (lowest val loss), log.txt; '' = out-<dataset>-<mixer>
-eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations
+eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations, and at max_iters
 log_interval = 1                # print a log line every this many iterations
 eval_iters = 200                # batches per split in estimate_loss
 eval_only = False               # if True, evaluate once and exit
@@ -531,9 +538,9 @@ print0(f"out_dir: {out_dir} (its log.txt has the full config)")
 if decay_lr and max_iters < lr_decay_iters and not eval_only:  # a short run that would end at a high learning rate
     print0(f"notice: max_iters={max_iters} < lr_decay_iters={lr_decay_iters}: the run ends at lr "
            f"{get_lr(max(max_iters - 1, 0)):.2e}, not min_lr {min_lr:.2e} (--lr_decay_iters={max_iters} decays it fully)")
-if max_iters - iter_num < eval_interval and not eval_only:
-    print0(f"notice: max_iters={max_iters} < {'' if iter_num == 0 else f'{iter_num} + '}eval_interval={eval_interval}: "
-           f"evaluated only at {'step 0 and ' if iter_num == 0 else ''}the end, step {max_iters}")
+if max_iters < eval_interval and iter_num == 0 and not eval_only:
+    print0(f"notice: max_iters={max_iters} < eval_interval={eval_interval}: evaluated only at step 0 and the end, "
+           f"step {max_iters}")
 
 # training loop. Iteration iter_num evaluates (every eval_interval steps, and at max_iters: the weights the run ends
 # with), then makes optimizer step iter_num; the run makes max_iters steps (0 .. max_iters - 1) and ends at the eval
@@ -548,7 +555,7 @@ last_val = None                   # the last eval's val loss
 first_loss, warn_at = None, None  # a loss past warn_at (2x the run's first, then 2x the last warned) is warned about
 skipped = 0                       # consecutive steps the fp16 grad scaler skipped (inf/nan gradients)
 smooth = 0.0                      # exponential moving average of the step loss (debiased when printed: / (1 - 0.9^n))
-step_times = []                   # this run's step times (s), evals excluded: the ETA
+time_sum, time_n = 0.0, 0         # this run's step times after its first (which may compile), evals excluded: the ETA
 eval_time = 0.0                   # the last eval's time (s): the ETA counts the evals to come too
 bar = None                        # the progress bar of the steps up to the next iter line (log_interval > 1, terminal)
 while True:
@@ -642,16 +649,15 @@ while True:
     optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
 
     dt = time.time() - t0
-    step_times.append(dt)
+    time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
     local_iter_num += 1
     smooth = 0.9 * smooth + 0.1 * lossf
     if iter_num % log_interval == 0 or iter_num == max_iters - 1:
         if bar is not None:
             bar.close()
             bar = None
-        # ETA: the steps left at this run's mean step time (the first, which compiles, left out) and the evals left
-        # at the last one's time
-        mean_dt = sum(step_times[1:]) / (len(step_times) - 1) if len(step_times) > 1 else dt
+        # ETA: the steps left at this run's mean step time and the evals left at the last one's time
+        mean_dt = time_sum / time_n if time_n else dt
         evals_left = (max_iters - 1) // eval_interval - iter_num // eval_interval + 1  # multiples, then the last step
         eta = (max_iters - iter_num - 1) * mean_dt + evals_left * eval_time
         line = (f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, smooth {smooth / (1 - 0.9 ** local_iter_num):.4f}, "
