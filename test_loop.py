@@ -21,9 +21,35 @@ import pytest
 import torch
 
 from plot import default_out, read_log, table
-from test_train import ROOT, TINY, iter_losses, pystdlib, run  # noqa: F401 (pystdlib: the fixture)
 
-ITER = re.compile(r'^iter (\d+)/(\d+): loss ([\d.]+), smooth ([\d.]+), time ([\d.]+)ms, .*, eta (\d+)s$', re.M)
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# a tiny model on the offline dataset (as test_train.py's): 2 layers × 32 wide, 4 × 32 tokens per step
+TINY = ['--dataset=pystdlib', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+        '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--learning_rate=3e-3',
+        '--warmup_iters=2', '--lr_decay_iters=20', '--min_lr=3e-4', '--device=cpu', '--compile=False']
+
+
+def run(args, check=True, env_extra=None):
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    env.pop('RANK', None)
+    env.update(env_extra or {})
+    p = subprocess.run([sys.executable, 'train.py'] + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def iter_losses(text):
+    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+)/\d+: loss ([\d.]+)', text, re.M)}
+
+
+@pytest.fixture(scope='module')
+def pystdlib():
+    if not os.path.exists(os.path.join(ROOT, 'data', 'pystdlib', 'pystdlib_val_000000.bin')):
+        subprocess.run([sys.executable, 'data/pystdlib/prepare.py'], cwd=ROOT, check=True, timeout=600)
+
+
+ITER = re.compile(r'^iter (\d+)/(\d+): loss ([\d.]+), smooth ([\d.]+), time ([\d.]+)ms, .*, eta (\w+)$', re.M)
 EVAL = re.compile(r'^step (\d+): train loss ([\d.]+), val loss ([\d.]+) \(eval ([\d.]+)s\)$', re.M)
 
 
@@ -77,7 +103,8 @@ def test_output_header_iter_lines_eta_and_eval_time(pystdlib, tmp_path):
     assert "dataset = 'pystdlib'" in log and 'Overriding: max_iters = 6' in log and re.search(r'^config: \{', log, re.M)
     assert p.stderr == '', p.stderr[-2000:]
 
-    iters = [(int(n), int(m), float(loss), float(smooth), float(ms) / 1000, int(eta))
+    seconds = lambda eta: sum(int(v) * {'h': 3600, 'm': 60, 's': 1}[u] for v, u in re.findall(r'(\d+)([hms])', eta))
+    iters = [(int(n), int(m), float(loss), float(smooth), float(ms) / 1000, seconds(eta))
              for n, m, loss, smooth, ms, eta in ITER.findall(p.stdout)]
     evals = {int(s): float(t) for s, _, _, t in EVAL.findall(p.stdout)}
     assert [i[0] for i in iters] == list(range(6)) and {i[1] for i in iters} == {6}, p.stdout[-3000:]

@@ -304,13 +304,13 @@ def test_ctrl_c_saves_and_a_second_exits_at_once(pystdlib, tmp_path):
     """Ctrl-C printed a 41-line KeyboardInterrupt traceback and saved nothing. Now one Ctrl-C saves and exits 130; a
     second one exits at once, leaving no temp file."""
     p = start(TINY + [f'--out_dir={tmp_path}/one', '--max_iters=100000', '--eval_interval=100000'])
-    wait_for(p, r'^iter 2:')
+    wait_for(p, r'^iter 2/')
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130 and 'Traceback' not in stderr and 'stopped by SIGINT at iter' in stdout, stderr
     assert os.path.exists(f'{tmp_path}/one/ckpt.pt')
     p = start(TINY + [f'--out_dir={tmp_path}/two', '--max_iters=100000', '--eval_interval=100000'])
-    wait_for(p, r'^iter 2:')
+    wait_for(p, r'^iter 2/')
     p.send_signal(signal.SIGINT)
     assert p.stderr.readline() == 'train.py: SIGINT: finishing this step, then saving (again: exit at once)\n'
     p.send_signal(signal.SIGINT)  # within the step and the save (two at once would arrive as one)
@@ -325,7 +325,7 @@ def test_sigterm_under_torchrun_stops_every_rank_at_one_step(pystdlib, tmp_path,
     args = TINY + ['--gradient_accumulation_steps=2', '--eval_interval=100000', '--lr_decay_iters=100000']
     p = subprocess.Popen(torchrun_train + args + [f'--out_dir={tmp_path}', '--max_iters=100000'], cwd=ROOT, env=env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(p, r'^iter 3:')
+    wait_for(p, r'^iter 3/')
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode != 0
