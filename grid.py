@@ -134,8 +134,8 @@ def stop_line(out_dir):
 
 
 def finished(out_dir):
-    """The run's log has an eval at its config's max_iters (train.py evals there when eval_interval divides it), or
-    says it stopped early at stop_at_val_acc."""
+    """The run's log has an eval at its config's max_iters (train.py's last step, always evaluated), or says it
+    stopped early at stop_at_val_acc."""
     if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
         return False
     if stop_line(out_dir) is not None:

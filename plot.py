@@ -1,50 +1,81 @@
 """
 Plot the eval curves of several runs against training tokens, read from their out_dir/log.txt, into one PNG.
 
-$ python plot.py out-pystdlib-softmax out-pystdlib-kdax3+softmax --out=val_loss.png
+$ python plot.py out-pystdlib-softmax out-pystdlib-kdax3+softmax   # -> out-pystdlib-softmax/val_loss.png
+$ python plot.py out-text/* --ymax=4                               # -> out-text/val_loss.png
 $ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_acc.png --title="MQAR, 16 pairs, width 128"
 $ python plot.py out-text/* --table     # markdown: mixer, parameters, tokens, final and best val loss, tokens/s
 
 Each argument is a run's out_dir (or its log.txt); the legend names the run by its out_dir. The x axis is
 step × tokens per iteration (from the log's "tokens per iteration" line), so runs with different batch shapes
-line up by tokens seen. Needs matplotlib (`pip install matplotlib`), imported only when plotting: training and
-the tests do not use it, so it is not in requirements.txt. grid.py uses read_log below to build its table.
+line up by tokens seen. The picture goes to --out, else to <metric>.png in the folder holding all the runs (out-text/
+above) or, when they share none below the current folder, in the first run's out_dir. A reused out_dir's log.txt
+holds several runs: each run is read from its last start from scratch on (with the resumes after it), never mixed with
+the runs before. Needs matplotlib (in requirements.txt), imported only when plotting. grid.py uses read_log below to
+build its table.
 """
 import argparse
 import ast
 import os
 import re
 
-# the eval line train.py prints: "step N: train loss X, val loss Y" (+ ", train acc A, val acc B" for tasks);
-# a diverged run prints nan or inf
+# the eval line train.py prints: "step N: train loss X, val loss Y" (+ ", train acc A, val acc B" for tasks, then
+# " (eval Ts)"); a diverged run prints nan or inf
 NUM = r'(nan|inf|[\d.]+)'
 EVAL_LINE = re.compile(rf'^step (\d+): train loss {NUM}, val loss {NUM}(?:, train acc {NUM}, val acc {NUM})?', re.M)
+ITER_LINE = re.compile(r'^iter \d+(?:/\d+)?: .*tok/s ([\d,]+)', re.M)  # "iter N/max: ..." (older logs: "iter N: ...")
 METRICS = {'val_loss': 'val loss', 'train_loss': 'train loss', 'val_acc': 'val answer accuracy', 'train_acc': 'train answer accuracy'}
 
 
 def read_log(path):
-    """What a train.py log.txt says: {'config': the config dict of its last start (None if absent),
-    'tokens_per_iter': int or None, 'params': 'N.NNM' or None, 'tok_s': [tokens/s of each iter line],
-    'evals': [{'step', 'train_loss', 'val_loss', 'train_acc', 'val_acc'}, ...] by step}.
-    A log holds every start of its out_dir (a resume appends); for a step evaluated twice the last line wins."""
+    """What a train.py log.txt says about the run that last trained there: {'config': the config dict of its last
+    start (None if absent), 'tokens_per_iter': int or None, 'params': 'N.NNM' or None, 'tok_s': [tokens/s of each iter
+    line], 'evals': [{'step', 'train_loss', 'val_loss', 'train_acc', 'val_acc'}, ...] by step}.
+    log.txt holds every start in its out_dir, each beginning with its config line. The run is the last start from
+    scratch that logged a step or an eval, with the resumes after it (a config without init_from counts as one); the
+    runs before it (a reused out_dir) are left out. A resume at iter N drops the earlier evals after step N (a
+    timeline it abandoned), and for a step evaluated twice the last line wins."""
     if os.path.isdir(path):
         path = os.path.join(path, 'log.txt')
     with open(path) as f:
         text = f.read()
-    configs = re.findall(r'^config: (\{.*\})$', text, re.M)
-    tokens = re.findall(r'^tokens per iteration: .* = ([\d,]+)$', text, re.M)
-    params = re.findall(r'^number of parameters: ([\d.]+M)$', text, re.M)
-    tok_s = [float(x.replace(',', '')) for x in re.findall(r'^iter \d+: .*tok/s ([\d,]+)', text, re.M)]
-    evals = {}
-    for m in EVAL_LINE.finditer(text):
-        step = int(m.group(1))
-        acc = [float(x) if x is not None else None for x in m.group(4, 5)]
-        evals[step] = {'step': step, 'train_loss': float(m.group(2)), 'val_loss': float(m.group(3)),
-                       'train_acc': acc[0], 'val_acc': acc[1]}
-    return {'config': ast.literal_eval(configs[-1]) if configs else None,
-            'tokens_per_iter': int(tokens[-1].replace(',', '')) if tokens else None,
-            'params': params[-1] if params else None, 'tok_s': tok_s,
+    cuts = [m.start() for m in re.finditer(r'^config: ', text, re.M)][1:]
+    starts = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]  # [0]: the first start's header lines too
+    first = 0
+    for i, start in enumerate(starts):
+        m = re.search(r'^config: (\{.*\})$', start, re.M)
+        config = ast.literal_eval(m.group(1)) if m else {}
+        if config.get('init_from', 'resume') != 'resume' and (EVAL_LINE.search(start) or ITER_LINE.search(start)):
+            first = i
+    config, tokens, params, tok_s, evals = None, None, None, [], {}
+    for start in starts[first:]:
+        configs = re.findall(r'^config: (\{.*\})$', start, re.M)
+        config = ast.literal_eval(configs[-1]) if configs else config
+        tokens = ([int(t.replace(',', '')) for t in re.findall(r'^tokens per iteration: .* = ([\d,]+)$', start, re.M)]
+                  or [tokens])[-1]
+        params = (re.findall(r'^number of parameters: ([\d.]+M)$', start, re.M) or [params])[-1]
+        resumed = re.search(r'^Resuming training from .* \(iter (\d+)\)$', start, re.M)
+        if resumed:
+            evals = {s: e for s, e in evals.items() if s <= int(resumed.group(1))}
+        tok_s += [float(m.group(1).replace(',', '')) for m in ITER_LINE.finditer(start)]
+        for m in EVAL_LINE.finditer(start):
+            step = int(m.group(1))
+            acc = [float(x) if x is not None else None for x in m.group(4, 5)]
+            evals[step] = {'step': step, 'train_loss': float(m.group(2)), 'val_loss': float(m.group(3)),
+                           'train_acc': acc[0], 'val_acc': acc[1]}
+    return {'config': config, 'tokens_per_iter': tokens, 'params': params, 'tok_s': tok_s,
             'evals': [evals[s] for s in sorted(evals)]}
+
+
+def default_out(runs, metric='val_loss'):
+    """Where a picture of runs goes without --out: <metric>.png in the folder that holds all of them (out-text/ for
+    out-text/*), or in the first run's out_dir when that folder is the current one or above it (the repository root)."""
+    dirs = [os.path.abspath(os.path.dirname(r) or '.' if os.path.isfile(r) else r) for r in runs]
+    parent, here = os.path.commonpath(dirs), os.getcwd()
+    if os.path.commonpath([parent, here]) == parent:  # the current folder or above: not where pictures belong
+        parent = dirs[0]
+    out = os.path.join(parent, f'{metric}.png')
+    return os.path.relpath(out) if out.startswith(here + os.sep) else out
 
 
 def plot(runs, out, metric='val_loss', title=None, ymax=None):
@@ -102,7 +133,7 @@ def table(runs):
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('runs', nargs='+', help="out_dirs (or their log.txt files)")
-    ap.add_argument('--out', default='val_loss.png', help="the PNG to write")
+    ap.add_argument('--out', default=None, help="the PNG to write (default: <metric>.png beside the runs, see above)")
     ap.add_argument('--metric', default='val_loss', choices=sorted(METRICS))
     ap.add_argument('--title', default=None)
     ap.add_argument('--ymax', type=float, default=None, help="top of the y axis")
@@ -111,4 +142,4 @@ if __name__ == '__main__':
     if args.table:
         print(table(args.runs))
     else:
-        plot(args.runs, args.out, args.metric, args.title, args.ymax)
+        plot(args.runs, args.out or default_out(args.runs, args.metric), args.metric, args.title, args.ymax)

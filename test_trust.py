@@ -56,7 +56,7 @@ def one_line(p, code=1):
 
 
 def iter_losses(text):
-    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+): loss ([\d.]+)', text, re.M)}
+    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+)/\d+: loss ([\d.]+)', text, re.M)}
 
 
 def start(args, **kw):
@@ -121,7 +121,7 @@ def test_new_checkpoints_are_plain_data_and_rng_round_trips(finished):
     """What train.py writes loads with torch.load(weights_only=True) as it is, and rng_state() / set_rng_state()
     bring back every generator (numpy's included: its state was a numpy array, which weights_only refuses)."""
     ckpt = torch.load(os.path.join(finished[0], 'ckpt.pt'), weights_only=True)
-    assert ckpt['iter_num'] == 21 and isinstance(ckpt['rng'][0]['numpy']['keys'], torch.Tensor)
+    assert ckpt['iter_num'] == 20 and isinstance(ckpt['rng'][0]['numpy']['keys'], torch.Tensor)
     np.random.seed(5)
     random_state = rng_state('cpu', 'cpu')
     expected = (np.random.rand(3), torch.rand(3), __import__('random').random())
@@ -198,7 +198,7 @@ def test_run_from_scratch_never_replaces_an_earlier_runs_checkpoints(finished, t
     p = run(TINY + [f'--out_dir={out}', '--max_iters=3', '--overwrite=True'])
     assert "overwrite=True: deleted the earlier run's best.pt, log.txt" in p.stdout
     assert (out / 'log.txt').read_text().count('=== ') == 1
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 3
 
 
 def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
@@ -208,12 +208,12 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
     # which would free the lock for a reason other than the one tested here
     first = start(TINY + [f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000', '--log_interval=100000'])
     try:
-        wait_for(first, r'^iter 0:')
+        wait_for(first, r'^iter 0/')
         # train.py prints a line, then appends it to log.txt: wait for the append too. An rmtree between the two
         # stopped the first run (cannot write log.txt), which freed the lock: under -n 2, where this process and
         # the run share one core, the print woke this process and its rmtree came first every time (taskset -c 0)
         log, t0 = out / 'log.txt', time.time()
-        while not re.search(r'^iter 0:', log.read_text(), re.M):
+        while not re.search(r'^iter 0/', log.read_text(), re.M):
             assert time.time() - t0 < 60 and first.poll() is None, first.stderr.read() if first.poll() else ''
             time.sleep(0.05)
         shutil.rmtree(out)
@@ -265,7 +265,7 @@ def test_grid_passes_sigterm_to_its_runs_and_waits(tmp_path):
     g = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3, grid.SEED) / 'log.txt'
     t0 = time.time()
-    while not (log.exists() and re.search(r'^iter 3:', log.read_text(), re.M)):
+    while not (log.exists() and re.search(r'^iter 3/', log.read_text(), re.M)):
         assert time.time() - t0 < 120 and g.poll() is None, g.stdout.read()
         time.sleep(0.2)
     g.send_signal(signal.SIGTERM)
@@ -284,11 +284,11 @@ def test_grid_passes_sigterm_to_its_runs_and_waits(tmp_path):
 def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path):
     """SIGTERM exited 143 with no save and no word; the last steps after the last eval were never saved. Now SIGTERM
     finishes the step, saves, says so and exits 143, and the resumed run continues exactly like one uninterrupted
-    run; a run's end is saved (iter max_iters + 1), and resuming a finished run trains nothing. (test_train.py's
+    run; a run's end is saved (iter max_iters, evaluated), and resuming a finished run trains nothing. (test_train.py's
     resume tests continue from a run's saved end.)"""
     p = start(TINY + [f'--out_dir={tmp_path}/stopped', '--max_iters=100000', '--eval_interval=100000',
                       '--lr_decay_iters=100000'])
-    wait_for(p, r'^iter 4:')
+    wait_for(p, r'^iter 4/')
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 143 and stderr == 'train.py: SIGTERM: finishing this step, then saving (again: exit at once)\n', stderr
@@ -297,10 +297,10 @@ def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path)
     assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n
     common = TINY + ['--eval_interval=100000', '--lr_decay_iters=100000']
     resumed = run(common + [f'--out_dir={tmp_path}/stopped', '--init_from=resume', f'--max_iters={n + 2}'])
-    assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n + 3  # the run's end
+    assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n + 2  # the run's end
     straight = iter_losses(run(common + [f'--out_dir={tmp_path}/straight', f'--max_iters={n + 2}']).stdout)
     losses = iter_losses(resumed.stdout)
-    assert sorted(losses) == [n, n + 1, n + 2]
+    assert sorted(losses) == [n, n + 1]
     for it in losses:
         assert abs(losses[it] - straight[it]) < 1e-5, (it, losses[it], straight[it])
     again = run(common + [f'--out_dir={tmp_path}/stopped', '--init_from=resume', f'--max_iters={n + 2}'])
@@ -311,13 +311,13 @@ def test_ctrl_c_saves_and_a_second_exits_at_once(pystdlib, tmp_path):
     """Ctrl-C printed a 41-line KeyboardInterrupt traceback and saved nothing. Now one Ctrl-C saves and exits 130; a
     second one exits at once, leaving no temp file."""
     p = start(TINY + [f'--out_dir={tmp_path}/one', '--max_iters=100000', '--eval_interval=100000'])
-    wait_for(p, r'^iter 2:')
+    wait_for(p, r'^iter 2/')
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130 and 'Traceback' not in stderr and 'stopped by SIGINT at iter' in stdout, stderr
     assert os.path.exists(f'{tmp_path}/one/ckpt.pt')
     p = start(TINY + [f'--out_dir={tmp_path}/two', '--max_iters=100000', '--eval_interval=100000'])
-    wait_for(p, r'^iter 2:')
+    wait_for(p, r'^iter 2/')
     p.send_signal(signal.SIGINT)
     assert p.stderr.readline() == 'train.py: SIGINT: finishing this step, then saving (again: exit at once)\n'
     p.send_signal(signal.SIGINT)  # within the step and the save (two at once would arrive as one)
@@ -332,7 +332,7 @@ def test_sigterm_under_torchrun_stops_every_rank_at_one_step(pystdlib, tmp_path,
     args = TINY + ['--gradient_accumulation_steps=2', '--eval_interval=100000', '--lr_decay_iters=100000']
     p = subprocess.Popen(torchrun_train + args + [f'--out_dir={tmp_path}', '--max_iters=100000'], cwd=ROOT, env=env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(p, r'^iter 3:')
+    wait_for(p, r'^iter 3/')
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode != 0

@@ -19,6 +19,13 @@ Any global below can be overridden: `python train.py config/x.py --batch_size=8 
 `python train.py --help` lists them with their defaults. The loss is the mean cross-entropy of the next token in
 nats (on the recall tasks: of the answers only). out_dir, unless given, is out-<dataset>-<mixer>.
 
+Output: a short header (model, parameters, tokens per step, data, out_dir), then `iter N/max_iters` lines (the step's
+loss, an exponential moving average of it, the step's time without any eval, the ETA) and `step N:` eval lines with
+the eval's own time; out_dir/log.txt gets the same lines plus the config files and overrides as given, the full
+config and the model per mixer. On a terminal, an eval or a stretch of steps without a line shows a progress bar
+(on stderr) once it has taken a second. The run makes max_iters optimizer steps; step max_iters, the end, is always
+evaluated and saved. wandb (--wandb_log=True) takes WANDB_MODE, WANDB_PROJECT, WANDB_NAME unless the config sets them.
+
 Safety: a setting that cannot train stops at once with one line naming it; a second run in the same out_dir
 stops at once (its lock, .<out_dir>.lock beside it); a run from scratch never replaces an earlier run's ckpt.pt or
 best.pt (--init_from=resume continues it, --overwrite=True starts over); SIGTERM or Ctrl-C finishes the step, saves
@@ -26,6 +33,7 @@ ckpt.pt and exits (a second Ctrl-C exits at once), and the run's end is saved to
 stops the run before the weights change, so ckpt.pt stays the last good state; best.pt holds the lowest val loss of
 the run; a loss past 2x the run's first is warned about. Checkpoints are read as data (checkpoint.py): never code.
 """
+import io
 import os
 import sys
 import time
@@ -33,7 +41,7 @@ import math
 import random
 import signal
 import subprocess
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stdout
 
 import numpy as np
 import torch
@@ -49,7 +57,7 @@ from tasks import MQAR, StateTracking, TaskLoader, count_correct
 # -----------------------------------------------------------------------------
 # I/O
 out_dir = ''                    # ckpt.pt (latest), best.pt (lowest val loss), log.txt; '' = out-<dataset>-<mixer>
-eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations
+eval_interval = 2000            # evaluate (and maybe checkpoint) every this many iterations, and at max_iters
 log_interval = 1                # print a log line every this many iterations
 eval_iters = 200                # batches per split in estimate_loss
 eval_only = False               # if True, evaluate once and exit
@@ -59,11 +67,12 @@ stop_at_val_acc = 0.0           # tasks (mqar, statetrack): stop after the first
 init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
 overwrite = False               # scratch in an out_dir holding an earlier run's ckpt.pt/best.pt: True deletes them (and
                                 # its log.txt) and starts over; False stops with a line saying so
-# wandb logging (off by default; imported only when on)
+# wandb logging (off by default; imported only when on). '' = wandb's environment variable (WANDB_PROJECT, WANDB_NAME,
+# WANDB_MODE; the other WANDB_* ones, e.g. WANDB_DIR, WANDB_ENTITY, are wandb's own), else the default in the comment
 wandb_log = False
-wandb_project = 'linear-gpt'
-wandb_run_name = 'run'
-wandb_mode = 'online'           # 'offline' writes runs locally for `wandb sync` later
+wandb_project = ''              # '' = $WANDB_PROJECT, else 'linear-gpt'
+wandb_run_name = ''             # '' = $WANDB_NAME, else out_dir's name
+wandb_mode = ''                 # '' = $WANDB_MODE, else 'online'; 'offline' writes runs locally for `wandb sync` later
 # data
 dataset = 'openwebtext'         # folder under data/ holding <dataset>_{train,val}_*.bin shards, or a task: 'mqar', 'statetrack'
 gradient_accumulation_steps = 5 * 8  # GLOBAL micro-steps per optimizer step, divided among DDP ranks
@@ -117,7 +126,9 @@ seed = 1337
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, type(None)))]
 from configurator import configure, device_and_dtype, UserError
-configure(globals(), sys.argv[1:])
+# the configurator echoes each config file and override: that goes to log.txt (below), the terminal gets a short header
+with redirect_stdout(io.StringIO()) if not {'-h', '--help'} & set(sys.argv[1:]) else nullcontext() as _echo:
+    configure(globals(), sys.argv[1:])
 # one folder per dataset and mixer unless given: 'kda*3,softmax' -> out-pystdlib-kdax3+softmax
 out_dir = out_dir or f"out-{dataset}-{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}"
 # -----------------------------------------------------------------------------
@@ -224,11 +235,12 @@ compile = (device_type == 'cuda') if compile is None else compile
 cuda_graphs = compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'max-autotune')
 
 
-def print0(*args):
-    """Print on rank 0 only, and append the same line to out_dir/log.txt."""
+def print0(*args, terminal=True):
+    """Print on rank 0 only, and append the same line to out_dir/log.txt (terminal=False: to log.txt only)."""
     if master_process:
         line = ' '.join(str(a) for a in args)
-        print(line, flush=True)
+        if terminal:
+            print(line, flush=True)
         try:
             with open(log_path, 'a') as f:
                 f.write(line + '\n')
@@ -237,19 +249,37 @@ def print0(*args):
                             f"or pass another --out_dir (the checkpoints there are as they were)") from None
 
 
+def progress(total, desc):
+    """A progress bar on stderr for work that takes a while between two log lines (an eval, the steps up to the next
+    iter line): rank 0 only, only on a terminal, shown once it has run for a second, erased when done."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, leave=False, delay=1.0, dynamic_ncols=True,
+                disable=not (master_process and sys.stderr.isatty()))
+
+
+def duration(seconds):
+    """4s, 3m05s, 2h07m: an ETA."""
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+# the terminal gets a short header (model, data, out_dir, device: below, once the model exists); log.txt also gets the
+# command's config files and overrides as echoed, and the full config: what reproduces the run
 print0(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}")
+if _echo is not None and _echo.getvalue().strip():
+    print0(_echo.getvalue().rstrip('\n'), terminal=False)
 for line in notices:
     print0(line)
-print0(f"config: {config}")
+print0(f"config: {config}", terminal=False)
 print0(f"torch {torch.__version__}, device {device}, dtype {dtype}, compile {compile}, world size {ddp_world_size}")
 if master_process and device_type == 'cuda':
     try:  # modded-nanogpt's habit: the hardware goes into the log
-        print0(subprocess.run(['nvidia-smi'], capture_output=True, text=True).stdout)
+        print0(subprocess.run(['nvidia-smi'], capture_output=True, text=True).stdout, terminal=False)
     except FileNotFoundError:
         pass
 print0(f"tokens per iteration: {gradient_accumulation_steps} grad accum × {ddp_world_size} ranks × "
-       f"{batch_size} batch × {block_size} context = {tokens_per_iter:,}")
+       f"{batch_size} batch × {block_size} context = {tokens_per_iter:,}", terminal=False)
 
 # SIGTERM (preemption, a scheduler's stop) and SIGINT (Ctrl-C): the step under way finishes, the ranks agree on the
 # stop at the step's end (see the loop), ckpt.pt is saved and the run exits with 128 + the signal's number. A second
@@ -323,7 +353,8 @@ if checkpoint is not None:
     best_val_loss = checkpoint['best_val_loss']
 else:
     model = GPT(GPTConfig(**model_args))
-print0(model.describe())
+print0(model.describe(), terminal=False)  # per mixer; the header below says the total
+n_params, mixers = model.get_num_params(), model.mixers
 model.to(device)
 sharded = ddp and fsdp
 if fsdp and not ddp:
@@ -345,7 +376,9 @@ if sharded:
 train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+with redirect_stdout(io.StringIO()) as _echo:  # its parameter counts: to log.txt
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+print0(_echo.getvalue().rstrip('\n'), terminal=False)
 # the optimizer's parameters by name, in its order: a checkpoint's optimizer state is plain optimizer.state_dict()'s
 # (parameter i = the i-th of these), which the FSDP state-dict API keys by name instead
 param_names = [{p: n for n, p in model.named_parameters()}[p] for g in optimizer.param_groups for p in g['params']]
@@ -403,11 +436,13 @@ def estimate_loss():
     also the answer accuracy (out['train_acc'], out['val_acc']): the fraction of answers whose argmax is right."""
     out = {}
     model.eval()
+    bar = progress(2 * eval_iters, f"eval at step {iter_num}")
     for split, loader in (('train', eval_train_loader), ('val', val_loader)):
         loader.reset()
         losses = torch.zeros(eval_iters, device=device)
         answers = torch.zeros(2, device=device)  # correct, total
         for k in range(eval_iters):
+            bar.update()
             X, Y = loader.next_batch()
             X, Y = X.to(device), Y.to(device)
             with ctx:
@@ -423,6 +458,7 @@ def estimate_loss():
         out[split] = mean.item()
         if task is not None:
             out[f'{split}_acc'] = (answers[0] / answers[1]).item()
+    bar.close()
     model.train()
     return out
 
@@ -472,33 +508,61 @@ if wandb_log and master_process:
         import wandb  # lazily: only users who log need it installed
     except ImportError:
         raise UserError("wandb_log=True but wandb is not installed: pip install wandb, or --wandb_log=False") from None
-    wandb.init(project=wandb_project, name=wandb_run_name, config=config, mode=wandb_mode)
+    # a setting given in the config wins; else wandb's environment variable (WANDB_MODE=offline needs no API key)
+    try:
+        wandb.init(project=wandb_project or os.environ.get('WANDB_PROJECT') or 'linear-gpt',
+                   name=wandb_run_name or os.environ.get('WANDB_NAME') or os.path.basename(os.path.abspath(out_dir)),
+                   mode=wandb_mode or os.environ.get('WANDB_MODE') or 'online', config=config)
+    except Exception as e:  # no API key, no network, a bad mode: one line, not wandb's traceback
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"wandb.init failed: {why} (or log offline: WANDB_MODE=offline or --wandb_mode=offline; "
+                        f"or --wandb_log=False)") from None
 
 peak_flops = gpu_peak_flops(torch.cuda.get_device_name(device)) if device_type == 'cuda' else None
 flops_per_iter = raw_model.flops_per_token(block_size) * tokens_per_iter
 # restore the RNG last: model construction above consumed random numbers on both paths
 if checkpoint is not None and 'rng' in checkpoint:
     set_rng_state(checkpoint['rng'][min(ddp_rank, len(checkpoint['rng']) - 1)], device_type)
-if checkpoint is not None and iter_num > max_iters and not eval_only:
-    print0(f"nothing to train: {ckpt_path} is at iter {iter_num}, past max_iters={max_iters} (the run ended there): "
+if checkpoint is not None and iter_num >= max_iters and not eval_only:
+    print0(f"nothing to train: {ckpt_path} is at iter {iter_num}, max_iters={max_iters} (the run ended there): "
            f"raise --max_iters to train further")
     sys.exit(0)
 checkpoint = None  # free memory
 
-# training loop
+# the header: what trains on what, and where it goes (log.txt also has the full config and the model per mixer)
+print0(f"model: {' '.join(mixers)} ({n_layer} layers × {n_embd}), {n_params / 1e6:.2f}M parameters")
+print0(f"data: {dataset}, {gradient_accumulation_steps} grad accum × {ddp_world_size} ranks × {batch_size} batch × "
+       f"{block_size} context = {tokens_per_iter:,} tokens per step, " +
+       (f"steps {iter_num:,} to {max_iters:,}" if iter_num else f"{max_iters:,} steps"))
+print0(f"out_dir: {out_dir} (its log.txt has the full config)")
+if decay_lr and max_iters < lr_decay_iters and not eval_only:  # a short run that would end at a high learning rate
+    print0(f"notice: max_iters={max_iters} < lr_decay_iters={lr_decay_iters}: the run ends at lr "
+           f"{get_lr(max(max_iters - 1, 0)):.2e}, not min_lr {min_lr:.2e} (--lr_decay_iters={max_iters} decays it fully)")
+if max_iters < eval_interval and iter_num == 0 and not eval_only:
+    print0(f"notice: max_iters={max_iters} < eval_interval={eval_interval}: evaluated only at step 0 and the end, "
+           f"step {max_iters}")
+
+# training loop. Iteration iter_num evaluates (every eval_interval steps, and at max_iters: the weights the run ends
+# with), then makes optimizer step iter_num; the run makes max_iters steps (0 .. max_iters - 1) and ends at the eval
+# of step max_iters, saved in ckpt.pt
 train_loader_state = train_loader.state_dict()  # position of the batch about to be fetched
 X, Y = train_loader.next_batch()
 X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
-t0 = time.time()
 running_mfu = -1.0
 start_iter = iter_num
 saved_iter = iter_num if init_from == 'resume' else None  # the iteration ckpt.pt holds, once this run saved or resumed it
 last_val = None                   # the last eval's val loss
 first_loss, warn_at = None, None  # a loss past warn_at (2x the run's first, then 2x the last warned) is warned about
 skipped = 0                       # consecutive steps the fp16 grad scaler skipped (inf/nan gradients)
+smooth = 0.0                      # exponential moving average of the step loss (debiased when printed: / (1 - 0.9^n))
+time_sum, time_n = 0.0, 0         # this run's step times after its first (which may compile), evals excluded: the ETA
+eval_time = 0.0                   # the last eval's time (s): the ETA counts the evals to come too
+bar = None                        # the progress bar of the steps up to the next iter line (log_interval > 1, terminal)
 while True:
-    if stop_signal:  # every rank sees the same value (agreed at the end of the last step)
-        name = signal.Signals(stop_signal).name
+    if stop_signal and iter_num < max_iters:  # every rank sees the same value (agreed at the end of the last step)
+        name = signal.Signals(stop_signal).name  # (at max_iters: the final eval and save below, as usual)
+        if bar is not None:
+            bar.close()
         if saved_iter != iter_num:
             save(last_val, why=f" ({name})")
         print0(f"stopped by {name} at iter {iter_num}; resume with --init_from=resume")
@@ -511,14 +575,22 @@ while True:
     for param_group in optimizer.param_groups:
         param_group['lr'] = lr
 
-    if iter_num % eval_interval == 0 and (iter_num > start_iter or iter_num == 0 or eval_only):
+    last_step = iter_num >= max_iters
+    if (iter_num % eval_interval == 0 or last_step or eval_only) and (iter_num > start_iter or iter_num == 0 or eval_only):
+        if bar is not None:
+            bar.close()
+            bar = None
+        t_eval = time.time()
         losses = estimate_loss()
+        eval_time = time.time() - t_eval
         line = f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-        metrics = {'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr, 'mfu': running_mfu * 100}
+        metrics = {'iter': iter_num, 'train/loss': losses['train'], 'val/loss': losses['val'], 'lr': lr}
+        if running_mfu > 0:  # measured (CUDA, after the first steps): no placeholder value otherwise
+            metrics['mfu'] = running_mfu * 100
         if task is not None:
             line += f", train acc {losses['train_acc']:.4f}, val acc {losses['val_acc']:.4f}"
             metrics.update({'train/acc': losses['train_acc'], 'val/acc': losses['val_acc']})
-        print0(line)
+        print0(line + f" (eval {eval_time:.2f}s)")
         if not (math.isfinite(losses['train']) and math.isfinite(losses['val'])):
             raise diverged('a non-finite eval loss')
         if wandb_log and master_process:
@@ -531,10 +603,11 @@ while True:
             # every rank sees the same val accuracy (summed over ranks above), so all stop here together
             print0(f"stopping at step {iter_num}: val acc {losses['val_acc']:.4f} >= stop_at_val_acc {stop_at_val_acc}")
             break
-    if eval_only:
+    if eval_only or last_step:
         break
 
     # forward/backward with gradient accumulation; DDP and FSDP sync gradients on the last micro-step only
+    t0 = time.time()  # the step's time, without the eval above
     step_loss = torch.zeros((), device=device)  # the mean loss over the micro-steps
     for micro_step in range(gradient_accumulation_steps):
         if sharded:
@@ -575,21 +648,32 @@ while True:
     scaler.update()
     optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
 
-    t1 = time.time()
-    dt = t1 - t0
-    t0 = t1
-    if iter_num % log_interval == 0:
-        line = f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {lr:.2e}"
-        if peak_flops and local_iter_num >= 5:  # let the first (compiling) iterations pass
+    dt = time.time() - t0
+    time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
+    local_iter_num += 1
+    smooth = 0.9 * smooth + 0.1 * lossf
+    if iter_num % log_interval == 0 or iter_num == max_iters - 1:
+        if bar is not None:
+            bar.close()
+            bar = None
+        # ETA: the steps left at this run's mean step time and the evals left at the last one's time
+        mean_dt = time_sum / time_n if time_n else dt
+        evals_left = (max_iters - 1) // eval_interval - iter_num // eval_interval + 1  # multiples, then the last step
+        eta = (max_iters - iter_num - 1) * mean_dt + evals_left * eval_time
+        line = (f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, smooth {smooth / (1 - 0.9 ** local_iter_num):.4f}, "
+                f"time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {lr:.2e}")
+        if peak_flops and local_iter_num > 5:  # let the first (compiling) iterations pass
             mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)
             running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
             line += f", mfu {running_mfu * 100:.2f}%"
-        print0(line)
+        print0(line + f", eta {duration(eta)}")
+    else:  # no iter line for this step: a bar up to the next one (on a terminal, once it has taken a second)
+        if bar is None:
+            next_line = min((iter_num // log_interval + 1) * log_interval, max_iters - 1)
+            bar = progress(next_line - iter_num, f"steps to iter {next_line}")
+        bar.update()
     iter_num += 1
-    local_iter_num += 1
     stop_signal = int(stopf)
-    if iter_num > max_iters:
-        break
 
 if not eval_only and saved_iter != iter_num:
     save(last_val, why=f" (end of run, iter {iter_num})")  # the last steps since the last eval are not lost

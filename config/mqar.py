@@ -37,6 +37,6 @@ learning_rate = 1e-3   # one LR for every mixer (grid.py --learning_rates sweeps
 min_lr = 1e-4
 weight_decay = 0.1
 
-eval_interval = 500    # must divide max_iters so the last eval is at max_iters
+eval_interval = 500    # and the last step, max_iters, is always evaluated
 eval_iters = 16        # 16 x 64 = 1,024 fixed val sequences = 16,384 answers
 log_interval = 100

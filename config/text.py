@@ -30,7 +30,7 @@ learning_rate = 1.5e-3
 min_lr = 1.5e-4
 weight_decay = 0.1
 
-eval_interval = 100    # divides max_iters, so the last eval is at max_iters
+eval_interval = 100    # and the last step, max_iters, is always evaluated
 eval_iters = 20        # 20 x 8,192 = 164k tokens: the whole val split (157k) about once
 log_interval = 50
 always_save_checkpoint = False
