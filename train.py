@@ -236,17 +236,18 @@ cuda_graphs = compile and device_type == 'cuda' and compile_mode in ('reduce-ove
 
 
 def print0(*args, terminal=True):
-    """Print on rank 0 only, and append the same line to out_dir/log.txt (terminal=False: to log.txt only)."""
+    """Print on rank 0 only, and append the same line to out_dir/log.txt (terminal=False: to log.txt only). The log
+    first: a line seen on the terminal is in log.txt already."""
     if master_process:
         line = ' '.join(str(a) for a in args)
-        if terminal:
-            print(line, flush=True)
         try:
             with open(log_path, 'a') as f:
                 f.write(line + '\n')
         except OSError as e:  # a full disk or a quota: say so, not a traceback; the checkpoints are not touched here
             raise UserError(f"cannot write {log_path}: {os.strerror(e.errno).lower() if e.errno else e}: free space "
                             f"or pass another --out_dir (the checkpoints there are as they were)") from None
+        if terminal:
+            print(line, flush=True)
 
 
 def progress(total, desc):
