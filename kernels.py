@@ -15,11 +15,13 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
     linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None)
         -> (o, final_state | None)
         q, k [B, T, Hk, Dk], v [B, T, H, Dv], H % Hk == 0 (head h reads q/k head h // (H // Hk): Mamba2's
-        shared B/C); g None | [H] (constant per head, RetNet; not differentiated) | [B, T, H] (Mamba2's dt*A);
+        shared B/C); g None | [H] (constant per head, RetNet; not differentiated) | [B, T, H] (Mamba2's dt*A)
+        | [B, T, H, Dk] (GLA: one log-decay per key channel, S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T);
         Mamba2's SSD: with dt [B, T, H] and D [H] (both or neither) the value of token t is dt_t v_t (Δ·x) and
         the output gains D_h v_t (the skip connection), formed inside the Triton kernels
     linear_attn_step(q, k, v, g, state, scale=None) -> o
-        one token: q, k [B, Hk, Dk], v [B, H, Dv], g None | [H] | [B, H]; updates state in place; o [B, H, Dv]
+        one token: q, k [B, Hk, Dk], v [B, H, Dv], g None | [H] | [B, H] | [B, H, Dk]; updates state in place;
+        o [B, H, Dv]
     delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
                dt_bias=None) -> (o, final_state | None)
         q, k [B, T, H, Dk] (L2-normalised by the caller), v [B, T, H, Dv], beta [B, T, H],
@@ -197,17 +199,21 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
                 D=None):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
     path, note = _pick_path("linear_attn", q, v, path=path)
+    if path == "triton" and g is not None and g.dim() == 4:  # GLA's per-key-channel gate: no Triton kernels yet
+        path, note = "chunked", " (no Triton kernels for a per-key-channel gate yet)"
     _log_path("linear_attn", path, note, q)
     if path == "recurrent":
         return _ssd_torch(linear_attn_recurrent, q, k, v, g, scale, initial_state, output_final_state, dt, D)
     if path == "triton":
         return linear_attn_triton(q, k, v, g, scale, initial_state, output_final_state, dt, D)
-    return _ssd_torch(linear_attn_chunked, q, k, v, g, scale, initial_state, output_final_state, dt, D,
-                      chunk_size=CHUNK_SIZE)
+    C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.dim() == 4 else CHUNK_SIZE
+    return _ssd_torch(linear_attn_chunked, q, k, v, g, scale, initial_state, output_final_state, dt, D, chunk_size=C)
 
 def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
     """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
     path, note = _pick_path("linear_attn_step", q, v, state, path=path)
+    if path == "triton" and g is not None and g.dim() == 3:  # GLA's per-key-channel gate: no Triton step yet
+        path, note = "step", " (no Triton step for a per-key-channel gate yet)"
     _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
         return linear_attn_step_triton(q, k, v, g, state, scale)
@@ -362,13 +368,16 @@ def _check_linear_attn(name, q, k, v, g, state, step=False, dt=None, D=None):
     if H % Hk:
         _fail(name, f"v has H={H} heads, which is not a multiple of the Hk={Hk} q/k heads")
     lead = tuple(v.shape[:-2])  # (B,) or (B, T)
-    if g is not None and _shape(g) not in ((H,), lead + (H,)):
-        _fail(name, f"g must be None, [H] = {(H,)} or {lead + (H,)}, got {_shape(g)}")
+    if g is not None and _shape(g) not in ((H,), lead + (H,), lead + (H, Dk)):
+        _fail(name, f"g must be None, [H] = {(H,)}, {lead + (H,)} or {lead + (H, Dk)} (per key channel, GLA), "
+                    f"got {_shape(g)}")
     if step and state is None:
         _fail(name, "state [B, H, Dk, Dv] is required")
     _check_state(name, state, v.shape[0], H, Dk, Dv, "state" if step else "initial_state")
     if (dt is None) != (D is None):
         _fail(name, "dt and D come together (Mamba2's SSD): give both or neither")
+    if dt is not None and g is not None and g.dim() == nd:
+        _fail(name, "dt and D (Mamba2's SSD) take a scalar gate per token, not a per-key-channel one")
     if dt is not None and _shape(dt) != lead + (H,):
         _fail(name, f"dt must be {lead + (H,)} (one step size per token and head), got {_shape(dt)}")
     if D is not None and _shape(D) != (H,):
@@ -1843,7 +1852,7 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
 # =====================================================================================================================
 
 # ---- 5.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
-# S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = s S_t^T q_t
+# S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = s S_t^T q_t   (GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, g_t [Dk])
 
 def linear_attn_recurrent(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
     _check_linear_attn("linear_attn", q, k, v, g, initial_state)
@@ -1851,11 +1860,14 @@ def linear_attn_recurrent(q, k, v, g=None, scale=None, initial_state=None, outpu
     Dk, dt = q.shape[-1], _compute_dtype(q)
     scale = Dk ** -0.5 if scale is None else scale
     qf, kf, vf = _expand_heads(q, H).to(dt), _expand_heads(k, H).to(dt), v.to(dt)
-    a = _scalar_gate(g, B, T, H, dt, q.device).exp()  # per-step decay in [0, 1]
+    if g is not None and g.dim() == 4:  # GLA: one decay per key channel, the rows of S
+        a = g.to(dt).exp()[..., None]  # [B, T, H, Dk, 1]
+    else:
+        a = _scalar_gate(g, B, T, H, dt, q.device).exp()[..., None, None]  # per-step decay in [0, 1], [B, T, H, 1, 1]
     S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
     o = []
     for t in range(T):
-        S = a[:, t, :, None, None] * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
+        S = a[:, t] * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
         o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
     return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
 
@@ -1869,17 +1881,21 @@ def linear_attn_chunked(q, k, v, g=None, scale=None, initial_state=None, output_
     C = min(chunk_size, T)
     Q, K = _to_chunks(_expand_heads(q, H), C, dt), _to_chunks(_expand_heads(k, H), C, dt)  # [B, H, N, C, Dk]
     V = _to_chunks(v, C, dt)  # [B, H, N, C, Dv]
-    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1]
-    D = _causal_decay(g)  # [B, H, N, C, C, 1]
-    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1] decay from the chunk start; Gamma[..., -1, :] over the whole chunk
+    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1] (GLA: [B, H, N, C, Dk])
+    D = _causal_decay(g)  # [B, H, N, C, C, 1|Dk]
+    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1|Dk] decay from the chunk start; Gamma[..., -1, :] over the chunk
     # parallel over chunks: the intra-chunk outputs and what each chunk adds to the state
-    intra = ((Q @ K.mT) * D[..., 0]).tril() @ V  # [B, H, N, C, Dv]
+    if g.shape[-1] == 1:  # none or scalar gate: the decay factors out of the dot products
+        QK = (Q @ K.mT) * D[..., 0]
+    else:  # GLA, per key channel: the decay sits inside the sum over c
+        QK = ((D * K[:, :, :, None]) @ Q[..., None])[..., 0]  # [B, H, N, C(r), C(i)]: Σ_c q_rc k_ic exp(G_rc - G_ic)
+    intra = QK.tril() @ V  # [B, H, N, C, Dv]
     local = (K * D[..., -1, :, :]).mT @ V  # [B, H, N, Dk, Dv]; D's last row is exp(G_n - G_i)
     # sequential over chunks, cheap: S_start(n+1) = Γ_n S_start(n) + local_n
     S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
     starts = []
     # unbind, not local[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
-    for decay, add in zip(Gamma[..., -1:, :].unbind(2), local.unbind(2)):  # [B, H, 1, 1], [B, H, Dk, Dv]
+    for decay, add in zip(Gamma[..., -1:, :].mT.unbind(2), local.unbind(2)):  # [B, H, 1|Dk, 1], [B, H, Dk, Dv]
         starts.append(S)
         S = decay * S + add
     S0 = torch.stack(starts, dim=2)  # [B, H, N, Dk, Dv] chunk-start states
@@ -2429,7 +2445,9 @@ def linear_attn_step_torch(q, k, v, g, state, scale=None):
     H, dt = v.shape[1], state.dtype
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k = _expand_heads(q[:, None], H)[:, 0].to(dt), _expand_heads(k[:, None], H)[:, 0].to(dt)  # [B, H, Dk]
-    if g is not None:
+    if g is not None and g.dim() == 3:  # GLA: [B, H, Dk], the rows of S
+        state.mul_(g.to(dt).exp()[..., None])
+    elif g is not None:
         state.mul_(g.to(dt).exp().expand(v.shape[:2])[:, :, None, None])  # [H] or [B, H] -> [B, H, 1, 1]
     state.add_(k[:, :, :, None] * v.to(dt)[:, :, None, :])
     return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)

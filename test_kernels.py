@@ -33,9 +33,9 @@ import kernels
 
 B, H, DK, DV = 2, 2, 16, 8
 REGIMES = ("zero", "mild", "strong", "mixed")
-# (gate shape, regime); shapes: 'none', 'const' [H], 'token' [B,T,H] for linear attention;
+# (gate shape, regime); shapes: 'none', 'const' [H], 'token' [B,T,H], 'channel' [B,T,H,Dk] (GLA) for linear attention;
 # 'none', 'scalar' [B,T,H], 'channel' [B,T,H,Dk] for the delta rule
-LINEAR_GATES = [("none", "zero")] + [(s, r) for s in ("const", "token") for r in REGIMES]
+LINEAR_GATES = [("none", "zero")] + [(s, r) for s in ("const", "token", "channel") for r in REGIMES]
 DELTA_GATES = [("none", "zero")] + [(s, r) for s in ("scalar", "channel") for r in REGIMES]
 TS = (1, 63, 64, 65, 200)
 F64, F32 = torch.float64, torch.float32
@@ -67,7 +67,7 @@ def linear_inputs(T, gate, regime, Hk=H, init=True, seed=0, dtype=F64, nh=H):
     x = dict(q=torch.randn(B, T, Hk, DK, generator=gen, dtype=dtype),
              k=torch.randn(B, T, Hk, DK, generator=gen, dtype=dtype),
              v=torch.randn(B, T, nh, DV, generator=gen, dtype=dtype))
-    shape = {"none": None, "const": (nh,), "token": (B, T, nh)}[gate]
+    shape = {"none": None, "const": (nh,), "token": (B, T, nh), "channel": (B, T, nh, DK)}[gate]
     x["g"] = None if shape is None else gate_values(shape, regime, gen, dtype)
     x["initial_state"] = torch.randn(B, nh, DK, DV, generator=gen, dtype=dtype) if init else None
     return x
@@ -129,27 +129,31 @@ def assert_close(got, ref, tol, what=""):
 # -----------------------------------------------------------------------------
 # the references against independent closed forms (numpy, fp64), so that a bug shared by both torch paths shows
 
-@pytest.mark.parametrize("gate", ["none", "const", "token"])
+@pytest.mark.parametrize("gate", ["none", "const", "token", "channel"])
 def test_linear_attn_reference_vs_parallel_form(gate):
-    # o_t = s Σ_{i<=t} exp(G_t - G_i) (q_t·k_i) v_i + s exp(G_t) S0^T q_t, G a global cumsum;
+    # o_t = s Σ_{i<=t} exp(G_t - G_i) (q_t·k_i) v_i + s exp(G_t) S0^T q_t, G a global cumsum (per key channel for
+    # GLA, where the decays sit inside the dot products: Σ_c q_tc k_ic exp(G_tc - G_ic));
     # 4 heads on 2 q/k heads: head h reads q/k head h // 2 (Mamba2's groups), which pins the head mapping
     T, nh, Hk = 12, 4, 2
     x = linear_inputs(T, gate, "mild", Hk=Hk, nh=nh)
     o, S = kernels.linear_attn_recurrent(**x, output_final_state=True)
     q, k, v, S0 = (x[n].numpy() for n in ("q", "k", "v", "initial_state"))
-    g = np.zeros((B, T, nh)) if x["g"] is None else np.broadcast_to(x["g"].numpy(), (B, T, nh))
-    G = np.cumsum(g, axis=1)
+    if gate == "channel":
+        G = np.cumsum(x["g"].numpy(), axis=1)  # [B, T, nh, Dk]
+    else:
+        g = np.zeros((B, T, nh)) if x["g"] is None else np.broadcast_to(x["g"].numpy(), (B, T, nh))
+        G = np.repeat(np.cumsum(g, axis=1)[..., None], DK, axis=-1)  # the same decay on every key channel
     s = DK ** -0.5
     o_ref, S_ref = np.zeros((B, T, nh, DV)), np.zeros((B, nh, DK, DV))
     for b in range(B):
         for h in range(nh):
             hk = h // 2
             for t in range(T):
-                o_ref[b, t, h] = s * np.exp(G[b, t, h]) * S0[b, h].T @ q[b, t, hk]
+                o_ref[b, t, h] = s * S0[b, h].T @ (np.exp(G[b, t, h]) * q[b, t, hk])
                 for i in range(t + 1):
-                    o_ref[b, t, h] += s * np.exp(G[b, t, h] - G[b, i, h]) * (q[b, t, hk] @ k[b, i, hk]) * v[b, i, h]
-            S_ref[b, h] = np.exp(G[b, -1, h]) * S0[b, h] + sum(
-                np.exp(G[b, -1, h] - G[b, i, h]) * np.outer(k[b, i, hk], v[b, i, h]) for i in range(T))
+                    o_ref[b, t, h] += s * (q[b, t, hk] * np.exp(G[b, t, h] - G[b, i, h]) @ k[b, i, hk]) * v[b, i, h]
+            S_ref[b, h] = np.exp(G[b, -1, h])[:, None] * S0[b, h] + sum(
+                np.outer(np.exp(G[b, -1, h] - G[b, i, h]) * k[b, i, hk], v[b, i, h]) for i in range(T))
     np.testing.assert_allclose(o.numpy(), o_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(S.numpy(), S_ref, rtol=1e-12, atol=1e-12)
 
@@ -234,7 +238,8 @@ def test_delta_rule_beta_up_to_2(gate, regime):
 # -----------------------------------------------------------------------------
 # decode steps: token by token from an initial state == the recurrence
 
-@pytest.mark.parametrize("gate,regime", [("none", "zero"), ("const", "mild"), ("token", "mild"), ("token", "mixed")])
+@pytest.mark.parametrize("gate,regime", [("none", "zero"), ("const", "mild"), ("token", "mild"), ("token", "mixed"),
+                                         ("channel", "mild"), ("channel", "mixed")])
 def test_linear_attn_step(gate, regime):
     x = linear_inputs(20, gate, regime, Hk=1)
     o_ref, S_ref = kernels.linear_attn_recurrent(**x, output_final_state=True)
@@ -277,7 +282,7 @@ def split_run(fn, x, P, **kw):
     return torch.cat([o1, o2], dim=1), S2
 
 @pytest.mark.parametrize("P", [64, 70])
-@pytest.mark.parametrize("gate", ["none", "const", "token"])
+@pytest.mark.parametrize("gate", ["none", "const", "token", "channel"])
 def test_linear_attn_split(gate, P):
     x = linear_inputs(150, gate, "mild", Hk=1)
     for C in (16, 64):
@@ -334,7 +339,7 @@ def causal_check(fn, x, other, P, **kw):
 
 @pytest.mark.parametrize("dtype", [F64, F32])
 @pytest.mark.parametrize("P", [1, 64, 100])
-@pytest.mark.parametrize("gate", ["none", "const", "token"])
+@pytest.mark.parametrize("gate", ["none", "const", "token", "channel"])
 def test_linear_attn_causal(gate, P, dtype):
     x, other = (cast(linear_inputs(150, gate, "mixed", Hk=1, seed=s), dtype) for s in (0, 1))
     causal_check(kernels.linear_attn_chunked, x, other, P, chunk_size=64)
@@ -351,7 +356,7 @@ def test_delta_rule_causal(gate, P, dtype):
 # and every gate at -1000
 
 @pytest.mark.parametrize("extreme", ["third", "all"])
-@pytest.mark.parametrize("family,gate", [("linear", "const"), ("linear", "token"),
+@pytest.mark.parametrize("family,gate", [("linear", "const"), ("linear", "token"), ("linear", "channel"),
                                          ("delta", "scalar"), ("delta", "channel")])
 def test_no_nan_extreme_gates(family, gate, extreme):
     gen = torch.Generator().manual_seed(3)
@@ -1136,7 +1141,7 @@ def doc_inputs(family, gate, T, dtype, dv):
     return {n: None if t is None else t.to(DEV, dtype) for n, t in x.items()}
 
 @pytest.mark.parametrize("path", ["recurrent", "torch", "triton"])
-@pytest.mark.parametrize("family,gate", [("linear", "const"), ("linear", "token"), ("delta", "none"),
+@pytest.mark.parametrize("family,gate", [("linear", "const"), ("linear", "token"), ("linear", "channel"), ("delta", "none"),
                                          ("delta", "scalar"), ("delta", "channel")])
 def test_document_resets_match_documents_run_alone(family, gate, path):
     if path == "triton" and not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
