@@ -1067,8 +1067,8 @@ def ptxas(D, dtypes, only):
 # -----------------------------------------------------------------------------
 # whole-model training: tokens/s, MFU, peak memory and where the GPU time goes, per mixer and context
 
-TRAIN_CONFIGS = {"softmax": "owt", "kda*3,softmax": "kda_hybrid", "kda": "owt",  # mixer -> config/<file>.py, run with
-                 "gdn": "owt", "mamba2": "owt", "deltanet": "owt", "retnet": "owt"}  # that mixer
+TRAIN_CONFIGS = {"kda*3,softmax": "kda_hybrid"}  # mixer pattern -> config/<file>.py when not config/owt.py (run with
+HYBRID = "kda*3,softmax"                          # that mixer); --train's default: every MIXERS entry and the hybrid
 TRAIN_CONTEXTS = "1024,4096,8192,16384"
 CATEGORIES = ("linear mixer", "attention", "matmul", "conv", "fused elem", "unfused", "optimizer")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # train.py's
@@ -1369,7 +1369,7 @@ def main():
                     help="whole-model training per mixer x context: tokens/s, MFU, peak memory, GPU time by category")
     ap.add_argument("--mixers", nargs="+", default=None,
                     help="--model_decode / --train: mixer patterns, space-separated (a pattern may hold commas: "
-                         "'kda*3,softmax'); default softmax retnet mamba2 kda 'kda*3,softmax' / all of TRAIN_CONFIGS")
+                         "'kda*3,softmax'); default softmax retnet mamba2 kda 'kda*3,softmax' / model.MIXERS and the hybrid")
     ap.add_argument("--contexts", default="", help="--model_decode: prefill lengths (default 256,1024,4096,16384); "
                                                    f"--train: context lengths (default {TRAIN_CONTEXTS})")
     ap.add_argument("--batches", default="1,64", help="--model_decode: batch sizes")
@@ -1450,7 +1450,8 @@ def main():
     if args.train:  # runs on CPU too (--tiny)
         args.device = device
         contexts = [int(t) for t in (args.contexts or TRAIN_CONTEXTS).split(",")]
-        return train_bench(args, args.mixers or list(TRAIN_CONFIGS), contexts)
+        from model import MIXERS
+        return train_bench(args, args.mixers or list(MIXERS) + [HYBRID], contexts)
     delta = [v for v in variants if v in VARIANTS]
     scalar = [v for v in variants if v in SCALAR_VARIANTS]
     if not torch.cuda.is_available():

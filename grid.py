@@ -52,12 +52,13 @@ from collections import namedtuple
 
 import torch
 
+import model
 from checkpoint import INHERITED_LOCK, lock_out_dir
 from configurator import UserError
 from plot import read_log
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-MIXERS = ['softmax', 'retnet', 'mamba2', 'deltanet', 'gdn', 'kda', 'kda*3,softmax']
+MIXERS = list(model.MIXERS) + ['kda*3,softmax']  # every registered mixer and the 3:1 hybrid
 HEAD_WIDTH = 32  # the configs' softmax head width (n_head = width / 32) and linear head_dim, kept at every width
 
 # per task: its config, the train.py key the grid varies, and the tiny --quick version
@@ -520,7 +521,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], allow_abbrev=False,
                                  epilog="Arguments not listed here (--key=value) are passed to every train.py run.")
     ap.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
-    ap.add_argument('--mixers', nargs='+', default=MIXERS, help="mixer patterns (default: the six mixers and 'kda*3,softmax')")
+    ap.add_argument('--mixers', nargs='+', default=MIXERS, help="mixer patterns (default: every mixer of model.MIXERS and 'kda*3,softmax')")
     ap.add_argument('--sizes', nargs='+', type=int, help="pairs (mqar) / assignments (statetrack); default per task")
     ap.add_argument('--widths', nargs='+', type=int, help="n_embd values, multiples of 32; default per task")
     ap.add_argument('--learning_rates', nargs='+', type=float, default=[1e-3],

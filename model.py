@@ -680,8 +680,84 @@ class KDA(DeltaNet):
         return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))
 
 
+class GLA(nn.Module):
+    """Gated linear attention (GLA, Yang et al. 2024; fla's layer with its defaults, docs/mixers.md §2.7): a decay per
+    head and key channel, no delta rule
+        α_t = σ(W_α↑ W_α↓ x_t + b_α)^(1/16)  ∈ (0, 1)^{d_k},  i.e.  g_t = log α_t = logsigmoid(·) / 16
+        S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ,   o_t = S_tᵀ q_t / √d_k,   y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h
+    No short conv, no RoPE, no feature map. Low-rank (16) gate projection; d_v = 2·d_k (fla's expand_k = 0.5,
+    expand_v = 1), H = C / (2 hd): C=768, hd=64 → H=6, 2,378,240 params (1.01× softmax)."""
+    cache_grows = False
+    projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj', 'f_down')  # the Linear layers that read x (see linears)
+    gate_rank, gate_norm = 16, 16  # fla's gate_low_rank_dim and gate_logit_normalizer
+
+    def __init__(self, config):
+        super().__init__()
+        C, hd = config.n_embd, config.head_dim
+        self.H, self.dk, self.dv = max(1, C // (2 * hd)), hd, 2 * hd
+        self.kernels = config.kernels  # the path of its kernels.py calls
+        self.q_proj = nn.Linear(C, self.H * self.dk, bias=config.bias)
+        self.k_proj = nn.Linear(C, self.H * self.dk, bias=config.bias)
+        self.v_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
+        self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)  # the output gate
+        self.f_down = nn.Linear(C, self.gate_rank, bias=False)
+        self.f_up = nn.Linear(self.gate_rank, self.H * self.dk, bias=True)
+        self.o_norm = RMSNorm(self.dv, eps=1e-5)
+        self.c_proj = nn.Linear(self.H * self.dv, C, bias=config.bias)
+        self.c_proj.residual_out = True
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cache=None, docs=None):
+        B, T, C = x.shape
+        q, k, v, gate, f = linears(self, x, self.projections)
+        g = F.logsigmoid(self.f_up(f).float()) / self.gate_norm  # log-decay ≤ 0 per key channel, [B, T, H·dk]
+        g = reset_gate(g.view(B, T, self.H, self.dk), docs)
+        o = scan(cache, q.view(B, T, self.H, self.dk), k.view(B, T, self.H, self.dk), v.view(B, T, self.H, self.dv),
+                 g=g, path=self.kernels)
+        o = self.o_norm(o) * F.silu(gate.view(B, T, self.H, self.dv))
+        return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
+
+    def core_flops_per_token(self, T, chunk=16):
+        # state read and write (2·dk·dv each), the intra-chunk scores and their use (chunk 16 for this gate)
+        return self.H * (4 * self.dk * self.dv + 2 * chunk * (self.dk + self.dv))
+
+
 # ------------------------------------------------------------------------------------------------
-# The one place mixers are named. Adding a mixer = one class above + one line here.
+# The one place mixers are named. Adding a mixer = one class above + one line here: every test, grid.py and
+# bench.py --train take their mixer lists from MIXERS. What a mixer class provides (check_mixer says what is missing):
+#   __init__(self, config)                 sizes itself from config (n_embd, head_dim, ...) so that a layer has
+#                                          0.8-1.2x a softmax layer's 4·n_embd² parameters (models with different
+#                                          mixers compare; test_model.py's test_param_budget)
+#   forward(self, x, cache=None, docs=None) -> y [B, T, C]   (the interface in this file's docstring)
+#   core_flops_per_token(self, T)          forward FLOPs per token of the sequence-mixing core, for MFU (the Linear
+#                                          layers are counted from the parameters)
+#   cache_grows = False | True             class attribute: a fixed-size decode state (every tensor in the cache keeps
+#                                          its shape from token to token, so Decoder can capture one CUDA graph) or
+#                                          one that grows with the context (softmax's K/V)
+#   projections = ('q_proj', ...)          optional: the nn.Linear attributes that all read x, fetched with
+#                                          linears(self, x, self.projections); the Decoder stacks them into one matmul
+# The cache: a dict the mixer fills on its first call and advances on each later one; 'state' for scan's
+# recurrent state, any other key for the mixer's own tensors. 'pos' is the number of tokens seen so far: a mixer
+# that needs positions (RoPE) reads cache.get('pos', 0) and, where it is a plain int, stores past + T back (in the
+# static caches of the Decoder it is one shared tensor, which GPT advances).
+
+
+def check_mixer(name, mixer, n_embd):
+    """Refuse a mixer instance that lacks what the rest of the code uses (the list above): a TypeError that says
+    what to add."""
+    where = f"mixer {name!r} ({type(mixer).__name__})"
+    if not callable(getattr(mixer, 'core_flops_per_token', None)):
+        raise TypeError(f"{where}: add core_flops_per_token(self, T) -> forward FLOPs per token of its "
+                        f"sequence-mixing core (used for MFU)")
+    if not isinstance(getattr(type(mixer), 'cache_grows', None), bool):
+        raise TypeError(f"{where}: add the class attribute cache_grows = False (a fixed-size decode state) or True "
+                        f"(a cache that grows with the context, like softmax's K/V)")
+    for p in getattr(mixer, 'projections', ()):
+        layer = getattr(mixer, p, None)
+        if not isinstance(layer, nn.Linear) or layer.in_features != n_embd:
+            raise TypeError(f"{where}: projections names {p!r}, which is not an nn.Linear attribute reading x; "
+                            f"list only the Linear layers whose input is the mixer's input x")
+
 
 MIXERS = {
     'softmax': CausalSelfAttention,
@@ -690,6 +766,7 @@ MIXERS = {
     'deltanet': DeltaNet,
     'gdn': GatedDeltaNet,
     'kda': KDA,
+    'gla': GLA,
 }
 
 
@@ -704,6 +781,7 @@ class Block(nn.Module):
         self.mixer_name = mixer_name
         self.ln_1 = RMSNorm(config.n_embd)
         self.mixer = MIXERS[mixer_name](config)  # the token mixer (nanoGPT's `attn`; old checkpoints are remapped on load)
+        check_mixer(mixer_name, self.mixer, config.n_embd)
         self.ln_2 = RMSNorm(config.n_embd)
         self.mlp = MLP(config)
 

@@ -5,6 +5,7 @@ decoder == generate, causality, the mixer pattern.
 $ python -m pytest test_model.py -q
 """
 import contextlib
+import functools
 import math
 
 import pytest
@@ -248,10 +249,6 @@ def test_checkpoint_with_old_attn_keys_loads(tmp_path):
 
 
 # the kernels.py functions each linear mixer calls (forward, prefill, decode)
-KERNEL_CALLS = {'retnet': {'linear_attn', 'linear_attn_step'},
-                'mamba2': {'linear_attn', 'linear_attn_step', 'short_conv', 'short_conv_step'}}
-
-
 @pytest.mark.parametrize('path', ['torch', 'recurrent'])
 @pytest.mark.parametrize('mixer', [p for p in PATTERNS if p != 'softmax'])
 def test_kernels_key_reaches_every_kernel_call(mixer, path, monkeypatch, capsys):
@@ -266,6 +263,11 @@ def test_kernels_key_reaches_every_kernel_call(mixer, path, monkeypatch, capsys)
         want = auto(idx)[0]
         capsys.readouterr()
         monkeypatch.setattr(kernels, '_logged', set())
+        called = set()  # the public kernels.py calls the model makes (each must log the path it took)
+        for name in ('linear_attn', 'linear_attn_step', 'delta_rule', 'delta_rule_step', 'short_conv',
+                     'short_conv_step'):
+            monkeypatch.setattr(kernels, name, functools.partial(
+                lambda fn, name, *a, **kw: called.add(name) or fn(*a, **kw), getattr(kernels, name), name))
         full = model(idx)[0]
         caches = model.new_caches()
         steps = [model(idx[:, :5], caches=caches)[0]] + [model(idx[:, t:t + 1], caches=caches)[0] for t in range(5, 29)]
@@ -275,8 +277,7 @@ def test_kernels_key_reaches_every_kernel_call(mixer, path, monkeypatch, capsys)
     torch.testing.assert_close(torch.cat(steps, dim=1), want[:, 4:], rtol=1e-4, atol=1e-4)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('kernels:')]
     assert lines and all(line.endswith(f"on cpu (kernels='{path}')") for line in lines), lines
-    calls = KERNEL_CALLS.get(mixer, {'delta_rule', 'delta_rule_step', 'short_conv', 'short_conv_step'})
-    assert {line.split()[1] for line in lines} == calls, lines
+    assert called and {line.split()[1] for line in lines} == called, (called, lines)
 
 
 def test_kernels_key_is_checked():
@@ -312,7 +313,10 @@ def test_param_budget(mixer, n_embd, head_dim):
     """Every mixer's parameters per layer are within 20% of the softmax layer's 4·C² (the sizing rule in model.py, above RetNet)."""
     layer = MIXERS[mixer](GPTConfig(n_embd=n_embd, n_head=n_embd // 64, head_dim=head_dim, mixer=mixer))
     n = sum(p.numel() for p in layer.parameters())
-    assert 0.8 <= n / (4 * n_embd ** 2) <= 1.2, (mixer, n)
+    assert 0.8 <= n / (4 * n_embd ** 2) <= 1.2, \
+        (f"mixer {mixer!r} has {n:,} parameters per layer at n_embd={n_embd}, head_dim={head_dim}: "
+         f"{n / (4 * n_embd ** 2):.2f}x a softmax layer's 4*n_embd^2; size its heads so that it is within 0.8-1.2x "
+         f"(model.py, above MIXERS), so that models with different mixers compare")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -536,3 +540,55 @@ def test_stacked_linears_equal_separate_layers(autocast, layout, monkeypatch):
     for fn in (lambda x: linears(mod, x, names), torch.compile(lambda x: linears(mod, x, names), backend="aot_eager")):
         for a, b in zip(grads(fn), ref):
             assert a.dtype == b.dtype and ((a - b).norm() / b.norm()).item() < tol
+
+
+def test_a_mixer_missing_part_of_its_interface_is_named_at_build():
+    """What a mixer must provide beyond forward (model.py, above MIXERS) is checked when the model is built, with a
+    message that says what to add."""
+    base = MIXERS['retnet']
+    cases = [(type('NoFlops', (base,), {'core_flops_per_token': None}), r"add core_flops_per_token\(self, T\)"),
+             (type('NoCacheKind', (base,), {'cache_grows': None}), r"add the class attribute cache_grows = False"),
+             (type('BadProjection', (base,), {'projections': base.projections + ('o_norm',)}),
+              r"projections names 'o_norm', which is not an nn.Linear attribute reading x")]
+    for cls, message in cases:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(MIXERS, 'new', cls)
+            with pytest.raises(TypeError, match=rf"^mixer 'new' \({cls.__name__}\): {message}"):
+                GPT(tiny('new'))
+
+
+def test_a_new_mixer_is_one_class_and_one_line(tmp_path):
+    """README "How to add a mixer": a copy of the project whose model.py gains fixtures/new_mixer.py's class above
+    MIXERS and one MIXERS line, nothing else, runs that mixer through the per-mixer tests of test_model.py,
+    test_mixers.py and test_train.py (shapes, loss at init, decode == forward, causality, the kernels key, training
+    on pystdlib); it has no reference in test_mixers.py (optional, step 3) and needs none."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.abspath(__file__))
+    files = subprocess.run(['git', 'ls-files'], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    copy = tmp_path / 'repo'
+    for f in files + [os.path.join('data', 'pystdlib', n) for n in os.listdir(os.path.join(root, 'data', 'pystdlib'))
+                      if n.endswith('.bin')]:  # the tokenized pystdlib, if prepared here (else the copy prepares it)
+        if os.path.isfile(os.path.join(root, f)):
+            (copy / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(os.path.join(root, f), copy / f)
+    src = (copy / 'model.py').read_text()
+    cls = (copy / 'fixtures' / 'new_mixer.py').read_text()
+    cls = cls[cls.index('class GatedRetention'):]
+    marker = '# ------------------------------------------------------------------------------------------------\n' \
+             '# The one place mixers are named.'
+    assert src.count(marker) == 1 and src.count("    'softmax': CausalSelfAttention,\n") == 1
+    src = src.replace(marker, cls + '\n\n' + marker)
+    src = src.replace("    'softmax': CausalSelfAttention,\n", "    'softmax': CausalSelfAttention,\n    'gret': GatedRetention,\n")
+    (copy / 'model.py').write_text(src)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE='1')
+    env.pop('PYTEST_XDIST_WORKER', None)
+    p = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider', '-k', 'gret',
+                        'test_model.py', 'test_mixers.py', 'test_train.py'], cwd=copy, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    passed = int(re.search(r'(\d+) passed', p.stdout).group(1))
+    assert passed >= 12 and 'PASSED test_train.py::test_every_mixer_trains[gret]' in p.stdout, p.stdout[-3000:]
