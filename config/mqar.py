@@ -7,7 +7,7 @@
 # Expected val accuracy per mixer: README "Results", notes/results.md §8.1 (its w=128, 16-pair cell);
 # the sizing runs that chose these settings: notes/results.md §8.6.
 dataset = 'mqar'
-mixer = 'softmax'      # override with --mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax'
+mixer = 'softmax'      # override with --mixer=retnet|mamba2|gla|deltanet|gdn|kda|'kda*3,softmax'
 compile = None         # on for CUDA (off on CPU): a step of these small models is bound by kernel launches,
 compile_mode = 'reduce-overhead'  # so CUDA graphs make it several times faster (notes/perf.md, 2026-11-24 (r))
 

@@ -6,7 +6,7 @@
 # $ python data/pystdlib/prepare.py && python train.py config/pystdlib.py     # -> out-pystdlib-kdax3+softmax
 # $ python train.py config/pystdlib.py --mixer=gdn                            # -> out-pystdlib-gdn
 dataset = 'pystdlib'
-mixer = 'kda*3,softmax'  # or softmax | retnet | mamba2 | deltanet | gdn | kda | any pattern that tiles 4 layers
+mixer = 'kda*3,softmax'  # or softmax | retnet | mamba2 | gla | deltanet | gdn | kda | any pattern tiling 4 layers
 
 # model: 4 layers x 128 wide, 32-wide heads for every mixer
 n_layer = 4

@@ -2,12 +2,12 @@
 # parameters, of which the tied 50304 x 384 embedding is 19.3M) and the same tokens, on the offline default dataset
 # (Python standard library source, 5.1M train tokens). The mixer is an override; one run per mixer, then the table
 # and the picture:
-# $ for m in softmax retnet mamba2 deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m; done
+# $ for m in softmax retnet mamba2 gla deltanet gdn kda 'kda*3,softmax'; do python train.py config/text.py --mixer=$m; done
 # $ python plot.py out-text/* --table && python plot.py out-text/* --out=assets/text_val_loss.png --title="pystdlib, 8 x 384"
 # Hardware: one GPU (bf16); on 2 CPU cores a run would take hours.
 # Expected val loss per mixer: README "Results" (the text column), notes/results.md §9.1.
 dataset = 'pystdlib'
-# mixer: train.py's default, softmax, unless given (--mixer=retnet|mamba2|deltanet|gdn|kda|'kda*3,softmax')
+# mixer: train.py's default, softmax, unless given (--mixer=retnet|mamba2|gla|deltanet|gdn|kda|'kda*3,softmax')
 out_dir = 'out-text/' + mixer.replace('*', 'x').replace(',', '+')  # one folder per mixer: plot.py out-text/*
 compile = False        # equal conditions for every mixer, and no compile time in a short run
 
