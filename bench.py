@@ -3,13 +3,14 @@ Kernel benchmark (CUDA): the Triton delta-rule kernels of kernels.py — DeltaNe
 and KDA (g [B,T,H,Dk]) — side by side with flash-linear-attention (fla-core: chunk_delta_rule,
 chunk_gated_delta_rule, chunk_kda, when importable) and causal softmax attention (F.scaled_dot_product_attention)
 at the same shapes; then the one-token decode step against fla's fused recurrent kernels.
-The scalar-decay family (variants retnet, mamba2; not in the default run) has its own tables: RetNet's Triton kernels
+The linear-attention family (variants retnet, mamba2, gla; not in the default run) has its own tables: RetNet's kernels
 (kernels.linear_attn_triton, the CUDA default) vs fla chunk_retention, SDPA and the chunked torch path (the CUDA
 default before 2026-11-23); the Mamba2 core (Δ = softplus(dt + dt_bias), g = Δ·A, the scan with the value Δ·x and the
 skip + D·x inside the kernels: model.py's math between the conv output and the gated norm) at two mamba_ssm shapes
 (MAMBA2_SHAPES), next to mamba_ssm's mamba_chunk_scan_combined in the same run when importable (its Triton SSD is pure
 Python: a source tree of state-spaces/mamba on PYTHONPATH is enough, without building its CUDA extensions,
-import_mamba_ssd); then a decode-step row per mixer (Triton step vs the torch step).
+import_mamba_ssd); GLA (a decay per key channel) vs fla chunk_gla at RetNet's shapes; then a decode-step row per
+mixer (Triton step vs the torch step).
 --model_decode and --train measure whole models: decode latency, and training speed, memory and GPU time by kernel
 category per mixer and context.
 
@@ -98,7 +99,7 @@ SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 16, 64)]  # B, T, H
 QUICK_SHAPES = [(2, 4096, 16, 128)]
 VARIANTS = ("kda", "deltanet", "gdn")  # KDA first (the headline target); DeltaNet before GDN, whose row is also
                                        # divided by our DeltaNet's at the same shape
-SCALAR_VARIANTS = ("retnet", "mamba2")  # not in the default run: --variants retnet,mamba2
+SCALAR_VARIANTS = ("retnet", "mamba2", "gla")  # not in the default run: --variants retnet,mamba2,gla
 RETNET_SHAPES = [(8, 4096, 16, 128), (2, 16384, 16, 128), (8, 4096, 16, 64)]  # B, T, H, D
 MAMBA2_SHAPES = [(8, 4096, 32, 64, 128, 1), (8, 4096, 16, 128, 128, 16)]  # B, T, heads, headdim P, d_state N, groups
 # mamba_ssm's mamba_chunk_scan_combined at these shapes from an earlier mamba_ssm run (H200, torch 2.11, Triton 3.6, bf16,
@@ -405,6 +406,42 @@ def bench_retnet(shapes, chunk_retention):
         torch.cuda.empty_cache()
 
 
+def bench_gla(shapes, chunk_gla):
+    """GLA (a decay per key channel): bf16 q, k, v (randn), fp32 g = logsigmoid(randn) / 16 [B, T, H, D] (the layer's
+    gate), scale D^-0.5, no states; ours (kernels.linear_attn_triton) vs fla's chunk_gla."""
+    print("\nGLA (decay per key channel)", flush=True)
+    row(["kernel", "shape (B,T,H,D)", "fwd ms", "fwd+bwd ms", "peak MiB", "ours/fla", "o vs fla"])
+    row(["-" * w for w in (27, 15, 7, 10, 8, 13, 8)])
+    for B, T, H, D in shapes:
+        shape = f"{B},{T},{H},{D}"
+        x = retnet_inputs(B, T, H, D)
+        x["g"] = F.logsigmoid(torch.randn(B, T, H, D, device=DEVICE, generator=torch.Generator(device=DEVICE)
+                                          .manual_seed(1))) / 16
+        impls = (("ours gla (triton)", lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], x["g"])[0]),
+                 ("fla chunk_gla", chunk_gla if isinstance(chunk_gla, str) else
+                  (lambda x: chunk_gla(x["q"], x["k"], x["v"], x["g"])[0])))
+        ours, o_ours = None, None
+        for name, fwd in impls:
+            try:
+                if isinstance(fwd, str):
+                    raise RuntimeError(fwd)  # the import failed
+                f, fb, peak = measure(fwd, x, "qkvg")
+                with torch.no_grad():
+                    o = fwd(x).float()
+                ratio, diff = "", ""
+                if ours is None:
+                    ours, o_ours = (f, fb), o
+                else:
+                    ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
+                    diff = f"{((o_ours - o).norm() / o.norm()).item():.1e}"
+                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ratio, diff])
+            except Exception as e:  # noqa: BLE001
+                row([name, shape, first_line(e)])
+            torch.cuda.empty_cache()
+        del x, o_ours
+        torch.cuda.empty_cache()
+
+
 def mamba2_inputs(B, T, H, P, N, G, seed=0):
     """What model.py's Mamba2 has after the conv: x [B,T,H,P], B/C [B,T,G,N] (bf16), dt [B,T,H] (bf16, before the
     softplus), and its parameters A_log, dt_bias, D [H] (fp32, mamba_ssm's init ranges)."""
@@ -468,14 +505,16 @@ def bench_scalar_decode(batches, variants):
     widths = (40, 6, 9, 12)
     row(["kernel", "batch", "ms", "triton/torch"], widths)
     # RetNet H=16 D=128; Mamba2 32 heads x 64, d_state 128, one group
-    setups = {"retnet": (16, 16, 128, 128), "mamba2": (32, 1, 128, 64)}  # H, q/k heads, Dk, Dv
+    setups = {"retnet": (16, 16, 128, 128), "mamba2": (32, 1, 128, 64), "gla": (16, 16, 128, 128)}  # H, q/k heads,
+    # Dk, Dv
     for B in batches:
         for variant in variants:
             H, HK, DK, DV = setups[variant]
             gen = torch.Generator(device=DEVICE).manual_seed(0)
             q, k = (torch.randn(B, HK, DK, device=DEVICE, generator=gen, dtype=torch.bfloat16) for _ in range(2))
             v = torch.randn(B, H, DV, device=DEVICE, generator=gen, dtype=torch.bfloat16)
-            g = retnet_gate(H) if variant == "retnet" else -torch.rand(B, H, device=DEVICE, generator=gen)
+            g = retnet_gate(H) if variant == "retnet" else -torch.rand(
+                (B, H, DK) if variant == "gla" else (B, H), device=DEVICE, generator=gen)
             state = torch.randn(B, H, DK, DV, device=DEVICE, generator=gen)
             t_torch = None
             for name, step in (("torch step", kernels.linear_attn_step_torch),
@@ -585,6 +624,11 @@ def profile(variants, fla=None, shape=SHAPES[0], reps=5):
             dims = MAMBA2_SHAPES[0]
             x, fwd = mamba2_inputs(*dims), mamba2_core
             leaves = ["x", "Bm", "Cm", "dt", "A_log", "dt_bias", "D"]
+        elif variant == "gla":
+            B, T, H, D = dims = RETNET_SHAPES[0]
+            x = retnet_inputs(B, T, H, D)
+            x["g"] = F.logsigmoid(torch.randn(B, T, H, D, device=DEVICE)) / 16
+            fwd, leaves = (lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], x["g"])[0]), ["q", "k", "v", "g"]
         else:
             B, T, H, D = dims = shape
             x = inputs(B, T, H, D, variant)
@@ -1476,6 +1520,13 @@ def main():
             bench_retnet(QUICK_SHAPES if args.quick else RETNET_SHAPES, chunk_retention)
         if "mamba2" in scalar:
             bench_mamba2(MAMBA2_SHAPES[:1] if args.quick else MAMBA2_SHAPES, scan_combined)
+        if "gla" in scalar:
+            try:
+                from fla.ops.gla import chunk_gla
+            except Exception as e:  # noqa: BLE001 (not installed, or fails to import)
+                chunk_gla = f"import chunk_gla: {first_line(e)}"
+            bench_gla([tuple(map(int, args.shape.split(",")))] if args.shape else QUICK_SHAPES if args.quick
+                      else RETNET_SHAPES, chunk_gla)
         bench_scalar_decode((1,) if args.quick else (1, 64), scalar)
 
 
