@@ -131,18 +131,35 @@ def load_fla():
     return out, version
 
 
+KDA_GATE = "given"  # --kda_gate: KDA's g given as log-decays, or its input u with the gate formed in the kernels,
+KDA_GATES = ("given", "in_kernel", "safe")  # unbounded (model.KDA's default) or bounded at SAFE_BOUND (kda_gate_bound)
+SAFE_BOUND = -5.0
+
+
 def inputs(B, T, H, D, variant, seed=0):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, device=DEVICE, generator=gen)
     x = dict(q=F.normalize(rnd(B, T, H, D), dim=-1).bfloat16(), k=F.normalize(rnd(B, T, H, D), dim=-1).bfloat16(),
              v=rnd(B, T, H, D).bfloat16(), beta=torch.sigmoid(rnd(B, T, H)).bfloat16())
     x["g"] = {"deltanet": None, "gdn": F.logsigmoid(rnd(B, T, H)) / 16, "kda": F.logsigmoid(rnd(B, T, H, D)) / 16}[variant]
+    if variant == "kda" and KDA_GATE != "given":  # the gate's input u and its parameters, as model.KDA initialises
+        x["g"] = rnd(B, T, H, D).bfloat16()        # them (A_log = 0 with the bound, as fla's safe gate)
+        dt = torch.exp(torch.rand(H * D, device=DEVICE, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        x["A_log"] = torch.zeros(H, device=DEVICE) if KDA_GATE == "safe" else \
+            torch.log(1 + 15 * torch.rand(H, device=DEVICE, generator=gen))
+        x["dt_bias"] = dt + torch.log(-torch.expm1(-dt))
     return x
 
 
 def run_chunk(impl, variant, x):
     """One forward of a chunked kernel -> o [B, T, H, D]."""
     q, k, v, beta, g = x["q"], x["k"], x["v"], x["beta"], x["g"]
+    if variant == "kda" and KDA_GATE != "given":
+        bound = SAFE_BOUND if KDA_GATE == "safe" else None
+        if impl == "ours":
+            return kernels.delta_rule(q, k, v, beta, g, A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=bound)[0]
+        return impl(q, k, v, g, beta, A_log=x["A_log"], dt_bias=x["dt_bias"], use_gate_in_kernel=True,
+                    safe_gate=bound is not None, lower_bound=bound)[0]
     if impl == "ours":
         return kernels.delta_rule(q, k, v, beta, g)[0]
     if variant == "deltanet":
@@ -249,8 +266,11 @@ def bench_chunked(shapes, variants, fla):
         ours_at_shape = {}  # variant -> (fwd, fwd+bwd) ms of ours at this shape
         for variant in variants:
             x = inputs(B, T, H, D, variant)
-            leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else [])
+            leaves = ["q", "k", "v", "beta"] + (["g"] if x["g"] is not None else []) + \
+                (["A_log", "dt_bias"] if "A_log" in x else [])
             fla_name = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule", "kda": "chunk_kda"}[variant]
+            if variant == "kda" and KDA_GATE != "given":
+                fla_name += f" (gate in kernel{', safe' if KDA_GATE == 'safe' else ''})"
             ours, o_ours = None, None
             # ours first, printed at once: a slow first compile of fla's kernels cannot hide our numbers
             for name, impl in ((f"ours {variant}", "ours"), (f"fla {fla_name}", fla[variant][0])):
@@ -287,7 +307,10 @@ def bench_decode(batches, variants, fla, H=16, D=128):
     row(["kernel", "batch", "ms", "ours/fla"], widths=(40, 6, 9, 9))
     for B in batches:
         for variant in variants:
-            x = {n: (t[:, 0] if t is not None else None) for n, t in inputs(B, 1, H, D, variant).items()}
+            x = {n: (t[:, 0] if t is not None and n not in ("A_log", "dt_bias") else t)
+                 for n, t in inputs(B, 1, H, D, variant).items()}
+            if "A_log" in x:  # --kda_gate in_kernel / safe: the step takes log-decays
+                x["g"] = F.logsigmoid(x["g"].float()) / 16
             state = torch.randn(B, H, D, D, device=DEVICE)
             fla_rec = fla[variant][1]
             t_fla = None
@@ -1448,11 +1471,14 @@ def main():
     ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)  # internal: --train_cell's warm phase
     ap.add_argument("--timing", choices=("graph", "eager"), default="graph",
                     help="kernel tables: CUDA-graph replay (GPU time; default) or do_bench from Python (with launches)")
+    ap.add_argument("--kda_gate", choices=KDA_GATES, default="given",
+                    help="the kernel table's KDA gate: log-decays given (default), or formed in the kernels from "
+                         f"its input, unbounded or bounded at {SAFE_BOUND} (model.py's kda_gate_bound; fla's safe_gate)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
-    global TIMING
-    TIMING = args.timing
+    global TIMING, KDA_GATE
+    TIMING, KDA_GATE = args.timing, args.kda_gate
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
