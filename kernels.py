@@ -199,8 +199,6 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
                 D=None):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
     path, note = _pick_path("linear_attn", q, v, path=path)
-    if path == "triton" and g is not None and g.dim() == 4:  # GLA's per-key-channel gate: no Triton kernels yet
-        path, note = "chunked", " (no Triton kernels for a per-key-channel gate yet)"
     _log_path("linear_attn", path, note, q)
     if path == "recurrent":
         return _ssd_torch(linear_attn_recurrent, q, k, v, g, scale, initial_state, output_final_state, dt, D)
@@ -212,8 +210,6 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
 def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
     """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
     path, note = _pick_path("linear_attn_step", q, v, state, path=path)
-    if path == "triton" and g is not None and g.dim() == 3:  # GLA's per-key-channel gate: no Triton step yet
-        path, note = "step", " (no Triton step for a per-key-channel gate yet)"
     _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
         return linear_attn_step_triton(q, k, v, g, state, scale)
@@ -321,6 +317,12 @@ TUNING = {
                    out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,
                    fused_fwd=(int(GATE_NONE), int(GATE_CONST)), fused_warps=4, fused_stages=2, fused_stages_d64=3,
                    group_k=64, group_stages=2),
+    # GLA (section 5, the per-key-channel gate: _gla_fwd, _gla_bwd): one program per (V-tile 'v', key tile 'k', b, h)
+    # walks the chunks of 16 tokens with its state tile (and in the backward its gradient) in fp32 registers; the
+    # output and dv are summed over key tiles, dq, dk, dg over V-tiles, outside the kernels. 'fwd_warps',
+    # 'bwd_warps': 4 keeps a [64, 64] fp32 tile at 32 registers a thread. Not yet timed on a GPU: tiles of 64 are
+    # the scalar kernels' choice, and give B*H*4 programs at Dk = Dv = 128.
+    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=4),
     # Short conv (section 6): the row kernels. 'L' rows per program (per work item in the backward); 'BD' channels
     # per program without the norm, with it 'heads' groups (heads x norm channels); 'warps'; 'ahead' rows loaded
     # ahead (4 or 8); 'unroll' the row loop's unroll factor (a multiple of ahead: without it about one row is in
@@ -2076,6 +2078,104 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_pt
         o = scale * (qs * eg + _dot(P, vv, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
+# ---- GLA: the per-key-channel gate (GATE_CHANNEL, g [B, T, H, Dk]) --------------------------------------------------
+#
+# With a gate per key channel the decay sits inside the sum over channels, M_ij = Σ_c q_ic k_jc exp(G_ic - G_jc), so
+# (Q K^T) ⊙ D does not apply, and splitting exp(G_i - G_j) about a reference row overflows for strong gates
+# (docs/mixers.md §4.2, §7 item 3). These kernels form each pair's decay element-wise instead, over chunks of
+# GLA_CHUNK = 16 tokens (the exps cost 16 Dk per token and V-tile), one program per (V-tile, key tile, b, h) walking
+# the chunks in order with its [BK, BV] state tile in fp32 registers: Diag(exp g) scales rows, so the key tiles of
+# the state never mix. Per chunk (n <= 16 rows, chunk-start state S, G = chunk-local cumsum of g, per channel):
+#   M_ij  = Σ_c q_ic k_jc exp(Σ_{j<m<=i} g_mc)   (j <= i, this key tile's channels)            _gla_intra
+#   O     = scale ((Q ⊙ exp G) S + M V)           (this key tile's share; the shares are summed outside)
+#   S_new = Diag(exp G_n) S + (K ⊙ exp(G_n - G))^T V
+# Every exponent is a sum of gates (<= 0), never a difference of cumsums (which loses digits after a -1000 gate, see
+# _la_gates): exp(G) the cumsum, exp(G_n - G) the reverse exclusive cumsum (_gla_gates), the pairs' segment sums
+# built a column at a time (_gla_intra). Without OUTPUT the same pass writes the chunk-start snapshots h[c] for the
+# backward. Dots follow _dot's rule; the state, M and every exp are fp32.
+
+GLA_CHUNK = 16  # tokens per chunk of the GLA kernels: the element-wise pair decays cost C*Dk exps per token
+
+@triton.jit
+def _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK: tl.constexpr):
+    # -> exp(G) [C, BK], exp(G_n) [BK] and exp(G_n - G) [C, BK] of this chunk's gates (fp32, [B, T, H, Dk]); the
+    # row tiles are 0 on padded rows. G_n - G_r is the reverse cumsum of the gates one row later, Σ_{r<m<n} g_m.
+    offs = tok[:, None] * DK + ck[None, :]
+    gg = tl.load(g_ptr + offs, mask=valid[:, None], other=0.)
+    eg = tl.exp(tl.where(valid[:, None], tl.cumsum(gg, axis=0), float('-inf')))
+    egn = tl.exp(tl.sum(gg, axis=0))
+    tail = tl.cumsum(tl.load(g_ptr + offs + H * DK, mask=(rows + 1 < n)[:, None], other=0.), axis=0, reverse=True)
+    etail = tl.exp(tl.where(valid[:, None], tail, float('-inf')))
+    return eg, egn, etail
+
+@triton.jit
+def _gla_intra(qq, dM, k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK: tl.constexpr, BK: tl.constexpr,
+               C: tl.constexpr, BWD: tl.constexpr):
+    # -> M [C, C], M_ij = Σ_c q_ic k_jc exp(E_ijc) for j <= i over this key tile's channels (E_ijc = Σ_{j<m<=i} g_mc,
+    # qq fp32 [C, BK]); with BWD, given dM [C, C], also Σ_j dM_ij k_j ⊙ exp(E_ij) (dq's in-chunk part) and
+    # Σ_i dM_ij q_i ⊙ exp(E_ij) (dk's, row j), else zeros. One column j at a time, last to first: A[i] = E_ij for
+    # i > j is the previous column's plus g_{j+1}, a sum of gates accurate to a few ulp of itself; the pairs above
+    # the diagonal are selected away before the exp. Rows k_j and g_{j+1} are reloaded (L1), not extracted from tiles.
+    cols = tl.arange(0, C)
+    M = tl.zeros([C, C], dtype=tl.float32)
+    A = tl.zeros([C, BK], dtype=tl.float32)
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dk = tl.zeros([C, BK], dtype=tl.float32)
+    for jj in range(C):
+        j = C - 1 - jj
+        g1 = tl.load(g_ptr + (x0 + (j + 1) * H) * DK + ck, mask=(ck * 0 + j + 1) < n, other=0.)
+        A = tl.where(rows[:, None] > j, A + g1[None, :], 0.)
+        kj = tl.load(k_ptr + (xk0 + j * HK) * DK + ck, mask=(ck * 0 + j) < n, other=0.).to(tl.float32)
+        e = tl.exp(tl.where(rows[:, None] >= j, A, float('-inf')))           # exp(E_ij), 0 for i < j
+        qe = qq * e
+        M = tl.where(cols[None, :] == j, tl.sum(qe * kj[None, :], 1)[:, None], M)
+        if BWD:
+            dmj = tl.sum(tl.where(cols[None, :] == j, dM, 0.), 1)            # column j of dM
+            dq += (dmj[:, None] * e) * kj[None, :]
+            dk = tl.where(rows[:, None] == j, tl.sum(dmj[:, None] * qe, 0)[None, :], dk)
+    return M, dq, dk
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _gla_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, ht_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
+                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                    PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, OUTPUT: tl.constexpr):
+    # One program per (V-tile, key tile, b, h). OUTPUT: o_ptr [NK, B, T, H, Dv] gets this key tile's share of O
+    # (o itself when NK = 1); else h_ptr [B, NT, H, Dk, Dv] the chunk-start states (the backward's recompute).
+    iv, ik = tl.program_id(0), tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)                             # the q/k head (group) this head reads
+    rows = tl.arange(0, C)
+    ck = ik * BK + tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    o0 = ik * (tl.num_programs(2).to(tl.int64) * T)  # token-head offset of this key tile's share (B T H per share)
+    if HAS_H0:
+        S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(NT):
+        n = tl.minimum(T - c * C, C)
+        valid = rows < n
+        x0 = (b * T + c * C) * H + h                # int64 token-head index of row 0 (v, g, o)
+        xk0 = (b * T + c * C) * HK + hk             # ... and of q, k
+        tok = x0 + rows * H
+        tokk = xk0 + rows * HK
+        if not OUTPUT:
+            tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
+        kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        eg, egn, etail = _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK)
+        if OUTPUT:
+            qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+            M, _, _ = _gla_intra(qq, 0., k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK, BK, C, 0)
+            o = scale * (_dot(qq * eg, S, PREC) + _dot(M, vv, PREC))
+            tl.store(o_ptr + (o0 + tok)[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty),
+                     mask=valid[:, None])
+        S = S * egn[:, None] + _dot(tl.trans(kk * etail), vv, PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * DK * DV + s_offs, S)
+
 # ---- 5.4 Triton backward -------------------------------------------------------------------------------------------
 
 # Backward (h[c] recomputed by _la_state_fwd; dh[c] = gradient of the state at the END of chunk c):
@@ -2426,6 +2526,42 @@ def _linear_attn_backward(ctx, do, dht):
 
 _linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
 
+# GLA (g [B, T, H, Dk]) as its own pair of custom ops. Forward (kernels::gla_fwd): _gla_fwd with OUTPUT, O's shares
+# over key tiles summed here when Dk has more than one. Saved: q, k, v, g and the initial state; the backward
+# (kernels::gla_bwd) recomputes the chunk-start states h[c] (_gla_fwd without OUTPUT; _storage's dtype), then runs
+# _gla_bwd, reverse over chunks, and sums its per-tile shares: dv over key tiles, dq, dk, dg over V-tiles (and dq, dk
+# over the heads of a q/k group). h[c] is Dk*Dv/16 values per token and head (8x q's at Dk = Dv = 128).
+
+def _gla_tiles(DK, DV):
+    """-> (BK, BV) of the GLA kernels (TUNING['gla'])."""
+    return min(DK, TUNING['gla']['k']), min(DV, TUNING['gla']['v'])
+
+@torch.library.custom_op("kernels::gla_fwd", mutates_args=())
+def _gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
+             initial_state: Optional[torch.Tensor], output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for); g [B,T,H,Dk]."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, T, H, HK, DK, DV, _, _, _, prec = _la_meta(q, k, v)
+    BK, BV = _gla_tiles(DK, DV)
+    NK, NV = DK // BK, DV // BV
+    gp = g.float().contiguous()
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    # one share of O per key tile (fp32, summed below), or O itself
+    o = torch.empty_like(v) if NK == 1 else torch.empty(NK, B, T, H, DV, device=k.device, dtype=torch.float32)
+    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else o, ht if ht is not None else o, o, o,
+                                     scale, T, triton.cdiv(T, GLA_CHUNK), H, HK, DK, DV, BK, BV, GLA_CHUNK, prec,
+                                     h0 is not None, ht is not None, 1, num_warps=TUNING['gla']['fwd_warps'])
+    if NK > 1:
+        o = o.sum(0).to(v.dtype)
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
+
+@_gla_fwd.register_fake
+def _(q, k, v, g, scale, initial_state, output_final_state):
+    B, T, H, DV = v.shape
+    ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
+    return v.new_empty(v.shape), ht
+
 def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None):
     """Scalar-decay linear attention through the Triton kernels (custom ops, differentiable); same arguments and
     result as linear_attn. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
@@ -2434,7 +2570,10 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
     if why:
         _fail("linear_attn", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
+    if g is not None and g.dim() == 4:  # GLA's per-key-channel gate (dt, D refused by the check above)
+        o, ht = _gla_fwd(q, k, v, g, scale, initial_state, output_final_state)
+    else:
+        o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
     return o, (ht if output_final_state else None)
 
 # ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q ------------------------------------------------------
