@@ -2111,22 +2111,26 @@ def _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK: tl.constexpr):
 @triton.jit
 def _gla_intra(qq, dM, k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK: tl.constexpr, BK: tl.constexpr,
                C: tl.constexpr, BWD: tl.constexpr):
-    # -> M [C, C], M_ij = Σ_c q_ic k_jc exp(E_ijc) for j <= i over this key tile's channels (E_ijc = Σ_{j<m<=i} g_mc,
-    # qq fp32 [C, BK]); with BWD, given dM [C, C], also Σ_j dM_ij k_j ⊙ exp(E_ij) (dq's in-chunk part) and
-    # Σ_i dM_ij q_i ⊙ exp(E_ij) (dk's, row j), else zeros. One column j at a time, last to first: A[i] = E_ij for
-    # i > j is the previous column's plus g_{j+1}, a sum of gates accurate to a few ulp of itself; the pairs above
-    # the diagonal are selected away before the exp. Rows k_j and g_{j+1} are reloaded (L1), not extracted from tiles.
+    # The pairs j < i < n of one chunk over this key tile's channels (the diagonal, exp(0) = 1, is the caller's):
+    # -> M [C, C], M_ij = Σ_c q_ic k_jc exp(E_ijc), E_ijc = Σ_{j<m<=i} g_mc (qq fp32 [C, BK], 0 on padded rows);
+    # with BWD, given dM [C, C], also Σ_j dM_ij k_j ⊙ exp(E_ij) (dq's in-chunk part) and Σ_i dM_ij q_i ⊙ exp(E_ij)
+    # (dk's, row j), else zeros. One column j at a time, from n - 2 down to 0 (the rows k_j, g_{j+1} it loads are
+    # then real tokens: no masks): A[i] = E_ij for i > j is the previous column's plus g_{j+1}, a sum of gates
+    # accurate to a few ulp of itself (rows past n hold finite junk that meets q = 0 and dO = 0); the pairs i <= j
+    # are selected away. Rows k_j and g_{j+1} are reloaded (L1) rather than extracted from the tiles.
     cols = tl.arange(0, C)
     M = tl.zeros([C, C], dtype=tl.float32)
     A = tl.zeros([C, BK], dtype=tl.float32)
     dq = tl.zeros([C, BK], dtype=tl.float32)
     dk = tl.zeros([C, BK], dtype=tl.float32)
-    for jj in range(C):
-        j = C - 1 - jj
-        g1 = tl.load(g_ptr + (x0 + (j + 1) * H) * DK + ck, mask=(ck * 0 + j + 1) < n, other=0.)
-        A = tl.where(rows[:, None] > j, A + g1[None, :], 0.)
-        kj = tl.load(k_ptr + (xk0 + j * HK) * DK + ck, mask=(ck * 0 + j) < n, other=0.).to(tl.float32)
-        e = tl.exp(tl.where(rows[:, None] >= j, A, float('-inf')))           # exp(E_ij), 0 for i < j
+    kp = k_ptr + xk0 * DK + ck                      # row 0 of the chunk's k and g, this key tile
+    gp = g_ptr + x0 * DK + ck
+    for jj in range(n - 1):
+        j = n - 2 - jj
+        below = rows[:, None] > j
+        A = tl.where(below, A + tl.load(gp + (j + 1) * (H * DK))[None, :], 0.)
+        kj = tl.load(kp + j * (HK * DK)).to(tl.float32)
+        e = tl.where(below, tl.exp(A), 0.)                                    # exp(E_ij) (A <= 0), 0 for i <= j
         qe = qq * e
         M = tl.where(cols[None, :] == j, tl.sum(qe * kj[None, :], 1)[:, None], M)
         if BWD:
@@ -2169,6 +2173,7 @@ def _gla_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, ht_ptr, h_ptr, o_ptr, sc
         if OUTPUT:
             qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
             M, _, _ = _gla_intra(qq, 0., k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK, BK, C, 0)
+            M += tl.where(rows[:, None] == rows[None, :], tl.sum(qq * kk, 1)[:, None], 0.)   # the diagonal
             o = scale * (_dot(qq * eg, S, PREC) + _dot(M, vv, PREC))
             tl.store(o_ptr + (o0 + tok)[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty),
                      mask=valid[:, None])
@@ -2356,6 +2361,82 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, do_ptr, dh_pt
         dk += dkh
     tl.store(dq_ptr + xk0 * DK + k_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + xk0 * DK + k_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+
+# GLA's backward (g [B, T, H, Dk]): one program per (V-tile, key tile, b, h), reverse over chunks with dS' (the
+# gradient of the state after the chunk; d final_state first) in fp32 registers and the chunk-start state S = h[c]
+# recomputed by _gla_fwd. Per chunk, with M as in _gla_fwd, E_ij = the pair's decay exponent, Kt = K ⊙ exp(G_n - G):
+#   dM    = scale dO V^T   (j <= i)
+#   dv    = scale M^T dO + Kt dS'                                    (this key tile's share)
+#   dq    = scale (dO S^T) ⊙ exp(G) + Σ_j dM_ij k_j ⊙ exp(E_ij)      (this V-tile's share, as dk and dg)
+#   dk    = Σ_i dM_ij q_i ⊙ exp(E_ij) + dk_s,   dk_s = (V dS'^T) ⊙ exp(G_n - G)
+#   dG    = q ⊙ dq - k ⊙ dk (without the pairs j = i, whose terms cancel),  and on the last row
+#           + Σ_j k_j ⊙ dk_s_j + exp(G_n) ⊙ rowsum(S ⊙ dS')
+#   dg    = reverse cumsum of dG within the chunk
+#   dS    = Diag(exp G_n) dS' + scale (Q ⊙ exp G)^T dO                (after chunk 0: d initial_state)
+# (every G_ic enters through exp(E_ij) = exp(G_i - G_j), exp(G_i) and exp(G_n - G_i), so q ⊙ dq and k ⊙ dk collect
+# the + and - sides of those exponents; the forward's segment sums equal the differences in exact arithmetic.)
+# dq, dk, dg are sums over V-tiles and dv over key tiles: each program writes its share ([NV or NK, B, T, H, D]
+# fp32, or the gradient itself when there is one tile), and the caller adds them up.
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _gla_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dht_ptr, dh0_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr,
+                    scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    C: tl.constexpr, PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    iv, ik = tl.program_id(0), tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)
+    rows = tl.arange(0, C)
+    ck = ik * BK + tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    nbt = tl.num_programs(2).to(tl.int64) * T        # token-heads (B T H) per share
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        dS = tl.zeros([BK, BV], dtype=tl.float32)
+    for cc in range(NT):
+        c = NT - 1 - cc
+        n = tl.minimum(T - c * C, C)
+        valid = rows < n
+        x0 = (b * T + c * C) * H + h
+        xk0 = (b * T + c * C) * HK + hk
+        tok = x0 + rows * H
+        tokk = xk0 + rows * HK
+        S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs).to(tl.float32)
+        k_offs = tokk[:, None] * DK + ck[None, :]
+        v_offs = tok[:, None] * DV + cv[None, :]
+        qq = tl.load(q_ptr + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + v_offs, mask=valid[:, None], other=0.)
+        dO = tl.load(do_ptr + v_offs, mask=valid[:, None], other=0.)
+        eg, egn, etail = _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK)
+        dM = scale * _dot(dO, tl.trans(vv), PREC)         # the pairs above the diagonal have exp(E) = 0 below
+        M, dq, dk = _gla_intra(qq, dM, k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK, BK, C, 1)
+        diag = rows[:, None] == rows[None, :]
+        M += tl.where(diag, tl.sum(qq * kk, 1)[:, None], 0.)
+        kt = kk * etail
+        dks = _dot(vv, tl.trans(dS), PREC) * etail        # through the state update
+        dq += scale * _dot(dO, tl.trans(S), PREC) * eg
+        dk += dks
+        dv = scale * _dot(tl.trans(M), dO, PREC) + _dot(kt, dS, PREC)
+        # dG before the diagonal pairs join dq, dk: their decay exp(0) has no gate, and their two equal terms
+        # q_i dM_ii k_i would cancel in q dq - k dk, leaving only rounding (6e-5 relative dg at gates of -5..-10)
+        dG = qq * dq - kk * dk
+        dGn = tl.sum(kk * dks, 0) + egn * tl.sum(S * dS, 1)
+        dG += tl.where((rows == n - 1)[:, None], dGn[None, :], 0.)
+        dMd = tl.sum(tl.where(diag, dM, 0.), 1)[:, None]  # dM_ii
+        dq += dMd * kk
+        dk += dMd * qq
+        dq_offs = (iv * nbt + tok)[:, None] * DK + ck[None, :]
+        tl.store(dq_ptr + dq_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(dk_ptr + dq_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(dg_ptr + dq_offs, tl.cumsum(dG, axis=0, reverse=True), mask=valid[:, None])
+        tl.store(dv_ptr + (ik * nbt + tok)[:, None] * DV + cv[None, :], dv.to(dv_ptr.dtype.element_ty),
+                 mask=valid[:, None])
+        dS = dS * egn[:, None] + scale * _dot(tl.trans(qq * eg), dO, PREC)
+    if STORE_DH0:
+        tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
 # ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd) and linear_attn_triton -------------------------
 
@@ -2562,6 +2643,62 @@ def _(q, k, v, g, scale, initial_state, output_final_state):
     ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
     return v.new_empty(v.shape), ht
 
+@torch.library.custom_op("kernels::gla_bwd", mutates_args=())
+def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H,Dk], d initial_state fp32 (empty without one)."""
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    B, T, H, HK, DK, DV, _, _, _, prec = _la_meta(q, k, v)
+    BK, BV = _gla_tiles(DK, DV)
+    NK, NV, NT = DK // BK, DV // BV, triton.cdiv(T, GLA_CHUNK)
+    gp = g.float().contiguous()
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=_storage(prec))
+    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else h, h, h, h, scale, T, NT, H, HK, DK, DV,
+                                     BK, BV, GLA_CHUNK, prec, h0 is not None, False, 0,
+                                     num_warps=TUNING['gla']['fwd_warps'])
+    f32 = dict(device=k.device, dtype=torch.float32)
+    # per-tile shares (fp32), or the gradients themselves where there is one share per token and head
+    whole = NV == 1 and HK == H
+    dq = torch.empty_like(q) if whole else torch.empty(NV, B, T, H, DK, **f32)
+    dk = torch.empty_like(k) if whole else torch.empty(NV, B, T, H, DK, **f32)
+    dv = torch.empty_like(v) if NK == 1 else torch.empty(NK, B, T, H, DV, **f32)
+    dg = torch.empty(NV, B, T, H, DK, **f32)
+    dh0 = torch.empty(B, H, DK, DV, **f32) if h0 is not None else None
+    if dht is not None:
+        dht = dht.contiguous().float()
+    _gla_bwd_kernel[(NV, NK, B * H)](q, k, v, gp, h, do, dht if dht is not None else h,
+                                     dh0 if dh0 is not None else h, dq, dk, dv, dg, scale, T, NT, H, HK, DK, DV, BK,
+                                     BV, GLA_CHUNK, prec, dht is not None, dh0 is not None,
+                                     num_warps=TUNING['gla']['bwd_warps'])
+    if not whole:  # head h reads q/k head h // (H // HK): its group's heads are adjacent
+        dq = dq.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(q.dtype)
+        dk = dk.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(k.dtype)
+    if NK > 1:
+        dv = dv.sum(0).to(v.dtype)
+    dg = dg[0] if NV == 1 else dg.sum(0)
+    return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, **f32))
+
+@_gla_bwd.register_fake
+def _(q, k, v, g, initial_state, do, dht, scale):
+    f32 = torch.float32
+    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape, dtype=f32), dh0
+
+def _gla_setup(ctx, inputs, output):
+    q, k, v, g, scale, initial_state, output_final_state = inputs
+    ctx.save_for_backward(q, k, v, g, initial_state)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+
+def _gla_backward(ctx, do, dht):
+    q, k, v, g, h0 = ctx.saved_tensors
+    dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
+    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, do, dht, ctx.scale)
+    return dq, dk, dv, dg.to(g.dtype), None, None if h0 is None else dh0.to(h0.dtype), None
+
+_gla_fwd.register_autograd(_gla_backward, setup_context=_gla_setup)
+
 def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None):
     """Scalar-decay linear attention through the Triton kernels (custom ops, differentiable); same arguments and
     result as linear_attn. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
@@ -2576,7 +2713,7 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
         o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
     return o, (ht if output_final_state else None)
 
-# ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q ------------------------------------------------------
+# ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ------------------
 # The torch version (any device and dtype), then the Triton step (one program per (V-tile, b, h), as 4.6).
 
 def linear_attn_step_torch(q, k, v, g, state, scale=None):
@@ -2595,7 +2732,8 @@ def linear_attn_step_torch(q, k, v, g, state, scale=None):
 def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
                     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
     # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
-    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_NONE none
+    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_CHANNEL [B, H, Dk]
+    # (GLA: S <- Diag(exp g) S, one decay per row of the state), GATE_NONE none
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -2611,6 +2749,8 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
         S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
     if GATE == GATE_CONST:
         S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
+    if GATE == GATE_CHANNEL:
+        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
     S += k[:, None] * v[None, :]
     o = scale * tl.sum(S * q[:, None], 0)
     tl.store(s_ptr + s_offs, S)
@@ -2624,8 +2764,9 @@ def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: O
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(v)
     BV = min(DV, TUNING['step']['v'])
+    GATE = int(GATE_CHANNEL) if g is not None and g.dim() == 3 else _decay_kind(g)  # [B, H, Dk]: GLA
     _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
-                                       DK, DV, BV, _decay_kind(g))
+                                       DK, DV, BV, GATE)
     return o
 
 @_linear_attn_step_op.register_fake
