@@ -36,9 +36,9 @@ an initial state must be fp32 or fp64. Every call has up to three paths with the
   *_recurrent   token-by-token loop, fp32 (fp64 stays fp64), autograd: the reference the tests trust
   *_chunked     chunkwise-parallel torch version (docs/mixers.md §4.1, §4.3), autograd: CPU training and prefill
                 (chunk 64; 16 for per-key-channel gates, where the exact pairwise decays cost C*Dk per token)
-  *_triton      Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as torch.library custom
-                ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step) so that torch.compile sees
-                them as single nodes with no graph break
+  *_triton      Triton chunked forward/backward (chunk 64; 16 for GLA) and a fused decode step, wrapped as
+                torch.library custom ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step,
+                kernels::gla_fwd/bwd) so that torch.compile sees them as single nodes with no graph break
 The public calls (and short_conv, short_conv_step below) also take path='auto' | 'torch' | 'recurrent' | 'triton'
 (model.py passes GPTConfig.kernels) and print the path they take once per (function, path). 'auto' picks it from the
 device: on CUDA the delta rule runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs;
@@ -54,7 +54,7 @@ forward, Triton backward, the custom ops, the decode step):
   2. TUNING: every launch setting of the Triton kernels (tiles, warps, stages), one table
   3. shared helpers: argument checks, the torch paths' chunks, the Triton kernels' numerical rules and _dot
   4. the delta rule: DeltaNet, GDN, KDA (GATE_NONE, GATE_SCALAR, GATE_CHANNEL)
-  5. scalar-decay linear attention: RetNet, Mamba2 (GATE_CONST, GATE_SCALAR)
+  5. scalar-decay linear attention: RetNet, Mamba2, GLA (GATE_CONST, GATE_SCALAR, GATE_CHANNEL)
   6. the short convolution (short_conv, short_conv_step)
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
@@ -87,7 +87,7 @@ _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1",
 # tl.constexpr, so that the Triton kernels can compare against them; int(...) where the host needs a plain number.
 GATE_NONE = tl.constexpr(0)     # no decay: DeltaNet, plain linear attention
 GATE_SCALAR = tl.constexpr(1)   # one log-decay per token and head, g [B, T, H]: GDN, Mamba2 (Δ·A)
-GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA
+GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA, GLA
 GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (log γ; not differentiated)
 # Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
 # faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks).
@@ -319,10 +319,12 @@ TUNING = {
                    group_k=64, group_stages=2),
     # GLA (section 5, the per-key-channel gate: _gla_fwd, _gla_bwd): one program per (V-tile 'v', key tile 'k', b, h)
     # walks the chunks of 16 tokens with its state tile (and in the backward its gradient) in fp32 registers; the
-    # output and dv are summed over key tiles, dq, dk, dg over V-tiles, outside the kernels. 'fwd_warps',
-    # 'bwd_warps': 4 keeps a [64, 64] fp32 tile at 32 registers a thread. Not yet timed on a GPU: tiles of 64 are
-    # the scalar kernels' choice, and give B*H*4 programs at Dk = Dv = 128.
-    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=4),
+    # output and dv are summed over key tiles, dq, dk, dg over V-tiles, outside the kernels. Tiles of 64 as the scalar
+    # kernels' (B*H*4 programs at Dk = Dv = 128). Warps and stages by offline ptxas (Triton 3.9, sm_90a, Dk = Dv =
+    # 128), not yet timed on a GPU: the forward at 4 warps holds 204 registers in bf16 without spills (fp32, whose
+    # IEEE dots run on the FMA units: 255 and 324 B spilled); the backward spills at 4 (bf16 114 B, fp32 1.4 KB) and
+    # not at 8 (231 registers; fp32 40 B); one stage: the recompute pass (no output) then needs 95 registers, not 121.
+    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=8, fwd_stages=1, bwd_stages=1),
     # Short conv (section 6): the row kernels. 'L' rows per program (per work item in the backward); 'BD' channels
     # per program without the norm, with it 'heads' groups (heads x norm channels); 'warps'; 'ahead' rows loaded
     # ahead (4 or 8); 'unroll' the row loop's unroll factor (a multiple of ahead: without it about one row is in
@@ -1847,10 +1849,11 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
     return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 # =====================================================================================================================
-# 5. Scalar-decay linear attention: RetNet, Mamba2 (and plain linear attention)
+# 5. Scalar-decay linear attention: RetNet, Mamba2, GLA (and plain linear attention)
 # docs/mixers.md §2.2 (RetNet), §2.3 (Mamba2), §3 (recurrence), §4.1 (chunked forward), §5.5 (backward), §6 (decode).
 # Gate kinds: GATE_NONE (plain linear attention), GATE_SCALAR (Mamba2: Δ·A, g [B, T, H]), GATE_CONST (RetNet:
-# log γ, g [H]). model.py's RetNet and Mamba2 call linear_attn / linear_attn_step (section 1).
+# log γ, g [H]), GATE_CHANNEL (GLA: a log-decay per key channel, g [B, T, H, Dk]; its own kernels, _gla_* in 5.3-5.5).
+# model.py's RetNet and Mamba2 call linear_attn / linear_attn_step (section 1).
 # =====================================================================================================================
 
 # ---- 5.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
@@ -1915,7 +1918,8 @@ def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, 
 
 # ---- 5.3 Triton forward --------------------------------------------------------------------------------------------
 
-# Kernels for plain linear attention (GATE_NONE), Mamba2 (GATE_SCALAR) and RetNet (GATE_CONST), docs/mixers.md §4.1.
+# Kernels for plain linear attention (GATE_NONE), Mamba2 (GATE_SCALAR) and RetNet (GATE_CONST), docs/mixers.md §4.1;
+# GLA's (GATE_CHANNEL) follow them (_gla_fwd).
 # Same chunk (C = TRITON_CHUNK = 64) and numerical rules (section 3) as the delta rule's kernels. Per chunk (n <= C rows, chunk-start state
 # S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
@@ -2438,7 +2442,7 @@ def _gla_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dht_ptr, dh0_ptr,
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
-# ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd) and linear_attn_triton -------------------------
+# ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd, gla_fwd, gla_bwd) and linear_attn_triton ------
 
 # The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
 # kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd), or O and the final state
@@ -2632,7 +2636,8 @@ def _gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     o = torch.empty_like(v) if NK == 1 else torch.empty(NK, B, T, H, DV, device=k.device, dtype=torch.float32)
     _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else o, ht if ht is not None else o, o, o,
                                      scale, T, triton.cdiv(T, GLA_CHUNK), H, HK, DK, DV, BK, BV, GLA_CHUNK, prec,
-                                     h0 is not None, ht is not None, 1, num_warps=TUNING['gla']['fwd_warps'])
+                                     h0 is not None, ht is not None, 1, num_warps=TUNING['gla']['fwd_warps'],
+                                     num_stages=TUNING['gla']['fwd_stages'])
     if NK > 1:
         o = o.sum(0).to(v.dtype)
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
@@ -2657,7 +2662,7 @@ def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=_storage(prec))
     _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else h, h, h, h, scale, T, NT, H, HK, DK, DV,
                                      BK, BV, GLA_CHUNK, prec, h0 is not None, False, 0,
-                                     num_warps=TUNING['gla']['fwd_warps'])
+                                     num_warps=TUNING['gla']['fwd_warps'], num_stages=TUNING['gla']['fwd_stages'])
     f32 = dict(device=k.device, dtype=torch.float32)
     # per-tile shares (fp32), or the gradients themselves where there is one share per token and head
     whole = NV == 1 and HK == H
@@ -2671,7 +2676,7 @@ def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     _gla_bwd_kernel[(NV, NK, B * H)](q, k, v, gp, h, do, dht if dht is not None else h,
                                      dh0 if dh0 is not None else h, dq, dk, dv, dg, scale, T, NT, H, HK, DK, DV, BK,
                                      BV, GLA_CHUNK, prec, dht is not None, dh0 is not None,
-                                     num_warps=TUNING['gla']['bwd_warps'])
+                                     num_warps=TUNING['gla']['bwd_warps'], num_stages=TUNING['gla']['bwd_stages'])
     if not whole:  # head h reads q/k head h // (H // HK): its group's heads are adjacent
         dq = dq.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(q.dtype)
         dk = dk.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(k.dtype)
