@@ -323,8 +323,9 @@ TUNING = {
     # kernels' (B*H*4 programs at Dk = Dv = 128). Warps and stages by offline ptxas (Triton 3.9, sm_90a, Dk = Dv =
     # 128), not yet timed on a GPU: the forward at 4 warps holds 204 registers in bf16 without spills (fp32, whose
     # IEEE dots run on the FMA units: 255 and 324 B spilled); the backward spills at 4 (bf16 114 B, fp32 1.4 KB) and
-    # not at 8 (231 registers; fp32 40 B); one stage: the recompute pass (no output) then needs 95 registers, not 121.
-    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=8, fwd_stages=1, bwd_stages=1),
+    # not at 8 (231 registers; fp32 40 B), 'bwd_warps_small' below [64, 64] tiles (Dk or Dv < 64), where 8 warps
+    # would share a few elements; one stage: the recompute pass (no output) then needs 95 registers, not 121.
+    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=8, bwd_warps_small=4, fwd_stages=1, bwd_stages=1),
     # Short conv (section 6): the row kernels. 'L' rows per program (per work item in the backward); 'BD' channels
     # per program without the norm, with it 'heads' groups (heads x norm channels); 'warps'; 'ahead' rows loaded
     # ahead (4 or 8); 'unroll' the row loop's unroll factor (a multiple of ahead: without it about one row is in
@@ -2663,7 +2664,7 @@ def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else h, h, h, h, scale, T, NT, H, HK, DK, DV,
                                      BK, BV, GLA_CHUNK, prec, h0 is not None, False, 0,
                                      num_warps=TUNING['gla']['fwd_warps'], num_stages=TUNING['gla']['fwd_stages'])
-    f32 = dict(device=k.device, dtype=torch.float32)
+    f32, t = dict(device=k.device, dtype=torch.float32), TUNING['gla']
     # per-tile shares (fp32), or the gradients themselves where there is one share per token and head
     whole = NV == 1 and HK == H
     dq = torch.empty_like(q) if whole else torch.empty(NV, B, T, H, DK, **f32)
@@ -2676,7 +2677,8 @@ def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     _gla_bwd_kernel[(NV, NK, B * H)](q, k, v, gp, h, do, dht if dht is not None else h,
                                      dh0 if dh0 is not None else h, dq, dk, dv, dg, scale, T, NT, H, HK, DK, DV, BK,
                                      BV, GLA_CHUNK, prec, dht is not None, dh0 is not None,
-                                     num_warps=TUNING['gla']['bwd_warps'], num_stages=TUNING['gla']['bwd_stages'])
+                                     num_warps=t['bwd_warps'] if BK * BV >= 64 * 64 else t['bwd_warps_small'],
+                                     num_stages=t['bwd_stages'])
     if not whole:  # head h reads q/k head h // (H // HK): its group's heads are adjacent
         dq = dq.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(q.dtype)
         dk = dk.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(k.dtype)

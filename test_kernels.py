@@ -1018,6 +1018,19 @@ def test_linear_attn_triton_gla_causality():
     x, other = (la_triton_inputs(1, T, 2, 1, 16, 16, "gla", st, F32, seed=s) for s, st in ((2, "strong"), (3, "mixed")))
     causal_check(lambda **kw: kernels.linear_attn(**kw, path="triton"), x, other, P)
 
+def test_linear_attn_triton_gla_fake_matches():
+    # kernels::gla_fwd / gla_bwd against their fake (shape) functions, with q and k in different dtypes (dq, dk come
+    # back in their own, also through the per-head shares of a q/k group): torch.compile plans with the fakes
+    x = la_triton_inputs(1, 5, 2, 2, 16, 16, "gla", "mild", F32, seed=2)
+    k, do, dht = x["k"].bfloat16(), torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
+    fwd = (x["q"], k, x["v"], x["g"], 0.25, x["initial_state"], True)
+    bwd = (x["q"], k, x["v"], x["g"], x["initial_state"], do, dht, 0.25)
+    dq, dk = torch.ops.kernels.gla_bwd(*bwd)[:2]
+    assert (dq.dtype, dk.dtype) == (torch.float32, torch.bfloat16)
+    for op, args in ((torch.ops.kernels.gla_fwd.default, fwd), (torch.ops.kernels.gla_bwd.default, bwd),
+                     (torch.ops.kernels.gla_bwd.default, bwd[:4] + (None, do, None, 0.25))):
+        torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+
 def test_linear_attn_triton_gla_step():
     # the Triton step with g [B, H, Dk] vs the torch step, and prefill (Triton) + steps == the reference over all of it
     B, T, P = 2, 20, 17
