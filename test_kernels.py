@@ -12,8 +12,8 @@ On a GPU most of the time is compiling the Triton kernel variants, so run them i
 `python -m pytest -q -n 14 test_kernels.py` (Triton's disk cache is shared by the workers), or groups side by side:
     for g in "kda and bfloat16" "kda and not bfloat16" gdn "not kda and not gdn"; do
         python -m pytest test_kernels.py -q -k "triton and ($g)" & done; wait
-KDA with fp32 inputs (IEEE dots) compiles slowest. The scalar-decay Triton tests (RetNet, Mamba2) select with
-    python -m pytest test_kernels.py -q -k linear_attn_triton
+KDA with fp32 inputs (IEEE dots) compiles slowest. The scalar-decay Triton tests (RetNet, Mamba2, GLA) select with
+    python -m pytest test_kernels.py -q -k linear_attn_triton          (GLA's alone: -k gla)
 Timings of these runs on GPUs: notes/perf.md.
 
 Gates are drawn in four regimes (docs/mixers.md §8): g = 0, mild (logsigmoid(x)/16), strong (<= -5) and mixed
