@@ -36,9 +36,9 @@ an initial state must be fp32 or fp64. Every call has up to three paths with the
   *_recurrent   token-by-token loop, fp32 (fp64 stays fp64), autograd: the reference the tests trust
   *_chunked     chunkwise-parallel torch version (docs/mixers.md §4.1, §4.3), autograd: CPU training and prefill
                 (chunk 64; 16 for per-key-channel gates, where the exact pairwise decays cost C*Dk per token)
-  *_triton      Triton chunked forward/backward (chunk 64) and a fused decode step, wrapped as torch.library custom
-                ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step) so that torch.compile sees
-                them as single nodes with no graph break
+  *_triton      Triton chunked forward/backward (chunk 64; 16 for GLA) and a fused decode step, wrapped as
+                torch.library custom ops (kernels::delta_rule_fwd/bwd/step, kernels::linear_attn_fwd/bwd/step,
+                kernels::gla_fwd/bwd) so that torch.compile sees them as single nodes with no graph break
 The public calls (and short_conv, short_conv_step below) also take path='auto' | 'torch' | 'recurrent' | 'triton'
 (model.py passes GPTConfig.kernels) and print the path they take once per (function, path). 'auto' picks it from the
 device: on CUDA the delta rule runs the Triton kernels (Dk, Dv powers of two in [16, 128], fp16/bf16/fp32 inputs;
@@ -54,7 +54,7 @@ forward, Triton backward, the custom ops, the decode step):
   2. TUNING: every launch setting of the Triton kernels (tiles, warps, stages), one table
   3. shared helpers: argument checks, the torch paths' chunks, the Triton kernels' numerical rules and _dot
   4. the delta rule: DeltaNet, GDN, KDA (GATE_NONE, GATE_SCALAR, GATE_CHANNEL)
-  5. scalar-decay linear attention: RetNet, Mamba2 (GATE_CONST, GATE_SCALAR)
+  5. scalar-decay linear attention: RetNet, Mamba2, GLA (GATE_CONST, GATE_SCALAR, GATE_CHANNEL)
   6. the short convolution (short_conv, short_conv_step)
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
@@ -87,7 +87,7 @@ _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1",
 # tl.constexpr, so that the Triton kernels can compare against them; int(...) where the host needs a plain number.
 GATE_NONE = tl.constexpr(0)     # no decay: DeltaNet, plain linear attention
 GATE_SCALAR = tl.constexpr(1)   # one log-decay per token and head, g [B, T, H]: GDN, Mamba2 (Δ·A)
-GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA
+GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA, GLA
 GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (log γ; not differentiated)
 # Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
 # faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks).
@@ -199,8 +199,6 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
                 D=None):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
     path, note = _pick_path("linear_attn", q, v, path=path)
-    if path == "triton" and g is not None and g.dim() == 4:  # GLA's per-key-channel gate: no Triton kernels yet
-        path, note = "chunked", " (no Triton kernels for a per-key-channel gate yet)"
     _log_path("linear_attn", path, note, q)
     if path == "recurrent":
         return _ssd_torch(linear_attn_recurrent, q, k, v, g, scale, initial_state, output_final_state, dt, D)
@@ -212,8 +210,6 @@ def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_st
 def linear_attn_step(q, k, v, g, state, scale=None, path="auto"):
     """One scalar-decay decode token (state updated in place); see the module docstring. -> o"""
     path, note = _pick_path("linear_attn_step", q, v, state, path=path)
-    if path == "triton" and g is not None and g.dim() == 3:  # GLA's per-key-channel gate: no Triton step yet
-        path, note = "step", " (no Triton step for a per-key-channel gate yet)"
     _log_path("linear_attn_step", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
         return linear_attn_step_triton(q, k, v, g, state, scale)
@@ -321,6 +317,15 @@ TUNING = {
                    out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,
                    fused_fwd=(int(GATE_NONE), int(GATE_CONST)), fused_warps=4, fused_stages=2, fused_stages_d64=3,
                    group_k=64, group_stages=2),
+    # GLA (section 5, the per-key-channel gate: _gla_fwd, _gla_bwd): one program per (V-tile 'v', key tile 'k', b, h)
+    # walks the chunks of 16 tokens with its state tile (and in the backward its gradient) in fp32 registers; the
+    # output and dv are summed over key tiles, dq, dk, dg over V-tiles, outside the kernels. Tiles of 64 as the scalar
+    # kernels' (B*H*4 programs at Dk = Dv = 128). Warps and stages by offline ptxas (Triton 3.9, sm_90a, Dk = Dv =
+    # 128), not yet timed on a GPU: the forward at 4 warps holds 204 registers in bf16 without spills (fp32, whose
+    # IEEE dots run on the FMA units: 255 and 324 B spilled); the backward spills at 4 (bf16 114 B, fp32 1.4 KB) and
+    # not at 8 (231 registers; fp32 40 B), 'bwd_warps_small' below [64, 64] tiles (Dk or Dv < 64), where 8 warps
+    # would share a few elements; one stage: the recompute pass (no output) then needs 95 registers, not 121.
+    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=8, bwd_warps_small=4, fwd_stages=1, bwd_stages=1),
     # Short conv (section 6): the row kernels. 'L' rows per program (per work item in the backward); 'BD' channels
     # per program without the norm, with it 'heads' groups (heads x norm channels); 'warps'; 'ahead' rows loaded
     # ahead (4 or 8); 'unroll' the row loop's unroll factor (a multiple of ahead: without it about one row is in
@@ -1845,10 +1850,11 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
     return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 # =====================================================================================================================
-# 5. Scalar-decay linear attention: RetNet, Mamba2 (and plain linear attention)
+# 5. Scalar-decay linear attention: RetNet, Mamba2, GLA (and plain linear attention)
 # docs/mixers.md §2.2 (RetNet), §2.3 (Mamba2), §3 (recurrence), §4.1 (chunked forward), §5.5 (backward), §6 (decode).
 # Gate kinds: GATE_NONE (plain linear attention), GATE_SCALAR (Mamba2: Δ·A, g [B, T, H]), GATE_CONST (RetNet:
-# log γ, g [H]). model.py's RetNet and Mamba2 call linear_attn / linear_attn_step (section 1).
+# log γ, g [H]), GATE_CHANNEL (GLA: a log-decay per key channel, g [B, T, H, Dk]; its own kernels, _gla_* in 5.3-5.5).
+# model.py's RetNet and Mamba2 call linear_attn / linear_attn_step (section 1).
 # =====================================================================================================================
 
 # ---- 5.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
@@ -1913,7 +1919,8 @@ def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, 
 
 # ---- 5.3 Triton forward --------------------------------------------------------------------------------------------
 
-# Kernels for plain linear attention (GATE_NONE), Mamba2 (GATE_SCALAR) and RetNet (GATE_CONST), docs/mixers.md §4.1.
+# Kernels for plain linear attention (GATE_NONE), Mamba2 (GATE_SCALAR) and RetNet (GATE_CONST), docs/mixers.md §4.1;
+# GLA's (GATE_CHANNEL) follow them (_gla_fwd).
 # Same chunk (C = TRITON_CHUNK = 64) and numerical rules (section 3) as the delta rule's kernels. Per chunk (n <= C rows, chunk-start state
 # S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
@@ -2075,6 +2082,109 @@ def _la_output_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, D_ptr, h_ptr, o_pt
     else:
         o = scale * (qs * eg + _dot(P, vv, PREC))
     tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+# ---- GLA: the per-key-channel gate (GATE_CHANNEL, g [B, T, H, Dk]) --------------------------------------------------
+#
+# With a gate per key channel the decay sits inside the sum over channels, M_ij = Σ_c q_ic k_jc exp(G_ic - G_jc), so
+# (Q K^T) ⊙ D does not apply, and splitting exp(G_i - G_j) about a reference row overflows for strong gates
+# (docs/mixers.md §4.2, §7 item 3). These kernels form each pair's decay element-wise instead, over chunks of
+# GLA_CHUNK = 16 tokens (the exps cost 16 Dk per token and V-tile), one program per (V-tile, key tile, b, h) walking
+# the chunks in order with its [BK, BV] state tile in fp32 registers: Diag(exp g) scales rows, so the key tiles of
+# the state never mix. Per chunk (n <= 16 rows, chunk-start state S, G = chunk-local cumsum of g, per channel):
+#   M_ij  = Σ_c q_ic k_jc exp(Σ_{j<m<=i} g_mc)   (j <= i, this key tile's channels)            _gla_intra
+#   O     = scale ((Q ⊙ exp G) S + M V)           (this key tile's share; the shares are summed outside)
+#   S_new = Diag(exp G_n) S + (K ⊙ exp(G_n - G))^T V
+# Every exponent is a sum of gates (<= 0), never a difference of cumsums (which loses digits after a -1000 gate, see
+# _la_gates): exp(G) the cumsum, exp(G_n - G) the reverse exclusive cumsum (_gla_gates), the pairs' segment sums
+# built a column at a time (_gla_intra). Without OUTPUT the same pass writes the chunk-start snapshots h[c] for the
+# backward. Dots follow _dot's rule; the state, M and every exp are fp32.
+
+GLA_CHUNK = 16  # tokens per chunk of the GLA kernels: the element-wise pair decays cost C*Dk exps per token
+
+@triton.jit
+def _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK: tl.constexpr):
+    # -> exp(G) [C, BK], exp(G_n) [BK] and exp(G_n - G) [C, BK] of this chunk's gates (fp32, [B, T, H, Dk]); the
+    # row tiles are 0 on padded rows. G_n - G_r is the reverse cumsum of the gates one row later, Σ_{r<m<n} g_m.
+    offs = tok[:, None] * DK + ck[None, :]
+    gg = tl.load(g_ptr + offs, mask=valid[:, None], other=0.)
+    eg = tl.exp(tl.where(valid[:, None], tl.cumsum(gg, axis=0), float('-inf')))
+    egn = tl.exp(tl.sum(gg, axis=0))
+    tail = tl.cumsum(tl.load(g_ptr + offs + H * DK, mask=(rows + 1 < n)[:, None], other=0.), axis=0, reverse=True)
+    etail = tl.exp(tl.where(valid[:, None], tail, float('-inf')))
+    return eg, egn, etail
+
+@triton.jit
+def _gla_intra(qq, dM, k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK: tl.constexpr, BK: tl.constexpr,
+               C: tl.constexpr, BWD: tl.constexpr):
+    # The pairs j < i < n of one chunk over this key tile's channels (the diagonal, exp(0) = 1, is the caller's):
+    # -> M [C, C], M_ij = Σ_c q_ic k_jc exp(E_ijc), E_ijc = Σ_{j<m<=i} g_mc (qq fp32 [C, BK], 0 on padded rows);
+    # with BWD, given dM [C, C], also Σ_j dM_ij k_j ⊙ exp(E_ij) (dq's in-chunk part) and Σ_i dM_ij q_i ⊙ exp(E_ij)
+    # (dk's, row j), else zeros. One column j at a time, from n - 2 down to 0 (the rows k_j, g_{j+1} it loads are
+    # then real tokens: no masks): A[i] = E_ij for i > j is the previous column's plus g_{j+1}, a sum of gates
+    # accurate to a few ulp of itself (rows past n hold finite junk that meets q = 0 and dO = 0); the pairs i <= j
+    # are selected away. Rows k_j and g_{j+1} are reloaded (L1) rather than extracted from the tiles.
+    cols = tl.arange(0, C)
+    M = tl.zeros([C, C], dtype=tl.float32)
+    A = tl.zeros([C, BK], dtype=tl.float32)
+    dq = tl.zeros([C, BK], dtype=tl.float32)
+    dk = tl.zeros([C, BK], dtype=tl.float32)
+    kp = k_ptr + xk0 * DK + ck                      # row 0 of the chunk's k and g, this key tile
+    gp = g_ptr + x0 * DK + ck
+    for jj in range(n - 1):
+        j = n - 2 - jj
+        below = rows[:, None] > j
+        A = tl.where(below, A + tl.load(gp + (j + 1) * (H * DK))[None, :], 0.)
+        kj = tl.load(kp + j * (HK * DK)).to(tl.float32)
+        e = tl.where(below, tl.exp(A), 0.)                                    # exp(E_ij) (A <= 0), 0 for i <= j
+        qe = qq * e
+        M = tl.where(cols[None, :] == j, tl.sum(qe * kj[None, :], 1)[:, None], M)
+        if BWD:
+            dmj = tl.sum(tl.where(cols[None, :] == j, dM, 0.), 1)            # column j of dM
+            dq += (dmj[:, None] * e) * kj[None, :]
+            dk = tl.where(rows[:, None] == j, tl.sum(dmj[:, None] * qe, 0)[None, :], dk)
+    return M, dq, dk
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _gla_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, ht_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
+                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+                    PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, OUTPUT: tl.constexpr):
+    # One program per (V-tile, key tile, b, h). OUTPUT: o_ptr [NK, B, T, H, Dv] gets this key tile's share of O
+    # (o itself when NK = 1); else h_ptr [B, NT, H, Dk, Dv] the chunk-start states (the backward's recompute).
+    iv, ik = tl.program_id(0), tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)                             # the q/k head (group) this head reads
+    rows = tl.arange(0, C)
+    ck = ik * BK + tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    o0 = ik * (tl.num_programs(2).to(tl.int64) * T)  # token-head offset of this key tile's share (B T H per share)
+    if HAS_H0:
+        S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(NT):
+        n = tl.minimum(T - c * C, C)
+        valid = rows < n
+        x0 = (b * T + c * C) * H + h                # int64 token-head index of row 0 (v, g, o)
+        xk0 = (b * T + c * C) * HK + hk             # ... and of q, k
+        tok = x0 + rows * H
+        tokk = xk0 + rows * HK
+        if not OUTPUT:
+            tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
+        kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
+        eg, egn, etail = _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK)
+        if OUTPUT:
+            qq = tl.load(q_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+            M, _, _ = _gla_intra(qq, 0., k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK, BK, C, 0)
+            M += tl.where(rows[:, None] == rows[None, :], tl.sum(qq * kk, 1)[:, None], 0.)   # the diagonal
+            o = scale * (_dot(qq * eg, S, PREC) + _dot(M, vv, PREC))
+            tl.store(o_ptr + (o0 + tok)[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty),
+                     mask=valid[:, None])
+        S = S * egn[:, None] + _dot(tl.trans(kk * etail), vv, PREC)
+    if STORE_HT:
+        tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
 # ---- 5.4 Triton backward -------------------------------------------------------------------------------------------
 
@@ -2257,7 +2367,83 @@ def _la_dqkg_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, do_ptr, dh_pt
     tl.store(dq_ptr + xk0 * DK + k_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + xk0 * DK + k_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
 
-# ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd) and linear_attn_triton -------------------------
+# GLA's backward (g [B, T, H, Dk]): one program per (V-tile, key tile, b, h), reverse over chunks with dS' (the
+# gradient of the state after the chunk; d final_state first) in fp32 registers and the chunk-start state S = h[c]
+# recomputed by _gla_fwd. Per chunk, with M as in _gla_fwd, E_ij = the pair's decay exponent, Kt = K ⊙ exp(G_n - G):
+#   dM    = scale dO V^T   (j <= i)
+#   dv    = scale M^T dO + Kt dS'                                    (this key tile's share)
+#   dq    = scale (dO S^T) ⊙ exp(G) + Σ_j dM_ij k_j ⊙ exp(E_ij)      (this V-tile's share, as dk and dg)
+#   dk    = Σ_i dM_ij q_i ⊙ exp(E_ij) + dk_s,   dk_s = (V dS'^T) ⊙ exp(G_n - G)
+#   dG    = q ⊙ dq - k ⊙ dk (without the pairs j = i, whose terms cancel),  and on the last row
+#           + Σ_j k_j ⊙ dk_s_j + exp(G_n) ⊙ rowsum(S ⊙ dS')
+#   dg    = reverse cumsum of dG within the chunk
+#   dS    = Diag(exp G_n) dS' + scale (Q ⊙ exp G)^T dO                (after chunk 0: d initial_state)
+# (every G_ic enters through exp(E_ij) = exp(G_i - G_j), exp(G_i) and exp(G_n - G_i), so q ⊙ dq and k ⊙ dk collect
+# the + and - sides of those exponents; the forward's segment sums equal the differences in exact arithmetic.)
+# dq, dk, dg are sums over V-tiles and dv over key tiles: each program writes its share ([NV or NK, B, T, H, D]
+# fp32, or the gradient itself when there is one tile), and the caller adds them up.
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
+def _gla_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dht_ptr, dh0_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr,
+                    scale, T, NT, H, HK, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    C: tl.constexpr, PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    iv, ik = tl.program_id(0), tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)
+    b, h = bh // H, bh % H
+    hk = h // (H // HK)
+    rows = tl.arange(0, C)
+    ck = ik * BK + tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    s_offs = ck[:, None] * DV + cv[None, :]
+    nbt = tl.num_programs(2).to(tl.int64) * T        # token-heads (B T H) per share
+    if HAS_DHT:
+        dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
+    else:
+        dS = tl.zeros([BK, BV], dtype=tl.float32)
+    for cc in range(NT):
+        c = NT - 1 - cc
+        n = tl.minimum(T - c * C, C)
+        valid = rows < n
+        x0 = (b * T + c * C) * H + h
+        xk0 = (b * T + c * C) * HK + hk
+        tok = x0 + rows * H
+        tokk = xk0 + rows * HK
+        S = tl.load(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs).to(tl.float32)
+        k_offs = tokk[:, None] * DK + ck[None, :]
+        v_offs = tok[:, None] * DV + cv[None, :]
+        qq = tl.load(q_ptr + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        kk = tl.load(k_ptr + k_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + v_offs, mask=valid[:, None], other=0.)
+        dO = tl.load(do_ptr + v_offs, mask=valid[:, None], other=0.)
+        eg, egn, etail = _gla_gates(g_ptr, tok, valid, rows, n, H, ck, DK)
+        dM = scale * _dot(dO, tl.trans(vv), PREC)         # the pairs above the diagonal have exp(E) = 0 below
+        M, dq, dk = _gla_intra(qq, dM, k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK, BK, C, 1)
+        diag = rows[:, None] == rows[None, :]
+        M += tl.where(diag, tl.sum(qq * kk, 1)[:, None], 0.)
+        kt = kk * etail
+        dks = _dot(vv, tl.trans(dS), PREC) * etail        # through the state update
+        dq += scale * _dot(dO, tl.trans(S), PREC) * eg
+        dk += dks
+        dv = scale * _dot(tl.trans(M), dO, PREC) + _dot(kt, dS, PREC)
+        # dG before the diagonal pairs join dq, dk: their decay exp(0) has no gate, and their two equal terms
+        # q_i dM_ii k_i would cancel in q dq - k dk, leaving only rounding (6e-5 relative dg at gates of -5..-10)
+        dG = qq * dq - kk * dk
+        dGn = tl.sum(kk * dks, 0) + egn * tl.sum(S * dS, 1)
+        dG += tl.where((rows == n - 1)[:, None], dGn[None, :], 0.)
+        dMd = tl.sum(tl.where(diag, dM, 0.), 1)[:, None]  # dM_ii
+        dq += dMd * kk
+        dk += dMd * qq
+        dq_offs = (iv * nbt + tok)[:, None] * DK + ck[None, :]
+        tl.store(dq_ptr + dq_offs, dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(dk_ptr + dq_offs, dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(dg_ptr + dq_offs, tl.cumsum(dG, axis=0, reverse=True), mask=valid[:, None])
+        tl.store(dv_ptr + (ik * nbt + tok)[:, None] * DV + cv[None, :], dv.to(dv_ptr.dtype.element_ty),
+                 mask=valid[:, None])
+        dS = dS * egn[:, None] + scale * _dot(tl.trans(qq * eg), dO, PREC)
+    if STORE_DH0:
+        tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
+
+# ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd, gla_fwd, gla_bwd) and linear_attn_triton ------
 
 # The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
 # kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd), or O and the final state
@@ -2426,6 +2612,100 @@ def _linear_attn_backward(ctx, do, dht):
 
 _linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
 
+# GLA (g [B, T, H, Dk]) as its own pair of custom ops. Forward (kernels::gla_fwd): _gla_fwd with OUTPUT, O's shares
+# over key tiles summed here when Dk has more than one. Saved: q, k, v, g and the initial state; the backward
+# (kernels::gla_bwd) recomputes the chunk-start states h[c] (_gla_fwd without OUTPUT; _storage's dtype), then runs
+# _gla_bwd, reverse over chunks, and sums its per-tile shares: dv over key tiles, dq, dk, dg over V-tiles (and dq, dk
+# over the heads of a q/k group). h[c] is Dk*Dv/16 values per token and head (8x q's at Dk = Dv = 128).
+
+def _gla_tiles(DK, DV):
+    """-> (BK, BV) of the GLA kernels (TUNING['gla'])."""
+    return min(DK, TUNING['gla']['k']), min(DV, TUNING['gla']['v'])
+
+@torch.library.custom_op("kernels::gla_fwd", mutates_args=())
+def _gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
+             initial_state: Optional[torch.Tensor], output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for); g [B,T,H,Dk]."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, T, H, HK, DK, DV, _, _, _, prec = _la_meta(q, k, v)
+    BK, BV = _gla_tiles(DK, DV)
+    NK, NV = DK // BK, DV // BV
+    gp = g.float().contiguous()
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    # one share of O per key tile (fp32, summed below), or O itself
+    o = torch.empty_like(v) if NK == 1 else torch.empty(NK, B, T, H, DV, device=k.device, dtype=torch.float32)
+    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else o, ht if ht is not None else o, o, o,
+                                     scale, T, triton.cdiv(T, GLA_CHUNK), H, HK, DK, DV, BK, BV, GLA_CHUNK, prec,
+                                     h0 is not None, ht is not None, 1, num_warps=TUNING['gla']['fwd_warps'],
+                                     num_stages=TUNING['gla']['fwd_stages'])
+    if NK > 1:
+        o = o.sum(0).to(v.dtype)
+    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
+
+@_gla_fwd.register_fake
+def _(q, k, v, g, scale, initial_state, output_final_state):
+    B, T, H, DV = v.shape
+    ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
+    return v.new_empty(v.shape), ht
+
+@torch.library.custom_op("kernels::gla_bwd", mutates_args=())
+def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H,Dk], d initial_state fp32 (empty without one)."""
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    B, T, H, HK, DK, DV, _, _, _, prec = _la_meta(q, k, v)
+    BK, BV = _gla_tiles(DK, DV)
+    NK, NV, NT = DK // BK, DV // BV, triton.cdiv(T, GLA_CHUNK)
+    gp = g.float().contiguous()
+    h0 = initial_state.contiguous().float() if initial_state is not None else None
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=_storage(prec))
+    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else h, h, h, h, scale, T, NT, H, HK, DK, DV,
+                                     BK, BV, GLA_CHUNK, prec, h0 is not None, False, 0,
+                                     num_warps=TUNING['gla']['fwd_warps'], num_stages=TUNING['gla']['fwd_stages'])
+    f32, t = dict(device=k.device, dtype=torch.float32), TUNING['gla']
+    # per-tile shares (fp32), or the gradients themselves where there is one share per token and head
+    whole = NV == 1 and HK == H
+    dq = torch.empty_like(q) if whole else torch.empty(NV, B, T, H, DK, **f32)
+    dk = torch.empty_like(k) if whole else torch.empty(NV, B, T, H, DK, **f32)
+    dv = torch.empty_like(v) if NK == 1 else torch.empty(NK, B, T, H, DV, **f32)
+    dg = torch.empty(NV, B, T, H, DK, **f32)
+    dh0 = torch.empty(B, H, DK, DV, **f32) if h0 is not None else None
+    if dht is not None:
+        dht = dht.contiguous().float()
+    _gla_bwd_kernel[(NV, NK, B * H)](q, k, v, gp, h, do, dht if dht is not None else h,
+                                     dh0 if dh0 is not None else h, dq, dk, dv, dg, scale, T, NT, H, HK, DK, DV, BK,
+                                     BV, GLA_CHUNK, prec, dht is not None, dh0 is not None,
+                                     num_warps=t['bwd_warps'] if BK * BV >= 64 * 64 else t['bwd_warps_small'],
+                                     num_stages=t['bwd_stages'])
+    if not whole:  # head h reads q/k head h // (H // HK): its group's heads are adjacent
+        dq = dq.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(q.dtype)
+        dk = dk.view(NV, B, T, HK, H // HK, DK).sum((0, 4)).to(k.dtype)
+    if NK > 1:
+        dv = dv.sum(0).to(v.dtype)
+    dg = dg[0] if NV == 1 else dg.sum(0)
+    return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, **f32))
+
+@_gla_bwd.register_fake
+def _(q, k, v, g, initial_state, do, dht, scale):
+    f32 = torch.float32
+    dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape, dtype=f32), dh0
+
+def _gla_setup(ctx, inputs, output):
+    q, k, v, g, scale, initial_state, output_final_state = inputs
+    ctx.save_for_backward(q, k, v, g, initial_state)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+
+def _gla_backward(ctx, do, dht):
+    q, k, v, g, h0 = ctx.saved_tensors
+    dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
+    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, do, dht, ctx.scale)
+    return dq, dk, dv, dg.to(g.dtype), None, None if h0 is None else dh0.to(h0.dtype), None
+
+_gla_fwd.register_autograd(_gla_backward, setup_context=_gla_setup)
+
 def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, dt=None, D=None):
     """Scalar-decay linear attention through the Triton kernels (custom ops, differentiable); same arguments and
     result as linear_attn. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
@@ -2434,10 +2714,13 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
     if why:
         _fail("linear_attn", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
+    if g is not None and g.dim() == 4:  # GLA's per-key-channel gate (dt, D refused by the check above)
+        o, ht = _gla_fwd(q, k, v, g, scale, initial_state, output_final_state)
+    else:
+        o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
     return o, (ht if output_final_state else None)
 
-# ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q ------------------------------------------------------
+# ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ------------------
 # The torch version (any device and dtype), then the Triton step (one program per (V-tile, b, h), as 4.6).
 
 def linear_attn_step_torch(q, k, v, g, state, scale=None):
@@ -2456,7 +2739,8 @@ def linear_attn_step_torch(q, k, v, g, state, scale=None):
 def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
                     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
     # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
-    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_NONE none
+    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_CHANNEL [B, H, Dk]
+    # (GLA: S <- Diag(exp g) S, one decay per row of the state), GATE_NONE none
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -2472,6 +2756,8 @@ def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
         S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
     if GATE == GATE_CONST:
         S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
+    if GATE == GATE_CHANNEL:
+        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
     S += k[:, None] * v[None, :]
     o = scale * tl.sum(S * q[:, None], 0)
     tl.store(s_ptr + s_offs, S)
@@ -2485,8 +2771,9 @@ def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: O
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(v)
     BV = min(DV, TUNING['step']['v'])
+    GATE = int(GATE_CHANNEL) if g is not None and g.dim() == 3 else _decay_kind(g)  # [B, H, Dk]: GLA
     _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
-                                       DK, DV, BV, _decay_kind(g))
+                                       DK, DV, BV, GATE)
     return o
 
 @_linear_attn_step_op.register_fake

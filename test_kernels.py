@@ -12,8 +12,8 @@ On a GPU most of the time is compiling the Triton kernel variants, so run them i
 `python -m pytest -q -n 14 test_kernels.py` (Triton's disk cache is shared by the workers), or groups side by side:
     for g in "kda and bfloat16" "kda and not bfloat16" gdn "not kda and not gdn"; do
         python -m pytest test_kernels.py -q -k "triton and ($g)" & done; wait
-KDA with fp32 inputs (IEEE dots) compiles slowest. The scalar-decay Triton tests (RetNet, Mamba2) select with
-    python -m pytest test_kernels.py -q -k linear_attn_triton
+KDA with fp32 inputs (IEEE dots) compiles slowest. The scalar-decay Triton tests (RetNet, Mamba2, GLA) select with
+    python -m pytest test_kernels.py -q -k linear_attn_triton          (GLA's alone: -k gla)
 Timings of these runs on GPUs: notes/perf.md.
 
 Gates are drawn in four regimes (docs/mixers.md §8): g = 0, mild (logsigmoid(x)/16), strong (<= -5) and mixed
@@ -324,7 +324,7 @@ def causal_check(fn, x, other, P, **kw):
         leaves = {n: (t.detach().clone().requires_grad_() if differentiable(n, t) else t) for n, t in inp.items()}
         o, _ = fn(**leaves, **kw)
         names = [n for n, t in leaves.items() if differentiable(n, t)]
-        cot = torch.randn(o[:, :P].shape, generator=torch.Generator().manual_seed(6), dtype=o.dtype)
+        cot = torch.randn(o[:, :P].shape, generator=torch.Generator().manual_seed(6), dtype=o.dtype).to(o.device)
         grads = torch.autograd.grad((o[:, :P] * cot).sum(), [leaves[n] for n in names])
         results.append((o, dict(zip(names, grads))))
     (o1, g1), (o2, g2) = results
@@ -762,7 +762,8 @@ def test_triton_step_dispatch_compiles():
 # Gates: 'none'; 'retnet' a constant [H] (mild: RetNet's log(1 - 2^(-5-h)); strong: -5..-10 per head, not
 # differentiated); 'mamba2' Δ·A per token [B,T,H] (zero; mild: logsigmoid/16; mixed: mild with a twentieth at -1000;
 # strong: -A_h·Δ with A_h in [1, 16] and Δ = softplus(3x + 2), down to ~ -180, so that some single-step decays
-# underflow fp32), with scale 1 and q = C, k = B shared by the heads of a group (hpg heads per group).
+# underflow fp32), with scale 1 and q = C, k = B shared by the heads of a group (hpg heads per group); 'gla' one
+# log-decay per key channel [B,T,H,Dk] in gate_values' regimes (zero, mild, strong -5..-10, mixed: a fifth at -1000).
 
 def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -782,13 +783,15 @@ def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
         else:
             A = 1 + 15 * torch.rand(nh, generator=gen)
             x["g"] = -A * F.softplus(3 * rnd(B, T, nh) + 2)
+    elif gate == "gla":  # per key channel [B,T,H,Dk]: as gate_values' regimes
+        x["g"] = gate_values((B, T, nh, dk), strength, gen, F32)
     x = {n: None if t is None else t.to(DEV, dtype if n in "qkv" else F32) for n, t in x.items()}
     x["initial_state"] = rnd(B, nh, dk, dv).to(DEV)
     return x
 
-def la_triton_check(T, dk, dv, dtype, gate, strength, with_state=True, seed=0, B=None):
+def la_triton_check(T, dk, dv, dtype, gate, strength, with_state=True, seed=0, B=None, hpg=None):
     B, nh = B or (2 if CUDA else 1), 4
-    hpg = {"none": 1, "retnet": 1, "mamba2": 4 if strength != "strong" else 2}[gate]  # 1 group; 2 groups of 2
+    hpg = hpg or {"none": 1, "retnet": 1, "mamba2": 4 if strength != "strong" else 2, "gla": 1}[gate]  # 1 group; 2 of 2
     x = la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed)
     kw = dict(scale=1.0) if gate == "mamba2" else {}
     compare_to_reference(kernels.linear_attn_triton, kernels.linear_attn_recurrent, x, dtype, with_state, seed,
@@ -942,11 +945,13 @@ def test_linear_attn_triton_causality(gate):
     x = la_triton_inputs(B, T, nh, 2, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.linear_attn_triton, x, la_triton_inputs(B, T, nh, 2, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("gate", ["retnet", "mamba2"])
+@pytest.mark.parametrize("gate", ["retnet", "mamba2", "gla"])
 def test_linear_attn_triton_compile(gate):
     # the public calls on the Triton path under torch.compile(fullgraph=True) == eager: chunked forward and backward
-    # (custom ops with their autograd formula), then a decode step (a mutating custom op)
-    x = la_triton_inputs(1, 70, 4, 2, 16, 32, gate, "mild", F32, seed=5)
+    # (custom ops with their autograd formula), then a decode step (a mutating custom op); GLA at a shorter T (its
+    # kernels are slow in the interpreter)
+    x = la_triton_inputs(1, 70, 4, 2, 16, 32, gate, "mild", F32, seed=5) if gate != "gla" else \
+        la_triton_inputs(1, 20, 2, 2, 16, 32, gate, "mild", F32, seed=5)
     names = [n for n, t in x.items() if differentiable(n, t)]
 
     def f(q, k, v, g, initial_state):
@@ -967,6 +972,81 @@ def test_linear_attn_triton_compile(gate):
     o2 = torch.compile(kernels.linear_attn_step, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(
         *args, s2, path="triton")
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
+
+# -----------------------------------------------------------------------------
+# GLA: the scalar-decay family's per-key-channel gate g [B,T,H,Dk] (kernels._gla_fwd / _gla_bwd, chunks of 16, and the
+# step's GATE_CHANNEL) against the fp64 reference recurrence, same metric and tolerances:
+#     python -m pytest test_kernels.py -q -k gla
+# Lengths around the chunk of 16 (1, 15, 16, 17) and the delta rule's 64; regimes zero, mild, strong (-5..-10 per step:
+# a decay split about a reference row would overflow) and mixed (a fifth at -1000); Hk < H; shapes whose Dk or Dv
+# have two tiles of TUNING['gla'] (the shares summed outside the kernels). The interpreter runs each (program,
+# chunk) in about 0.05 s, so the CPU cases are short.
+
+GLA_REGIMES = ("mild", "strong", "mixed")
+if CUDA:  # bf16 over the lengths, both D, every regime; fp32 (IEEE dots) at two lengths; odd Dk x Dv; 2 heads a group
+    GLA_CASES = ([(T, D, D, torch.bfloat16, st, 1) for T in (1, 15, 16, 17, 63, 64, 65, 200, 1000) for D in (64, 128)
+                  for st in GLA_REGIMES]
+                 + [(4096, 128, 128, torch.bfloat16, st, 1) for st in ("mild", "mixed")]
+                 + [(T, D, D, F32, st, 1) for T in (65, 1000) for D in (64, 128) for st in ("zero",) + GLA_REGIMES]
+                 + [(200, dk, dv, dt, st, 1) for dk, dv in ((16, 128), (128, 16), (32, 64), (128, 64), (16, 16))
+                    for dt in (torch.bfloat16, F32) for st in ("mild", "mixed")]
+                 + [(T, 128, 64, dt, st, 2) for T in (65, 300) for dt in (torch.bfloat16, F32) for st in GLA_REGIMES])
+else:  # interpreter: 1-3 s per case
+    GLA_CASES = [(17, 16, 32, F32, "mild", 1), (20, 16, 16, F32, "mixed", 2), (33, 32, 16, torch.bfloat16, "strong", 2)]
+
+@pytest.mark.parametrize("T,DK,DV,dtype,strength,hpg", GLA_CASES, ids=_id)
+def test_linear_attn_triton_gla(T, DK, DV, dtype, strength, hpg):
+    B, nh = (2, 4) if CUDA else (1, 2)
+    x = la_triton_inputs(B, T, nh, hpg, DK, DV, "gla", strength, dtype)
+    compare_to_reference(kernels.linear_attn_triton, kernels.linear_attn_recurrent, x, dtype, True, 0,
+                         f"gla T={T} D={DK}/{DV} {strength} {str(dtype)[6:]} heads/group={hpg}")
+
+@pytest.mark.parametrize("with_state", [False, True] if CUDA else [False])
+def test_linear_attn_triton_gla_tiles(with_state, monkeypatch):
+    # key tiles and V-tiles of 16 at Dk = Dv = 32 (two shares of o and dv, of dq, dk and dg, summed outside the
+    # kernels; on a GPU the default tiles give two at 128), 2 heads on one q/k head; no initial or final state
+    # (HAS_H0, STORE_HT, HAS_DHT, STORE_DH0 off)
+    monkeypatch.setitem(kernels.TUNING, "gla", dict(kernels.TUNING["gla"], k=16, v=16))
+    x = la_triton_inputs(1, 20, 2, 2, 32, 32, "gla", "mixed", F32, seed=3)
+    compare_to_reference(kernels.linear_attn_triton, kernels.linear_attn_recurrent, x, F32, with_state, 3,
+                         f"gla tiles of 16 state={with_state}")
+
+def test_linear_attn_triton_gla_causality():
+    # positions >= P changed (P inside a chunk): outputs before P and the gradients of a loss on them bit-identical,
+    # the gradients at >= P exactly 0 (the pairs j > i and padded rows must be selected away, not multiplied by 0)
+    T, P = (200, 70) if CUDA else (40, 20)
+    x, other = (la_triton_inputs(1, T, 2, 1, 16, 16, "gla", st, F32, seed=s) for s, st in ((2, "strong"), (3, "mixed")))
+    causal_check(lambda **kw: kernels.linear_attn(**kw, path="triton"), x, other, P)
+
+def test_linear_attn_triton_gla_fake_matches():
+    # kernels::gla_fwd / gla_bwd against their fake (shape) functions, with q and k in different dtypes (dq, dk come
+    # back in their own, also through the per-head shares of a q/k group): torch.compile plans with the fakes
+    x = la_triton_inputs(1, 5, 2, 2, 16, 16, "gla", "mild", F32, seed=2)
+    k, do, dht = x["k"].bfloat16(), torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
+    fwd = (x["q"], k, x["v"], x["g"], 0.25, x["initial_state"], True)
+    bwd = (x["q"], k, x["v"], x["g"], x["initial_state"], do, dht, 0.25)
+    dq, dk = torch.ops.kernels.gla_bwd(*bwd)[:2]
+    assert (dq.dtype, dk.dtype) == (torch.float32, torch.bfloat16)
+    for op, args in ((torch.ops.kernels.gla_fwd.default, fwd), (torch.ops.kernels.gla_bwd.default, bwd),
+                     (torch.ops.kernels.gla_bwd.default, bwd[:4] + (None, do, None, 0.25))):
+        torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+
+def test_linear_attn_triton_gla_step():
+    # the Triton step with g [B, H, Dk] vs the torch step, and prefill (Triton) + steps == the reference over all of it
+    B, T, P = 2, 20, 17
+    nh, dk, dv = (4, 128, 64) if CUDA else (2, 32, 16)
+    x = la_triton_inputs(B, T, nh, 2, dk, dv, "gla", "mild", F32, seed=1)
+    ro, rS = kernels.linear_attn_recurrent(**{n: t.double() for n, t in x.items()}, output_final_state=True)
+    _, state = kernels.linear_attn_triton(**{n: t[:, :P] if n != "initial_state" else t for n, t in x.items()},
+                                          output_final_state=True)
+    state_torch = state.clone()
+    outs = []
+    for t in range(P, T):
+        args = [x[n][:, t] for n in ("q", "k", "v", "g")]
+        outs.append(kernels.linear_attn_step(*args, state, path="triton"))
+        assert rms_err(outs[-1], kernels.linear_attn_step_torch(*args, state_torch)) < 1e-6
+    assert rms_err(state, state_torch) < 1e-6
+    assert rms_err(torch.stack(outs, 1), ro[:, P:]) < 1e-5 and rms_err(state, rS) < 1e-5
 
 # -----------------------------------------------------------------------------
 # short convolution: the Triton kernels (forward, dx, dw, db, decode step) against F.conv1d in fp64
@@ -1318,7 +1398,8 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                 s = torch.zeros(1, nh, D, D, device=DEV)
                 kernels.delta_rule_step_triton(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["beta"][:, 0],
                                                None if x["g"] is None else x["g"][:, 0], s)
-            for gate, strength, hpg in (("none", "-", 1), ("retnet", "mild", 1), ("mamba2", "mild", 2)):
+            for gate, strength, hpg in (("none", "-", 1), ("retnet", "mild", 1), ("mamba2", "mild", 2),
+                                        ("gla", "mild", 2)):
                 x = la_triton_inputs(1, T, 4, hpg, D, D, gate, strength, dtype)
                 x = {n: (t.requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
                 o, ht = kernels.linear_attn_triton(**x, output_final_state=True)
