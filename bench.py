@@ -1018,7 +1018,7 @@ class LaunchRecorder:
 def record_launches(D, dtypes, H=4):
     """Every Triton launch of the public calls at Dk = Dv = D, T = 65 (a partial last chunk), B = 1, H heads, in each
     dtype: the delta rule (DeltaNet, GDN, KDA; with and without the gate formed in the kernels) and the scalar decay
-    (plain, RetNet, Mamba2 with H heads on one q/k head and dt, D), forward, backward and decode step; the short conv
+    (plain, RetNet, Mamba2 with H heads on one q/k head and dt, D, GLA), forward, backward and decode step; the short conv
     (with and without the norm, bias, documents), forward, backward and step. kernels.py's Triton kernels are replaced
     by LaunchRecorders while they run, so nothing is computed (the calls only allocate by shape) -> the unique
     launches. CPU tensors on the Triton path: needs TRITON_INTERPRET=1. One SM on CPU: the state passes take the tiles
@@ -1044,9 +1044,10 @@ def record_launches(D, dtypes, H=4):
                 gs = None if g is None else g.detach()[:, 0]
                 kernels.delta_rule_step_triton(*(torch.zeros(1, H, D, dtype=dtype) for _ in "qkv"),
                                                torch.zeros(1, H, dtype=dtype), gs, torch.zeros(1, H, D, D))
-            for gate in (None, "retnet", "mamba2"):
-                hk = 1 if gate == "mamba2" else H
-                g = {None: None, "retnet": torch.full((H,), -0.1), "mamba2": -rnd(1, T, H).detach().abs()}[gate]
+            for gate in (None, "retnet", "mamba2", "gla"):
+                hk = 1 if gate in ("mamba2", "gla") else H
+                g = {None: None, "retnet": torch.full((H,), -0.1), "mamba2": -rnd(1, T, H).detach().abs(),
+                     "gla": -rnd(1, T, H, D).detach().abs()}[gate]
                 ssd = dict(dt=rnd(1, T, H), D=rnd(H)) if gate == "mamba2" else {}
                 o, ht = kernels.linear_attn_triton(rnd(1, T, hk, D, dtype=dtype), rnd(1, T, hk, D, dtype=dtype),
                                                    rnd(1, T, H, D, dtype=dtype), g, initial_state=rnd(1, H, D, D),
