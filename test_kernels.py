@@ -756,8 +756,10 @@ def test_triton_bounded_grams_equal_the_dyadic_ones(dtype):
     g2["g"] = torch.autograd.grad(gv, u, g2["g"].double())[0]
     errs = {"o": rms_err(o1, o2), "ht": rms_err(S1, S2)} | {n: rms_err(g1[n], g2[n]) for n in g2}
     print(f"T={T} kda bounded vs dyadic {dtype}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
-    tol = 1e-5 if dtype == F32 else 1e-2  # bf16: the two paths round different dot operands to bf16
-    bad = {n: e for n, e in errs.items() if not e < tol}
+    # fp32: rounding (the gate's values from fp64 here, from fp32 in the kernel); bf16: each path within TRITON_TOL of
+    # the fp64 reference (test_triton_vs_reference), so within twice that of each other
+    tol = lambda n: 1e-4 if dtype == F32 else 2 * TRITON_TOL[n][0]
+    bad = {n: e for n, e in errs.items() if not e < tol(n)}
     assert not bad, bad
 
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
