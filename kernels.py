@@ -23,11 +23,14 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         one token: q, k [B, Hk, Dk], v [B, H, Dv], g None | [H] | [B, H] | [B, H, Dk]; updates state in place;
         o [B, H, Dv]
     delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
-               dt_bias=None) -> (o, final_state | None)
+               dt_bias=None, lower_bound=None) -> (o, final_state | None)
         q, k [B, T, H, Dk] (L2-normalised by the caller), v [B, T, H, Dv], beta [B, T, H],
         g None (DeltaNet) | [B, T, H] (Gated DeltaNet) | [B, T, H, Dk] (KDA, per key channel);
         with A_log [H] and dt_bias (g's last dims) also given, g is the gate's input u and the log-decay is
-        decay_gate(u, A_log, dt_bias) = -exp(A_log) softplus(u + dt_bias), formed inside the Triton kernels
+        decay_gate(u, A_log, dt_bias) = -exp(A_log) softplus(u + dt_bias), formed inside the Triton kernels;
+        with lower_bound lb in [-5, 0) as well, the bounded gate decay_gate(u, A_log, dt_bias, lb) =
+        lb sigmoid(exp(A_log) (u + dt_bias)) in (lb, 0) instead (fla's safe_gate; KDA's Grams then skip the
+        dyadic split, section 4.3)
     delta_rule_step(q, k, v, beta, g, state, scale=None) -> o
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
 
@@ -173,15 +176,16 @@ def _log_path(fn, path, note, x):
         _say_once(line)
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto",
-               A_log=None, dt_bias=None):
+               A_log=None, dt_bias=None, lower_bound=None):
     """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
     path, note = _pick_path("delta_rule", q, v, path=path)
     _log_path("delta_rule", path, note, q)
     if path == "triton":
-        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)
+        return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias,
+                                 lower_bound)
+    _check_gate_fn("delta_rule", g, A_log, dt_bias, lower_bound)
     if A_log is not None:  # the torch paths form the gate first
-        _check_gate_fn("delta_rule", g, A_log, dt_bias)
-        g = decay_gate(g, A_log, dt_bias)
+        g = decay_gate(g, A_log, dt_bias, lower_bound)
     if path == "recurrent":
         return delta_rule_recurrent(q, k, v, beta, g, scale, initial_state, output_final_state)
     C = CHUNK_SIZE_PER_CHANNEL if g is not None and g.ndim == 4 else CHUNK_SIZE
@@ -408,8 +412,17 @@ def _check_delta_rule(name, q, k, v, beta, g, state, step=False):
         _fail(name, "state [B, H, Dk, Dv] is required")
     _check_state(name, state, q.shape[0], q.shape[-2], Dk, Dv, "state" if step else "initial_state")
 
-def _check_gate_fn(name, u, A_log, dt_bias):
+def _check_lower_bound(name, lower_bound):
+    # fla's safe_gate range: the Grams' 16-row reference path needs every per-step log-decay >= -5 (section 4.3)
+    ok = isinstance(lower_bound, (int, float)) and not isinstance(lower_bound, bool) and -5 <= lower_bound < 0
+    if lower_bound is not None and not ok:
+        _fail(name, f"lower_bound must be None or a number in [-5, 0), got {lower_bound!r}")
+
+def _check_gate_fn(name, u, A_log, dt_bias, lower_bound=None):
+    _check_lower_bound(name, lower_bound)
     if A_log is None and dt_bias is None:
+        if lower_bound is not None:
+            _fail(name, "lower_bound needs A_log and dt_bias (it bounds the gate formed from g = u), got neither")
         return
     H = u.shape[2] if u is not None and u.dim() >= 3 else None
     if u is None or A_log is None or dt_bias is None:
@@ -574,7 +587,8 @@ def _column_sums(part, D, J, out):
 
 # ---- 4.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
 # S~ = Diag(exp g_t) S_{t-1};  S_t = S~ + beta_t k_t (v_t - S~^T k_t)^T;  o_t = s S_t^T q_t
-# and the gate of GDN and KDA, g = decay_gate(u, A_log, dt_bias) (docs/mixers.md §1.4)
+# and the gate of GDN and KDA, g = decay_gate(u, A_log, dt_bias) or the bounded one decay_gate(u, A_log, dt_bias, lb)
+# (docs/mixers.md §1.4 items 1 and 2)
 
 def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
     _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
@@ -594,13 +608,17 @@ def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, 
         o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
     return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
 
-def decay_gate(u, A_log, dt_bias):
+def decay_gate(u, A_log, dt_bias, lower_bound=None):
     """The Mamba-style log-decay g = -exp(A_log) softplus(u + dt_bias) in fp32 (GDN's and KDA's gate): u [B, T, H] or
     [B, T, H, Dk], A_log [H], dt_bias with u's last dims' values. delta_rule(..., g=u, A_log=, dt_bias=) forms the
-    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out)."""
+    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out).
+    lower_bound lb in [-5, 0): the bounded gate g = lb sigmoid(exp(A_log) (u + dt_bias)) in (lb, 0) instead (fla's
+    safe_gate, docs/mixers.md §1.4 item 2; delta_rule(..., lower_bound=lb) forms it in its kernels the same way)."""
+    _check_lower_bound("decay_gate", lower_bound)
     dt = _compute_dtype(u)
     A = torch.exp(A_log.to(dt)).view((-1,) + (1,) * (u.dim() - 3))
-    return -A * F.softplus(u.to(dt) + dt_bias.to(dt).view(u.shape[2:]))
+    x = u.to(dt) + dt_bias.to(dt).view(u.shape[2:])
+    return -A * F.softplus(x) if lower_bound is None else lower_bound * torch.sigmoid(A * x)
 
 # ---- 4.2 chunked torch (WY/UT form, docs/mixers.md §4.3.1; the chunk conventions are in section 3) -----------------
 
@@ -713,14 +731,15 @@ def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr,
     return Gm, Gn[None, :], Gn[:, None]
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
-                         GATE_FN: tl.constexpr, AG: tl.constexpr):
+def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, lb, T, H, DG: tl.constexpr, C: tl.constexpr,
+                         BD: tl.constexpr, GATE_FN: tl.constexpr, AG: tl.constexpr):
     # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
     # -1e4 over a long sequence and G_r - G_i would lose all its digits (docs/mixers.md §4.0).
     # One [C, DG] tile of one head per program (KDA: DG = Dk); GDN's g [B, T, H] is launched as H = 1, DG = its heads,
     # so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
-    # GATE_FN (delta_rule's A_log, dt_bias): g holds the gate's input u and the log-decay is formed here,
-    # -exp(A_log) softplus(u + dt_bias), so that the fp32 gate is never written out (A_log: one value per AG columns).
+    # GATE_FN (delta_rule's A_log, dt_bias): g holds the gate's input u and the log-decay is formed here, so that the
+    # fp32 gate is never written out (A_log: one value per AG columns): 1, -exp(A_log) softplus(u + dt_bias);
+    # 2 (lower_bound lb), lb sigmoid(exp(A_log) (u + dt_bias)), in [lb, 0] also after fp32 rounding (sigmoid <= 1).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -733,7 +752,10 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, 
         col = h * DG + cd                                                   # the column of dt_bias [H * DG]
         x = g + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
         a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))
-        g = tl.where(mask, -a[None, :] * _softplus(x), 0.)
+        if GATE_FN == 1:
+            g = tl.where(mask, -a[None, :] * _softplus(x), 0.)
+        else:
+            g = tl.where(mask, lb * tl.sigmoid(a[None, :] * x), 0.)
     tl.store(G_ptr + offs, tl.cumsum(g, axis=0), mask=mask)
 
 # -----------------------------------------------------------------------------
@@ -747,7 +769,21 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, T, H, DG: tl.constexpr, 
 #   the rescaled rows; a scalar gate (GDN) multiplies the plain dot by exp(G_r - G_s) afterwards;
 # - on the diagonal, KDA's pairs inside 16 rows: one dot of the rows rescaled about the block's first row when the
 #   key tile's |G_r - G_nu| stay within EXP_SPAN, else the dyadic split above (levels 1, 2, 4, 8: four [16, BK] dots,
-#   each masked to its pairs), exact for any gate.
+#   each masked to its pairs), exact for any gate. With the bounded gate (BOUNDED) always the first: see below.
+#
+# The bounded gate (delta_rule(..., lower_bound=lb), lb in [-5, 0); BOUNDED, set by the host only for the gate that
+# the cumsum kernel forms, so that no caller's g can break it): every per-step log-decay lies in [lb, 0] (also after
+# fp32 rounding: sigmoid <= 1 and fl(lb) >= -5), so inside one 16-row group G_r - G_nu sums at most 15 of them:
+# |G_r - G_nu| <= 15 |lb| <= 75, below 88.7 = ln(3.4e38), the range of fp32 and of bf16 (the dots' operands; fp16
+# inputs take tf32 dots, fp32's range). The factors exp(G_r - G_nu) <= 1 and exp(G_nu - G_i) <= e^75 = 3.7e32 are
+# then finite, and so are their dots: the remaining headroom is e^13.7 ~ 9e5 for the sums they enter (forward: pairs
+# s > r, masked after the dot, sum q_rc k_sc exp(G_rc - G_sc) <= ||q|| ||k|| e^75, and ||q|| = ||k|| = 1 for the
+# L2-normalised q, k of the models; backward: <= 15 terms |dP| or |dL| times |k_c| <= 1 each, so dP, dL entries up to
+# ~6e4). The fp32 cumsums add ~1e-5 to the span. So the 16-row reference is exact (up to rounding) and in range
+# without its EXP_SPAN test, and the dyadic code is not compiled in: the forward's diagonal blocks take one dot per
+# key tile (the unbounded code takes four where a strong gate spans more than EXP_SPAN = 60 in 16 rows, which lb = -5
+# allows), and the backward's groups S = 16 (or the whole chunk, when its span test passes) are never S = 1 (six
+# dyadic levels).
 # Against one program per chunk with [C, C] tiles (the former _grams_fwd: six dyadic levels of [C, C] dots for KDA, twelve
 # [64, 64, 64] dots per key tile where the pairs need two, and spills) the work is the pairs' own, spread over ten
 # small programs per chunk. The inverse stays its own kernel (_inverse): fused after the Grams, one program per
@@ -793,8 +829,17 @@ def _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, j, i, DK: tl.constexpr,
     return P, K
 
 @triton.jit
+def _diag_about_first(qj, kj, Gj, nu, vj, r, s, PREC: tl.constexpr):
+    # a diagonal block's pairs s < r about its first row nu: exp(G_r - G_s) = exp(G_r - G_nu) exp(G_nu - G_s), the
+    # first factor <= 1, the second within e^EXP_SPAN (checked by the caller) or e^75 (the bounded gate, see above)
+    eu = tl.exp(tl.where(vj, Gj - nu, float('-inf')))
+    kl = kj * tl.exp(tl.where(vj, nu - Gj, float('-inf')))
+    return (tl.where(s < r, _dot(qj * eu, tl.trans(kl), PREC), 0.),
+            tl.where(s < r, _dot(kj * eu, tl.trans(kl), PREC), 0.))
+
+@triton.jit
 def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.constexpr,
-               GATE: tl.constexpr, PREC: tl.constexpr):
+               GATE: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
     # diagonal blocks (j, j) of P_qk (lower, with its diagonal) and of K K^T (strictly lower), decayed
     a = tl.arange(0, 16)
     r = a[:, None]
@@ -810,24 +855,28 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
             Gj = _sub_rows(G_ptr, tok0, H, n, j, ck, DK)
             P += tl.where(r == s, tl.sum(qj * kj, 1)[:, None], 0.)  # the diagonal, factor 1
             nu = tl.load(G_ptr + (tok0 + tl.minimum(16 * j, n - 1) * H) * DK + ck)[None, :]
-            near = tl.max(tl.where(vj, tl.abs(Gj - nu), 0.)) <= EXP_SPAN  # (per key tile: exp factors per channel)
-            if near:  # exp(G_r - G_i) = exp(G_r - G_nu) exp(G_nu - G_i), both factors within e^EXP_SPAN
-                eu = tl.exp(tl.where(vj, Gj - nu, float('-inf')))
-                kl = kj * tl.exp(tl.where(vj, nu - Gj, float('-inf')))
-                P += tl.where(s < r, _dot(qj * eu, tl.trans(kl), PREC), 0.)
-                K += tl.where(s < r, _dot(kj * eu, tl.trans(kl), PREC), 0.)
-            else:  # dyadic levels: pairs in different halves of a 2 half-row block, about the left half's last row
-                for lvl in tl.static_range(4):
-                    half = 1 << lvl  # pairs in one block of 2 half, in different halves
-                    ref = tl.minimum(16 * j + (a // (2 * half)) * (2 * half) + half - 1, n - 1)  # left half's last
-                    Gref = tl.load(G_ptr + (tok0 + ref[:, None] * H) * DK + ck[None, :])
-                    right = ((a % (2 * half)) >= half)[:, None]
-                    e = tl.exp(tl.where(vj, tl.where(right, Gj - Gref, Gref - Gj), float('-inf')))  # both <= 1
-                    up = tl.where(right, e, 0.)
-                    kl = kj * tl.where(right, 0., e)
-                    same = (r // (2 * half)) == (s // (2 * half))
-                    P += tl.where(same, _dot(qj * up, tl.trans(kl), PREC), 0.)
-                    K += tl.where(same, _dot(kj * up, tl.trans(kl), PREC), 0.)
+            if BOUNDED:  # |G_r - G_nu| <= 75 by the bound (above): no test, no dyadic code
+                dP, dK = _diag_about_first(qj, kj, Gj, nu, vj, r, s, PREC)
+                P += dP
+                K += dK
+            else:
+                near = tl.max(tl.where(vj, tl.abs(Gj - nu), 0.)) <= EXP_SPAN  # (per key tile: exp factors per channel)
+                if near:  # exp(G_r - G_i) = exp(G_r - G_nu) exp(G_nu - G_i), both factors within e^EXP_SPAN
+                    dP, dK = _diag_about_first(qj, kj, Gj, nu, vj, r, s, PREC)
+                    P += dP
+                    K += dK
+                else:  # dyadic levels: pairs in different halves of a 2 half-row block, about the left half's last row
+                    for lvl in tl.static_range(4):
+                        half = 1 << lvl  # pairs in one block of 2 half, in different halves
+                        ref = tl.minimum(16 * j + (a // (2 * half)) * (2 * half) + half - 1, n - 1)  # left half's last
+                        Gref = tl.load(G_ptr + (tok0 + ref[:, None] * H) * DK + ck[None, :])
+                        right = ((a % (2 * half)) >= half)[:, None]
+                        e = tl.exp(tl.where(vj, tl.where(right, Gj - Gref, Gref - Gj), float('-inf')))  # both <= 1
+                        up = tl.where(right, e, 0.)
+                        kl = kj * tl.where(right, 0., e)
+                        same = (r // (2 * half)) == (s // (2 * half))
+                        P += tl.where(same, _dot(qj * up, tl.trans(kl), PREC), 0.)
+                        K += tl.where(same, _dot(kj * up, tl.trans(kl), PREC), 0.)
         else:
             P += _dot(qj, tl.trans(kj), PREC)
             K += _dot(kj, tl.trans(kj), PREC)
@@ -842,7 +891,7 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
-                        GATE: tl.constexpr, PREC: tl.constexpr):
+                        GATE: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
     # One 16 x 16 block (j, i), j >= i, of a chunk per program (grid: chunks, 10 blocks, B H): P_qk's block into P_ptr
     # (the intermediates' dtype; a diagonal program also writes the zero blocks right of it), L's (fp32) into L_ptr.
     c = tl.program_id(0).to(tl.int64)
@@ -854,7 +903,7 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
     n = tl.minimum(T - c * 64, 64)
     tok0 = (b * T + c * 64) * H + h
     if i == j:
-        P, K = _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK, BK, GATE, PREC)
+        P, K = _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK, BK, GATE, PREC, BOUNDED)
         for z in range(j + 1, 4):
             _st(P_ptr, tok0, H, n, tl.zeros([16, 16], dtype=tl.float32), j, z)
     else:
@@ -1040,10 +1089,13 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 #   outside).
 
 @triton.jit(do_not_specialize=["T", "H"])
-def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, H, DG: tl.constexpr,
-                           C: tl.constexpr, BD: tl.constexpr, AG: tl.constexpr):
+def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, lb, T, H, DG: tl.constexpr,
+                           C: tl.constexpr, BD: tl.constexpr, AG: tl.constexpr, BOUNDED: tl.constexpr):
     # The backward of g = -exp(A) softplus(u + b) (the cumsum kernel's GATE_FN), tiled as _chunk_cumsum_kernel:
     #   du = db_elem = -exp(A) sigmoid(u + b) dg,   dA = sum dg g   (over tokens; per A's columns)
+    # BOUNDED, g = lb sigmoid(a x) with a = exp(A), x = u + b, s = sigmoid(a x) (dg/dA = a dg/da = x dg/dx):
+    #   du = db_elem = lb a s (1 - s) dg,   dA = sum du x
+    # with 1 - s = sigmoid(-a x), which keeps its digits where s rounds to 1 (a x > 17).
     # du in u's dtype; the column sums of du and of dg * g over this program's C rows go to the rows (c, b) of
     # [NT * B, 2, H * DG] partial sums (no atomics: deterministic), which the caller adds up in one kernel.
     c = tl.program_id(0).to(tl.int64)
@@ -1058,15 +1110,46 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, T, 
         + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
     a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))[None, :]
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.)
-    du = -a * tl.sigmoid(x) * dg
+    if BOUNDED:
+        du = lb * a * tl.sigmoid(a * x) * tl.sigmoid(-a * x) * dg
+        dA = tl.sum(du * x, 0)
+    else:
+        du = -a * tl.sigmoid(x) * dg
+        dA = tl.sum(-a * _softplus(x) * dg, 0)
     tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
     part = (c * (tl.num_programs(1) // H) + b) * 2 * H * DG + col             # row (c, b) of the partial sums
-    tl.store(part_ptr + part, tl.sum(-a * _softplus(x) * dg, 0), mask=cd < DG)      # dA's
+    tl.store(part_ptr + part, dA, mask=cd < DG)                                     # dA's
     tl.store(part_ptr + part + H * DG, tl.sum(du, 0), mask=cd < DG)                 # ddt_bias's
 
 @triton.jit
+def _grams_bwd_groups(dP, dL, beta, q, k, Gm, G0, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
+                      PREC: tl.constexpr):
+    # _grams_bwd's pairs i < r inside each group of S rows, about the group's first row (the chunk's when whole)
+    nu = tl.where(whole, G0, nu16)
+    eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))       # exp(G_r - G_ref), 0 on padded rows
+    ed = tl.exp(tl.where(valid, nu - Gm, float('-inf')))       # exp(G_ref - G_i)
+    same = ((r // S) == (i // S)) & (i < r)
+    X = tl.where(same, dP, 0.)
+    kd = k * ed
+    m = eu * _dot(X, kd, PREC)
+    dq += m
+    dG += q * m
+    m = ed * _dot(tl.trans(X), q * eu, PREC)
+    dk += m
+    dG -= k * m
+    X = tl.where(same, dL, 0.)
+    m = eu * _dot(X, kd, PREC)
+    dk += beta[:, None] * m
+    dG += beta[:, None] * k * m
+    dbeta += tl.sum(m * k, 1)
+    m = ed * _dot(tl.trans(X * beta[:, None]), k * eu, PREC)
+    dk += m
+    dG -= k * m
+    return dq, dk, dG, dbeta
+
+@triton.jit
 def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
-               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
     # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
     # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
     # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
@@ -1079,6 +1162,8 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
     # The pairs in different groups go by dyadic levels (pairs in different halves of a 2s-row block, about the left
     # half's last row: both exps of a number <= 0 whatever the gate), levels log2(S) .. log2(C) - 1, four dots each.
     # So a gate that decays by at most EXP_SPAN over a chunk costs one level, an unbounded one six (-1000 entries).
+    # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, see "The bounded gate" in 4.3): S = C or 16, with
+    # no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in different groups).
     # DeltaNet (GATE_NONE): plain dots. GDN's gradient kernels form these terms themselves (_wy_grads_bwd,
     # _wy_grads_bwd_phased).
     r = tl.arange(0, C)[:, None]
@@ -1094,30 +1179,18 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
         G0 = tl.load(g_ptr + cols)
         nu16 = tl.load(g_ptr + (r // 16 * 16) * sg + cols)
         whole = tl.max(tl.where(valid, tl.abs(Gm - G0), 0.)) <= EXP_SPAN
-        by16 = tl.max(tl.where(valid, tl.abs(Gm - nu16), 0.)) <= EXP_SPAN
-        S = tl.where(whole, C, tl.where(by16, 16, 1))
-        first = tl.where(whole, LOG2C, tl.where(by16, 4, 0))           # the first dyadic level still needed
-        if S > 1:  # the pairs inside a group, about its first row
-            nu = tl.where(whole, G0, nu16)
-            eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))       # exp(G_r - G_ref), 0 on padded rows
-            ed = tl.exp(tl.where(valid, nu - Gm, float('-inf')))       # exp(G_ref - G_i)
-            same = ((r // S) == (i // S)) & (i < r)
-            X = tl.where(same, dP, 0.)
-            kd = k * ed
-            m = eu * _dot(X, kd, PREC)
-            dq += m
-            dG += q * m
-            m = ed * _dot(tl.trans(X), q * eu, PREC)
-            dk += m
-            dG -= k * m
-            X = tl.where(same, dL, 0.)
-            m = eu * _dot(X, kd, PREC)
-            dk += beta[:, None] * m
-            dG += beta[:, None] * k * m
-            dbeta += tl.sum(m * k, 1)
-            m = ed * _dot(tl.trans(X * beta[:, None]), k * eu, PREC)
-            dk += m
-            dG -= k * m
+        if BOUNDED:  # every 16-row group is in range (the bound): the group dots always, no S = 1
+            S = tl.where(whole, C, 16)
+            first = tl.where(whole, LOG2C, 4)                          # the first dyadic level still needed
+            dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, G0, nu16, whole, valid, S, r, i,
+                                                  dq, dk, dG, dbeta, PREC)
+        else:
+            by16 = tl.max(tl.where(valid, tl.abs(Gm - nu16), 0.)) <= EXP_SPAN
+            S = tl.where(whole, C, tl.where(by16, 16, 1))
+            first = tl.where(whole, LOG2C, tl.where(by16, 4, 0))       # the first dyadic level still needed
+            if S > 1:  # the pairs inside a group, about its first row
+                dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, G0, nu16, whole, valid, S, r, i,
+                                                      dq, dk, dG, dbeta, PREC)
         for lvl in range(first, LOG2C):  # the pairs in different groups, by dyadic levels
             s = 1 << lvl  # half-block size of this level
             ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
@@ -1325,7 +1398,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
         dbeta += db
         dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
-                                       GATE, C, DK, LOG2C, PREC)
+                                       GATE, C, DK, LOG2C, PREC, False)
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dbeta_ptr + tok, dbeta, mask=valid)
@@ -1479,8 +1552,10 @@ def _wy_bwd_kernel(v_ptr, beta_ptr, A_ptr, vn_ptr, do_ptr, dvn_ptr, dv_ptr, dbet
 def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_ptr, do_ptr, x_ptr, dh_ptr,
                       dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr):
+                      DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr,
+                      BOUNDED: tl.constexpr):
     # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
+    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row.
     # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
@@ -1526,7 +1601,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
-                                   GATE_CHANNEL, C, BK, LOG2C, PREC)
+                                   GATE_CHANNEL, C, BK, LOG2C, PREC, BOUNDED)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
@@ -1576,8 +1651,9 @@ def _state_tile(DK, DV, GATE, backward, BH, device):
         BV //= 2
     return BV, warps
 
-def _grams_inverse(q, k, beta, G, GATE, DG):
-    """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype."""
+def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
+    """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
+    bounded gate (lower_bound), which lets KDA's diagonal blocks skip their span test and dyadic split."""
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, k)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
@@ -1588,7 +1664,8 @@ def _grams_inverse(q, k, beta, G, GATE, DG):
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
     grams = TUNING['grams']
     BK = min(DK, grams['kda_k'] if GATE == GATE_CHANNEL else grams['k'])
-    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, num_warps=grams['warps'])
+    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, bounded,
+                                         num_warps=grams['warps'])
     _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=TUNING['inverse']['warps'])
     return P, A
 
@@ -1619,6 +1696,11 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
                                          num_stages=TUNING['state']['stages'])
     return (vn, ht) if output else (w, h, vn, kd, qg)
 
+def _bounded(GATE, A_log, lower_bound):
+    """Whether KDA's Gram kernels take their bounded form (BOUNDED): only for the bounded gate formed in the kernels
+    (a g passed in is not checked against any bound)."""
+    return bool(GATE == GATE_CHANNEL) and A_log is not None and lower_bound is not None
+
 def _gate_launch(g, H, DG):
     """The cumsum kernel's tiling of g: (heads per launch, columns per program, A_log's columns per value). GDN's
     [B, T, H] runs as one 'head' of H columns (A_log per column), KDA's [B, T, H, Dk] as H heads of Dk (per head)."""
@@ -1627,12 +1709,14 @@ def _gate_launch(g, H, DG):
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                     scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
-                    A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None
+                    A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
+                    lower_bound: Optional[float] = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
     G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A
     [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32). A_log given: g is the gate's input u and the
-    log-decay -exp(A_log) softplus(u + dt_bias) is formed inside the cumsum kernel."""
+    log-decay -exp(A_log) softplus(u + dt_bias) is formed inside the cumsum kernel; with lower_bound lb also given,
+    the bounded lb sigmoid(exp(A_log) (u + dt_bias)), and KDA's Grams take their bounded form (BOUNDED)."""
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = _gate_kind(g, k)
@@ -1641,16 +1725,18 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
         HL, DL, AG = _gate_launch(g, H, DG)
         fn = A_log is not None
+        gate_fn = 0 if not fn else 1 if lower_bound is None else 2  # none, softplus, bounded (the kernel's GATE_FN)
         _chunk_cumsum_kernel[(NT, B * HL)](g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G,
-                                           T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), fn, AG)
+                                           float(lower_bound or 0.), T, HL, DL, TRITON_CHUNK,
+                                           triton.next_power_of_2(DL), gate_fn, AG)
     Gp = G if GATE != GATE_NONE else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    P, A = _grams_inverse(q, k, beta, Gp, GATE, DG)
+    P, A = _grams_inverse(q, k, beta, Gp, GATE, DG, _bounded(GATE, A_log, lower_bound))
     o, ht = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG, P, scale)
     return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
 
 @_delta_rule_fwd.register_fake
-def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None):
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None, lower_bound=None):
     B, T, H, DK = k.shape
     GATE, DG = _gate_kind(g, k)
     ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
@@ -1660,10 +1746,11 @@ def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt
     return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt)
 
 @torch.library.custom_op("kernels::decay_gate_bwd", mutates_args=())
-def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of the log-decay g = -exp(A_log) softplus(u + dt_bias) (u [B,T,H] or [B,T,H,Dk], dg fp32 of
-    u's shape) -> du (u's dtype), dA_log, ddt_bias (fp32, their shapes)."""
+def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor,
+                    lower_bound: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of the log-decay g = -exp(A_log) softplus(u + dt_bias), or with lower_bound lb of the bounded
+    g = lb sigmoid(exp(A_log) (u + dt_bias)) (u [B,T,H] or [B,T,H,Dk], dg fp32 of u's shape) -> du (u's dtype),
+    dA_log, ddt_bias (fp32, their shapes)."""
     B, T, H = u.shape[:3]
     DG = u.shape[3] if u.dim() == 4 else 1
     HL, DL, AG = _gate_launch(u, H, DG)
@@ -1671,24 +1758,26 @@ def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     du = torch.empty_like(u)
     part = torch.empty(NT * B, 2, H * DG, device=u.device, dtype=torch.float32)
     _decay_gate_bwd_kernel[(NT, B * HL)](u.contiguous(), A_log, dt_bias.contiguous(), dg.contiguous(), du, part,
-                                         T, HL, DL, TRITON_CHUNK, triton.next_power_of_2(DL), AG)
+                                         float(lower_bound or 0.), T, HL, DL, TRITON_CHUNK,
+                                         triton.next_power_of_2(DL), AG, lower_bound is not None)
     sums = torch.empty(H * DG, 2, device=u.device, dtype=torch.float32)
     _column_sums(part, H * DG, 2, sums)
     return du, sums[:, 0].view(H, DG).sum(1), sums[:, 1].reshape(dt_bias.shape).contiguous()  # as the fake's
 
 @_decay_gate_bwd.register_fake
-def _(u, A_log, dt_bias, dg):
+def _(u, A_log, dt_bias, dg, lower_bound=None):
     f32 = torch.float32
     return u.new_empty(u.shape), A_log.new_empty(A_log.shape, dtype=f32), dt_bias.new_empty(dt_bias.shape, dtype=f32)
 
 @torch.library.custom_op("kernels::delta_rule_bwd", mutates_args=())
 def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
                     P: torch.Tensor, A: torch.Tensor,
-                    initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
+                    initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float,
+                    bounded: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
     d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet); P, A the
-    forward's P_qk and (I + L)^-1."""
+    forward's P_qk and (I + L)^-1. bounded: G is that of the bounded gate (KDA's _grads_bwd then takes BOUNDED)."""
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = ((int(GATE_NONE), 1) if G is None else (int(GATE_SCALAR), 1) if G.shape[-1] == 1
@@ -1737,19 +1826,19 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, kda['wy_v']),
                                 C, prec, num_warps=kda['wy_warps'], num_stages=1)
     _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
-                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec,
+                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded),
                                        num_warps=kda['warps'], num_stages=1)
     return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
 
 @_delta_rule_bwd.register_fake
-def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale):
+def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale, bounded=False):
     f32 = torch.float32
     dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
 
 def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias = inputs
+    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lower_bound = inputs
     # autograd would otherwise fill zero gradients for G, P, A (a pass over KDA's fp32 G and the two [B, T, H, C])
     ctx.set_materialize_grads(False)
     gate = (g, A_log, dt_bias) if A_log is not None else (None, None, None)  # the gate's inputs, for its backward
@@ -1757,33 +1846,36 @@ def _delta_rule_setup(ctx, inputs, output):
                           *gate)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = None if g is None else g.dtype
+    ctx.lower_bound = lower_bound if A_log is not None else None
+    ctx.bounded = g is not None and _bounded(_gate_kind(g, k)[0], A_log, lower_bound)
 
 def _delta_rule_backward(ctx, do, dht, *_):
     q, k, v, beta, G, P, A, h0, u, A_log, dt_bias = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     if do is None:  # only the final state was used
         do = torch.zeros_like(v)
-    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale)
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded)
     dA = ddt = None
     if A_log is not None:  # g was the gate's input u
-        dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg)
+        dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg, ctx.lower_bound)
         dA, ddt = dA.to(A_log.dtype), ddt.to(dt_bias.dtype)
     return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
-            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt)
+            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt, None)
 
 _delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
 def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
-                      dt_bias=None):
+                      dt_bias=None, lower_bound=None):
     """The delta rule through the Triton kernels (custom ops, differentiable); same arguments and result as
     delta_rule. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
     _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
-    _check_gate_fn("delta_rule", g, A_log, dt_bias)
+    _check_gate_fn("delta_rule", g, A_log, dt_bias, lower_bound)
     why = _triton_unsupported(q, v)
     if why:
         _fail("delta_rule", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias)[:2]
+    lb = None if lower_bound is None else float(lower_bound)
+    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lb)[:2]
     return o, (ht if output_final_state else None)
 
 # ---- 4.6 the decode step: S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q -----------------

@@ -62,6 +62,10 @@ class GPTConfig:
                                # --documents); checkpoints from before the key load with it off
     eot_token: int = 50256     # with documents: the token that starts a document (GPT-2's <|endoftext|>, which
                                # data/*/prepare.py writes before every document)
+    kda_gate_bound: float = 0.0  # KDA's gate: 0.0 = the released Kimi Linear gate −exp(A)·softplus(u + b) (default);
+                               # lb in [-5, 0) = fla's safe gate lb·sigmoid(exp(A)·(u + b)) ∈ (lb, 0), A_log = 0 at
+                               # init (-5.0 is fla's; a faster Gram path in the kernels); checkpoints from before
+                               # the key load with it off
 
     def __post_init__(self):
         """Refuse, naming the field, any setting that cannot build a model that trains (a UserError: one line)."""
@@ -75,6 +79,9 @@ class GPTConfig:
             raise UserError(f"kernels={self.kernels!r} must be one of {', '.join(map(repr, kernels.PATHS))}")
         if not isinstance(self.documents, bool):
             raise UserError(f"documents={self.documents!r} must be True or False")
+        b = self.kda_gate_bound
+        if not (isinstance(b, (int, float)) and not isinstance(b, bool) and (b == 0 or -5 <= b < 0)):
+            raise UserError(f"kda_gate_bound={b!r} must be 0 (KDA's softplus gate) or in [-5, 0) (the bounded gate)")
         if self.documents and not (isinstance(self.eot_token, int) and 0 <= self.eot_token < self.vocab_size):
             raise UserError(f"eot_token={self.eot_token!r} must be a token id below vocab_size={self.vocab_size} with "
                             f"documents=True (no other token marks where a document starts)")
@@ -350,8 +357,9 @@ def compiled_flex_attention():
 
 def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, ssd=None):
     """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule), on kernels.py's path
-    `path` (GPTConfig.kernels). gate (A_log, dt_bias) | None (delta rule only): g is the gate's input u and the
-    log-decay kernels.decay_gate(u, A_log, dt_bias), which the chunked kernels form themselves. ssd (dt, D) | None
+    `path` (GPTConfig.kernels). gate (A_log, dt_bias) or (A_log, dt_bias, lower_bound) | None (delta rule only): g
+    is the gate's input u and the log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound) (lower_bound None:
+    the softplus gate), which the chunked kernels form themselves. ssd (dt, D) | None
     (Mamba2): v is x, the value dt·x and the output gains D·x (kernels.linear_attn's dt=, D=).
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
@@ -377,7 +385,7 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, 
                                        path=path, **({} if ssd is None else dict(dt=ssd[0], D=ssd[1])))
     else:
         o, final = kernels.delta_rule(q, k, v, beta, g, scale=scale, initial_state=state, output_final_state=cache is not None,
-                                      path=path, **({} if gate is None else dict(A_log=gate[0], dt_bias=gate[1])))
+                                      path=path, **dict(zip(('A_log', 'dt_bias', 'lower_bound'), gate or ())))
     if cache is not None:
         cache['state'] = final
     return o
@@ -585,6 +593,7 @@ class DeltaNet(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     gate_in_kernels = False  # KDA: True
+    gate_bound = None        # KDA: GPTConfig.kda_gate_bound (None: the softplus gate), scan's lower_bound
 
     def decay(self, p, fused=False):
         return None  # no forgetting: g = 0
@@ -620,7 +629,7 @@ class DeltaNet(nn.Module):
         if docs is not None and g is None:  # DeltaNet with documents: a gate of 0 but at the document starts, which
             g = beta.new_zeros(B, T, self.H)  # runs the Gated DeltaNet kernels (a little slower: they also form dg)
         o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels,
-                 gate=(self.A_log, self.dt_bias) if fused else None)
+                 gate=(self.A_log, self.dt_bias, self.gate_bound) if fused else None)
         o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
@@ -656,7 +665,11 @@ class KDA(DeltaNet):
         g = −exp(A_log[h])·softplus(W_f↑ W_f↓ x + dt_bias)  ∈ R^{H×d_k};  S̃ = Diag(exp g_t) S_{t−1}
         S_t = S̃ + β_t k_t (v_t − S̃ᵀ k_t)ᵀ;   y = W_o [RMSNorm(o_h) ⊙ σ(W_g↑ W_g↓ x + b_g)_h]_h
     Low-rank (rank hd) gate and output-gate projections. H = C / hd, d_k = d_v = hd:
-    C=768, hd=64 → H=12, 2,575,948 params (1.09× softmax); hd=128 → H=6, 2,768,006 (1.17×)."""
+    C=768, hd=64 → H=12, 2,575,948 params (1.09× softmax); hd=128 → H=6, 2,768,006 (1.17×).
+    config.kda_gate_bound = lb ∈ [−5, 0) (0: off, the gate above): fla's safe gate (docs/mixers.md §1.4 item 2)
+        g = lb·sigmoid(exp(A_log[h])·(W_f↑ W_f↓ x + dt_bias))  ∈ (lb, 0)^{d_k}
+    with A_log = 0 at init (fla's safe-gate init: A = 1, g ≈ lb·sigmoid(dt_bias), per-step decays ≈ 0.62–0.995
+    for lb = −5 at u ≈ 0); dt_bias as above. Its kernels need no dyadic split (kernels.py 4.3, the bounded gate)."""
 
     projections = DeltaNet.projections + ('f_down', 'g_down')
 
@@ -667,6 +680,9 @@ class KDA(DeltaNet):
         self.g_down, self.g_up = nn.Linear(C, hd, bias=False), nn.Linear(hd, H * self.dv, bias=True)
         self.A_log, _ = init_decay_rates(H)
         _, self.dt_bias = init_decay_rates(H * hd)   # one dt bias per (head, key channel)
+        self.gate_bound = float(config.kda_gate_bound) or None  # kernels' lower_bound: None = the softplus gate
+        if self.gate_bound is not None:
+            nn.init.zeros_(self.A_log)  # fla's safe-gate init (after the draw: the other weights init as without it)
 
     # the gate formed inside the delta-rule kernels: its fp32 [B, T, H, dk] values are never written out, and its
     # backward is one pass (notes/perf.md 2026-11-26 (n)); with documents it is formed here (reset_gate edits it)
@@ -674,7 +690,8 @@ class KDA(DeltaNet):
 
     def decay(self, p, fused=False):
         f = self.f_up(p['f_down']).unflatten(-1, (self.H, self.dk))  # the gate's input u
-        return f if fused else kernels.decay_gate(f, self.A_log, self.dt_bias)  # −exp(A)·softplus(u + b) [B,T,H,dk]
+        # −exp(A)·softplus(u + b), or lb·sigmoid(exp(A)·(u + b)) with the bound, [B, T, H, dk]
+        return f if fused else kernels.decay_gate(f, self.A_log, self.dt_bias, self.gate_bound)
 
     def output_gate(self, p, o):
         return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))

@@ -677,6 +677,165 @@ def test_gate_in_kernel_torch_paths():
     with pytest.raises(ValueError, match="A_log must be"):
         kernels.delta_rule(**dict(x, A_log=torch.rand(3, dtype=F64)), path="torch")
 
+# -----------------------------------------------------------------------------
+# the bounded gate (delta_rule(..., lower_bound=lb), fla's safe_gate): g = lb sigmoid(exp(A_log) (u + dt_bias)) formed
+# in the cumsum kernel, differentiated by _decay_gate_bwd (BOUNDED), and KDA's Grams without the dyadic split
+
+def bounded_gate(u, A_log, dt_bias, lb):
+    # the bounded gate written out here (not kernels.decay_gate), in fp64, as lb exp(logsigmoid(z)) = lb sigmoid(z):
+    # its autograd, lb s sigmoid(-z), keeps its digits where s rounds to 1 (z > 37 in fp64), as the kernel's does;
+    # sigmoid's, lb s (1 - s), would be 0 there and 1% off at z = 32
+    A = A_log.double().exp().view((-1,) + (1,) * (u.dim() - 3))
+    return lb * torch.exp(F.logsigmoid(A * (u.double() + dt_bias.double().view(u.shape[2:]))))
+
+def bounded_reference(q, k, v, beta, g, A_log, dt_bias, lower_bound, **kw):
+    return kernels.delta_rule_recurrent(q, k, v, beta, bounded_gate(g, A_log, dt_bias, lower_bound), **kw)
+
+def bounded_inputs(B, T, nh, D, gate, regime, dtype):
+    """gate_inputs' q, k, v, beta, A_log (A in [1, 16]), dt_bias (softplus in [0.001, 0.1]), with u by regime:
+    'strong': u = 12 + N(0, 1), a (u + dt_bias) >= 2: every gate within ~10% of lb, so at lb = -5 16 rows span ~70,
+    more than kernels.EXP_SPAN (the unbounded code would take its dyadic split there); 'mixed': u = 3 N(0, 1), gates
+    over all of (lb, 0); 'mild': u = N(0, 1) - 4, A_log = 0, gates ~ lb / 100: a chunk spans less than EXP_SPAN (the
+    backward's whole-chunk reference)."""
+    x = gate_inputs(B, T, nh, D, gate, dtype, wide=regime == "mixed")
+    if regime == "strong":
+        x["g"] = (x["g"].float() + 12).to(dtype)
+    elif regime == "mild":
+        x["g"] = (x["g"].float() - 4).to(dtype)
+        x["A_log"] = torch.zeros_like(x["A_log"])
+    return x
+
+def bounded_span(x, lb, rows):
+    """The largest |G_r - G_nu| over groups of `rows` rows (nu: a group's first row), of the fp64 bounded gate."""
+    g = bounded_gate(x["g"].cpu(), x["A_log"].cpu(), x["dt_bias"].cpu(), lb)
+    T = g.shape[1]
+    spans = [(g[:, t0 + 1:t0 + rows].sum(1)).abs().max().item() for t0 in range(0, T, rows) if t0 + 1 < T]
+    return max(spans, default=0.0)
+
+if CUDA:
+    BOUNDED_CASES = [(T, regime, lb) for T in (1, 65, 1000) for regime in ("strong", "mixed", "mild")
+                     for lb in (-5.0, -1.0)]
+else:  # interpreter (~5-20 s a case): awkward lengths, mostly the strong gate (16 rows span ~70)
+    BOUNDED_CASES = [(1, "strong", -5.0), (17, "strong", -5.0), (65, "strong", -5.0), (65, "mild", -5.0),
+                     (130, "mixed", -2.5)]
+
+@pytest.mark.parametrize("T,regime,lb", BOUNDED_CASES)
+def test_triton_bounded_gate_in_kernel(T, regime, lb):
+    # the bounded gate in the kernels (BOUNDED Grams) against the fp64 reference with the gate written out: output,
+    # final state, dq, dk, dv, dbeta, du, dA_log, ddt_bias, d initial state
+    B, nh, D = (2, 3, 64) if CUDA else (1, 2, 16)
+    x = bounded_inputs(B, T, nh, D, "kda", regime, F32)
+    if regime == "strong" and T >= 17 and lb == -5.0:  # the case the bound is for: 16 rows past EXP_SPAN
+        assert bounded_span(x, lb, 16) > kernels.EXP_SPAN
+    if regime == "mild":  # the whole-chunk reference of the backward
+        assert bounded_span(x, lb, 64) < kernels.EXP_SPAN
+    compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, F32, True, 7,
+                         f"T={T} kda bounded {regime} lb={lb}", lower_bound=lb)
+
+def test_triton_bounded_gate_scalar():
+    # GDN's gate shape [B, T, H] takes the same bounded gate (the cumsum kernel's and the gate backward's GATE_FN 2)
+    B, nh, D = (2, 3, 64) if CUDA else (1, 2, 16)
+    T = 130 if CUDA else 17
+    x = bounded_inputs(B, T, nh, D, "gdn", "mixed", F32)
+    compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, F32, True, 7, f"T={T} gdn bounded",
+                         lower_bound=-3.0)
+
+@pytest.mark.skipif(not CUDA, reason="CPU: the fp64 reference checks both Gram paths (interpreter time)")
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=_id)
+def test_triton_bounded_grams_equal_the_dyadic_ones(dtype):
+    # the bounded gate's values passed as g (the unbounded kernels: the span test finds 16 rows past EXP_SPAN and takes
+    # the dyadic split) against the gate formed in the kernels (BOUNDED: the 16-row reference, no test): the two Gram
+    # paths agree to rounding; du of the first is lb a s (1 - s) dg, formed here in fp64
+    B, T, nh, D = 2, 1000, 3, 64
+    x = bounded_inputs(B, T, nh, D, "kda", "strong", dtype)
+    u = x["g"].double().requires_grad_()
+    gv = bounded_gate(u, x["A_log"], x["dt_bias"], -5.0)
+    o1, S1, g1 = run(lambda **a: kernels.delta_rule_triton(**a, lower_bound=-5.0), x)
+    y = {n: t for n, t in x.items() if n not in ("A_log", "dt_bias")} | dict(g=gv.detach().float())
+    o2, S2, g2 = run(kernels.delta_rule_triton, y)
+    g2["g"] = torch.autograd.grad(gv, u, g2["g"].double())[0]
+    errs = {"o": rms_err(o1, o2), "ht": rms_err(S1, S2)} | {n: rms_err(g1[n], g2[n]) for n in g2}
+    print(f"T={T} kda bounded vs dyadic {dtype}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
+    # fp32: rounding (the gate's values from fp64 here, from fp32 in the kernel); bf16: each path within TRITON_TOL of
+    # the fp64 reference (test_triton_vs_reference), so within twice that of each other
+    tol = lambda n: 1e-4 if dtype == F32 else 2 * TRITON_TOL[n][0]
+    bad = {n: e for n, e in errs.items() if not e < tol(n)}
+    assert not bad, bad
+
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_bounded_decay_gate_bwd_against_autograd_and_its_fake(gate):
+    # kernels::decay_gate_bwd with lower_bound: du, dA_log, ddt_bias against autograd through the bounded gate (fp64),
+    # in the mixed and the saturated regime (1 - s kept as sigmoid(-a x)); outputs laid out as its fake's
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    for regime in ("mixed", "strong"):
+        x = bounded_inputs(1, 70, 2, 16, gate, regime, F32)
+        dg = torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(3)).to(DEV)
+        outs = kernels._decay_gate_bwd(x["g"], x["A_log"], x["dt_bias"], dg, -4.0)
+        leaves = [x[n].detach().double().requires_grad_() for n in ("g", "A_log", "dt_bias")]
+        want = torch.autograd.grad((bounded_gate(*leaves, -4.0) * dg.double()).sum(), leaves)
+        errs = [rms_err(a, b) for a, b in zip(outs, want)]
+        assert max(errs) < 1e-5, (regime, errs)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            fakes = kernels._decay_gate_bwd(*(mode.from_tensor(x[n]) for n in ("g", "A_log", "dt_bias")),
+                                            mode.from_tensor(dg), -4.0)
+        for got, fake in zip(outs, fakes):
+            assert got.shape == fake.shape and got.stride() == fake.stride() and got.dtype == fake.dtype
+
+def test_bounded_gate_torch_paths_and_checks():
+    # the torch paths form the bounded gate with kernels.decay_gate and agree with the reference; the gate is in
+    # [lb, 0); lower_bound is refused (one line naming it) out of [-5, 0) or without A_log, dt_bias, on every path
+    x = bounded_inputs(1, 70, 2, 16, "kda", "mixed", F64)
+    x = {n: t.cpu().double() for n, t in x.items()}
+    ro, rS = bounded_reference(**x, lower_bound=-5.0, output_final_state=True)
+    for path in ("torch", "recurrent"):
+        o, S = kernels.delta_rule(**x, output_final_state=True, path=path, lower_bound=-5.0)
+        assert rms_err(o, ro) < 1e-10 and rms_err(S, rS) < 1e-10, path
+    g = kernels.decay_gate(x["g"], x["A_log"], x["dt_bias"], -5.0)
+    assert rms_err(g, bounded_gate(x["g"], x["A_log"], x["dt_bias"], -5.0)) < 1e-15 and (g >= -5).all() and (g < 0).all()
+    assert torch.equal(kernels.decay_gate(x["g"], x["A_log"], x["dt_bias"], None),
+                       kernels.decay_gate(x["g"], x["A_log"], x["dt_bias"]))  # None: the softplus gate
+    calls = [lambda **a: kernels.delta_rule(**a, path="torch"), lambda **a: kernels.delta_rule(**a, path="recurrent"),
+             kernels.delta_rule_triton]
+    for f in calls:
+        with pytest.raises(ValueError, match=r"^delta_rule: lower_bound needs A_log and dt_bias"):
+            f(**dict(x, A_log=None, dt_bias=None), lower_bound=-5.0)
+        for bad in (-6.0, 0.0, 0.5, True, float("nan"), "-5"):
+            with pytest.raises(ValueError, match=r"^delta_rule: lower_bound must be None or a number in \[-5, 0\), got"):
+                f(**x, lower_bound=bad)
+    with pytest.raises(ValueError, match=r"^decay_gate: lower_bound must be None or a number in \[-5, 0\), got -5.5$"):
+        kernels.decay_gate(x["g"], x["A_log"], x["dt_bias"], -5.5)
+
+def test_bounded_gate_launches_lower_to_triton_ir(monkeypatch):
+    # the bounded specialisations (the cumsum and gate backward's GATE_FN 2 / BOUNDED, the Grams' BOUNDED) through
+    # Triton's front end for Hopper, as test_every_triton_launch_lowers_to_triton_ir below does for the others: the
+    # interpreter runs code (a name bound in one branch only, two return types) that the compiler rejects
+    import json
+    import subprocess
+    import sys
+    launches = []
+    for name in dir(kernels):  # every kernel recorded, none run (the wrappers only allocate by shape)
+        if name.endswith("_kernel") and hasattr(getattr(kernels, name), "arg_names"):
+            monkeypatch.setattr(kernels, name, LaunchRecorder(name, getattr(kernels, name), launches))
+    for dtype, D in ((torch.bfloat16, 128), (torch.float16, 64), (F32, 64)):
+        for gate in ("gdn", "kda"):
+            x = triton_inputs(1, 65, 2, D, D, gate, "mild", dtype)
+            x = {n: (t.requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
+            z = lambda *shape: torch.zeros(shape, device=DEV, requires_grad=True)
+            o, _ = kernels.delta_rule_triton(**x, A_log=z(2), dt_bias=z(*x["g"].shape[2:]), lower_bound=-5.0)
+            o.float().sum().backward()
+    bounded = [l for l in launches if l[2].get("GATE_FN") == 2 or l[2].get("BOUNDED") is True]
+    unique = {json.dumps(launch, sort_keys=True, default=str): launch for launch in bounded}
+    assert {n for n, *_ in unique.values()} == {"_chunk_cumsum_kernel", "_decay_gate_bwd_kernel",
+                                                "_grams_block_kernel", "_grads_bwd_kernel"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", LOWER_SCRIPT], input=json.dumps(list(unique.values()), default=str),
+                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)),
+                       timeout=600)
+    if p.returncode not in (0, 1):  # the script itself failed: this Triton's front-end API differs from 3.6-3.9's
+        pytest.skip("cannot lower kernels with this Triton: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+
 @pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "strong"), ("kda", "strong")])
 @pytest.mark.parametrize("bk", ["whole", "half"])
 def test_triton_grams_tiles(gate, strength, bk, monkeypatch):

@@ -53,8 +53,11 @@ def delta_ref(m, x, kind):
     beta = torch.sigmoid(m.b_proj(x))
     if kind == 'gdn':    # one log-decay per head
         g = (-torch.exp(m.A_log) * F.softplus(m.a_proj(x) + m.dt_bias))[..., None].expand(B, T, H, dk)
-    elif kind == 'kda':  # one log-decay per head and key channel
+    elif kind == 'kda' and m.gate_bound is None:  # one log-decay per head and key channel
         g = -torch.exp(m.A_log)[:, None] * F.softplus(m.f_up(m.f_down(x)).view(B, T, H, dk) + m.dt_bias.view(H, dk))
+    elif kind == 'kda':  # GPTConfig.kda_gate_bound = lb: fla's safe gate lb·sigmoid(exp(A_log)·(u + dt_bias)) ∈ (lb, 0)
+        u = m.f_up(m.f_down(x)).view(B, T, H, dk)
+        g = m.gate_bound * torch.sigmoid(torch.exp(m.A_log)[:, None] * (u + m.dt_bias.view(H, dk)))
     else:
         g = torch.zeros(B, T, H, dk, dtype=x.dtype)
     S, out = torch.zeros(B, H, dk, dv, dtype=x.dtype), []
@@ -138,3 +141,24 @@ def test_mixer_matches_its_equations(name, kernels):
     # the model's RMSNorms compute in fp32 (as in training), so agreement is to fp32 precision
     assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()
 
+
+
+@pytest.mark.parametrize('kernels', ['auto', 'recurrent'])
+def test_kda_bounded_gate_matches_its_equations(kernels):
+    # GPTConfig.kda_gate_bound: the bounded gate in the model (A_log = 0 at init, moved here so that exp(A_log)
+    # matters), the forward and prefill + decode (scan's step forms the gate with kernels.decay_gate) against delta_ref
+    torch.manual_seed(0)
+    m = MIXERS['kda'](dataclasses.replace(CFG, kernels=kernels, kda_gate_bound=-5.0))
+    assert m.gate_bound == -5.0 and torch.equal(m.A_log, torch.zeros_like(m.A_log))
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if 'dt_bias' not in n:
+                p.add_((0.5 if 'A_log' in n else 0.3) * torch.randn_like(p))
+    m = m.double().eval()
+    x = torch.randn(2, 37, CFG.n_embd, dtype=torch.float64)
+    with torch.no_grad():
+        want = delta_ref(m, x, 'kda')
+        cache = {}
+        steps = torch.cat([m(x[:, :20], cache)] + [m(x[:, t:t + 1], cache) for t in range(20, 37)], 1)
+        for got in (m(x), steps):
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()

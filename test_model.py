@@ -287,6 +287,35 @@ def test_kernels_key_is_checked():
         tiny('kda', kernels=None)
 
 
+def test_kda_gate_bound_key_is_checked_and_round_trips(tmp_path):
+    """kda_gate_bound: 0 (off, the default) or in [-5, 0), else one line naming it; with it on KDA's A_log starts at
+    0 (fla's safe gate); saved with the model args, and a checkpoint from before the key loads with it off."""
+    for bad in (0.5, -5.5, -1e9, True, '-5', float('nan'), None):
+        with pytest.raises(ValueError, match=r"^kda_gate_bound=.* must be 0 \(KDA's softplus gate\) or in \[-5, 0\)"):
+            tiny('kda', kda_gate_bound=bad)
+    assert tiny('kda').kda_gate_bound == 0.0 and make('kda').transformer.h[0].mixer.gate_bound is None
+    model = make('kda', kda_gate_bound=-5)
+    mixer = model.transformer.h[0].mixer
+    assert mixer.gate_bound == -5.0 and torch.equal(mixer.A_log, torch.zeros_like(mixer.A_log))
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': model.state_dict(), 'model_args': dict(model.config.__dict__)}, path)
+    args = load_checkpoint(path)['model_args']
+    assert args['kda_gate_bound'] == -5 and GPT(GPTConfig(**args)).transformer.h[0].mixer.gate_bound == -5.0
+    old = {k: v for k, v in args.items() if k != 'kda_gate_bound'}
+    assert GPT(GPTConfig(**old)).transformer.h[0].mixer.gate_bound is None
+
+
+def test_kda_gate_bound_with_documents_changes_nothing_within_one_document():
+    """With the bounded gate, documents=True (the gate formed in torch by kernels.decay_gate, then reset) gives the
+    logits of documents=False (formed by the delta-rule call) on rows that are one document each."""
+    on = make('kda*3,softmax', documents=True, eot_token=DOC_EOT, kda_gate_bound=-5.0)
+    off = make('kda*3,softmax', kda_gate_bound=-5.0)
+    idx = torch.randint(1, 97, (2, 50), generator=torch.Generator().manual_seed(3))
+    idx[:, 0] = DOC_EOT
+    with torch.no_grad():
+        torch.testing.assert_close(on(idx)[0], off(idx)[0], rtol=1e-4, atol=1e-5)
+
+
 def test_kernels_key_round_trips_through_a_checkpoint(tmp_path):
     """kernels is saved with the model args and comes back; a checkpoint from before the key loads as 'auto'."""
     model = make('gdn', kernels='recurrent')
