@@ -100,6 +100,8 @@ kernels = ''                    # path of the linear mixers' kernels.py calls: '
 documents = False               # each EOT-separated document of a row is its own sequence (no state, conv or attention
                                 # across a document start; model.GPT.documents); off = nanoGPT's way, a little faster
 eot_token = 50256               # with documents: the token that starts a document (GPT-2's <|endoftext|>)
+kda_gate_bound = 0.0            # KDA's gate: 0 = the released one, -exp(A) softplus(.); in [-5, 0): bounded at that value,
+                                # bound * sigmoid(exp(A) (.)) (fla's safe gate; model.GPTConfig)
 # AdamW optimizer
 learning_rate = 6e-4            # max learning rate
 max_iters = 600000              # total optimizer steps
@@ -159,7 +161,8 @@ def check_settings():
         raise UserError(f"compile_mode={compile_mode!r} is not one of torch.compile's modes: {', '.join(COMPILE_MODES)}")
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
               dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state,
-              kernels=kernels or 'auto', documents=documents, eot_token=eot_token)  # its own checks
+              kernels=kernels or 'auto', documents=documents, eot_token=eot_token,
+              kda_gate_bound=kda_gate_bound)  # its own checks
 
 
 check_settings()
@@ -346,7 +349,8 @@ iter_num = 0
 best_val_loss = 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head,
-                  head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto', documents=documents, eot_token=eot_token)
+                  head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto', documents=documents, eot_token=eot_token,
+                  kda_gate_bound=kda_gate_bound)
 if checkpoint is not None:
     print0(f"Resuming training from {ckpt_path} (iter {checkpoint['iter_num']})")
     model = build_model(checkpoint, ckpt_path, model_args)
