@@ -18,6 +18,7 @@ import argparse
 import ast
 import os
 import re
+import sys
 
 # the eval line train.py prints: "step N: train loss X, val loss Y" (+ ", train acc A, val acc B" for tasks, then
 # " (eval Ts)"); a diverged run prints nan or inf
@@ -139,7 +140,10 @@ if __name__ == '__main__':
     ap.add_argument('--ymax', type=float, default=None, help="top of the y axis")
     ap.add_argument('--table', action='store_true', help="print a markdown table of the runs instead of plotting")
     args = ap.parse_args()
-    if args.table:
-        print(table(args.runs))
-    else:
-        plot(args.runs, args.out or default_out(args.runs, args.metric), args.metric, args.title, args.ymax)
+    try:
+        if args.table:
+            print(table(args.runs))
+        else:
+            plot(args.runs, args.out or default_out(args.runs, args.metric), args.metric, args.title, args.ymax)
+    except (ValueError, OSError) as e:  # a run without a train.py log, an unreadable file: one line, not a traceback
+        sys.exit(f"plot.py: error: {e}")

@@ -247,3 +247,14 @@ def test_requirements_install_what_plot_py_needs():
     with open(os.path.join(ROOT, 'requirements.txt')) as f:
         names = [re.split(r'[<>=;\s]', line.strip())[0] for line in f if line.strip() and not line.startswith('#')]
     assert 'matplotlib' in names
+
+
+def test_plot_py_refuses_a_run_without_a_train_log_in_one_line(tmp_path):
+    """A folder whose log.txt is not train.py's (no config line, no evals) gave a ValueError traceback."""
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'run' / 'log.txt').write_text('iter 10/20: loss 3.0\n')
+    for extra in ([], ['--table']):
+        p = subprocess.run([sys.executable, 'plot.py', str(tmp_path / 'run')] + extra, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'Traceback' not in p.stderr, p.stderr
+        assert p.stderr.startswith(f"plot.py: error: {tmp_path / 'run'}"), p.stderr
