@@ -387,6 +387,29 @@ def retnet_inputs(B, T, H, D, seed=0):
     return {n: torch.randn(B, T, H, D, device=DEVICE, generator=gen, dtype=torch.bfloat16) for n in "qkv"}
 
 
+def compare_rows(impls, x, leaves, shape):
+    """One table row per (name, fwd) of impls, timed by measure with gradients w.r.t. x[leaves]; the first row (ours,
+    Triton) is the one the fla rows are divided by and compared with. fwd a string: the import that failed."""
+    ours, o_ours = None, None
+    for name, fwd in impls:
+        try:
+            if isinstance(fwd, str):
+                raise RuntimeError(fwd)  # the import failed
+            f, fb, peak = measure(fwd, x, leaves)
+            with torch.no_grad():
+                o = fwd(x).float()
+            ratio, diff = "", ""
+            if ours is None:
+                ours, o_ours = (f, fb), o
+            elif name.startswith("fla"):
+                ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
+                diff = f"{((o_ours - o).norm() / o.norm()).item():.1e}"
+            row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ratio, diff])
+        except Exception as e:  # noqa: BLE001 (a peer that fails: report, go on)
+            row([name, shape, first_line(e)])
+        torch.cuda.empty_cache()
+
+
 def bench_retnet(shapes, chunk_retention):
     """RetNet: bf16 q, k, v (randn), the constant gate log(1 - 2^(-5-h)), scale D^-0.5, no states."""
     print("\nRetNet (scalar decay, constant per head)", flush=True)
@@ -407,25 +430,8 @@ def bench_retnet(shapes, chunk_retention):
         impls = (("ours retnet (triton)", lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], g)[0]),
                  ("ours retnet (chunked torch)", lambda x: kernels.linear_attn_chunked(x["q"], x["k"], x["v"], g)[0]),
                  ("fla chunk_retention", fla_fwd))
-        ours, o_ours = None, None
-        for name, fwd in impls:
-            try:
-                if isinstance(fwd, str):
-                    raise RuntimeError(fwd)  # the import failed
-                f, fb, peak = measure(fwd, x, "qkv")
-                with torch.no_grad():
-                    o = fwd(x).float()
-                ratio, diff = "", ""
-                if ours is None:
-                    ours, o_ours = (f, fb), o  # the Triton row: the others are compared with it
-                elif name.startswith("fla"):
-                    ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
-                    diff = f"{((o_ours - o).norm() / o.norm()).item():.1e}"
-                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ratio, diff])
-            except Exception as e:  # noqa: BLE001
-                row([name, shape, first_line(e)])
-            torch.cuda.empty_cache()
-        del x, o_ours
+        compare_rows(impls, x, "qkv", shape)
+        del x
         torch.cuda.empty_cache()
 
 
@@ -443,25 +449,8 @@ def bench_gla(shapes, chunk_gla):
         impls = (("ours gla (triton)", lambda x: kernels.linear_attn_triton(x["q"], x["k"], x["v"], x["g"])[0]),
                  ("fla chunk_gla", chunk_gla if isinstance(chunk_gla, str) else
                   (lambda x: chunk_gla(x["q"], x["k"], x["v"], x["g"])[0])))
-        ours, o_ours = None, None
-        for name, fwd in impls:
-            try:
-                if isinstance(fwd, str):
-                    raise RuntimeError(fwd)  # the import failed
-                f, fb, peak = measure(fwd, x, "qkvg")
-                with torch.no_grad():
-                    o = fwd(x).float()
-                ratio, diff = "", ""
-                if ours is None:
-                    ours, o_ours = (f, fb), o
-                else:
-                    ratio = f"{ours[0] / f:.2f} / {ours[1] / fb:.2f}"
-                    diff = f"{((o_ours - o).norm() / o.norm()).item():.1e}"
-                row([name, shape, f"{f:.2f}", f"{fb:.2f}", f"{peak:.0f}", ratio, diff])
-            except Exception as e:  # noqa: BLE001
-                row([name, shape, first_line(e)])
-            torch.cuda.empty_cache()
-        del x, o_ours
+        compare_rows(impls, x, "qkvg", shape)
+        del x
         torch.cuda.empty_cache()
 
 

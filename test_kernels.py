@@ -811,8 +811,6 @@ def test_bounded_gate_launches_lower_to_triton_ir(monkeypatch):
     # Triton's front end for Hopper, as test_every_triton_launch_lowers_to_triton_ir below does for the others: the
     # interpreter runs code (a name bound in one branch only, two return types) that the compiler rejects
     import json
-    import subprocess
-    import sys
     launches = []
     for name in dir(kernels):  # every kernel recorded, none run (the wrappers only allocate by shape)
         if name.endswith("_kernel") and hasattr(getattr(kernels, name), "arg_names"):
@@ -828,13 +826,7 @@ def test_bounded_gate_launches_lower_to_triton_ir(monkeypatch):
     unique = {json.dumps(launch, sort_keys=True, default=str): launch for launch in bounded}
     assert {n for n, *_ in unique.values()} == {"_chunk_cumsum_kernel", "_decay_gate_bwd_kernel",
                                                 "_grams_block_kernel", "_grads_bwd_kernel"}
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", LOWER_SCRIPT], input=json.dumps(list(unique.values()), default=str),
-                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)),
-                       timeout=600)
-    if p.returncode not in (0, 1):  # the script itself failed: this Triton's front-end API differs from 3.6-3.9's
-        pytest.skip("cannot lower kernels with this Triton: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    lower(unique.values())
 
 @pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "strong"), ("kda", "strong")])
 @pytest.mark.parametrize("bk", ["whole", "half"])
@@ -1496,6 +1488,20 @@ print("\n".join(failed) if failed else "ok")
 sys.exit(1 if failed else 0)
 """
 
+def lower(launches):
+    """Lower the recorded launches to Triton IR in a process without the interpreter (LOWER_SCRIPT): the test fails
+    on a kernel that does not lower, and skips where this Triton's front-end API differs from 3.6-3.9's."""
+    import json
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", LOWER_SCRIPT], input=json.dumps(list(launches), default=str),
+                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)),
+                       timeout=600)
+    if p.returncode not in (0, 1):  # the script itself failed
+        pytest.skip("cannot lower kernels with this Triton: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+
 TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
                    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
                    torch.bool: "i1"}
@@ -1534,8 +1540,6 @@ class LaunchRecorder:
 
 def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
     import json
-    import subprocess
-    import sys
     launches = []
     for name in dir(kernels):
         if name.endswith("_kernel") and hasattr(getattr(kernels, name), "arg_names"):
@@ -1577,10 +1581,4 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
     unique = {json.dumps(launch, sort_keys=True, default=str): launch for launch in launches}
     assert {n for n, *_ in unique.values()} == {n for n in dir(kernels) if isinstance(getattr(kernels, n), LaunchRecorder)}, \
         "a kernel was never launched above: add its public call"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", LOWER_SCRIPT], input=json.dumps(list(unique.values()), default=str),
-                       capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)),
-                       timeout=600)
-    if p.returncode not in (0, 1):  # the script itself failed: this Triton's front-end API differs from 3.6-3.9's
-        pytest.skip("cannot lower kernels with this Triton: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    lower(unique.values())
