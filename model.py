@@ -64,7 +64,7 @@ class GPTConfig:
                                # data/*/prepare.py writes before every document)
     kda_gate_bound: float = 0.0  # KDA's gate: 0.0 = the released Kimi Linear gate −exp(A)·softplus(u + b) (default);
                                # lb in [-5, 0) = fla's safe gate lb·sigmoid(exp(A)·(u + b)) ∈ (lb, 0), A_log = 0 at
-                               # init (-5.0 is fla's; a faster Gram path in the kernels); checkpoints from before
+                               # init (-5.0 is fla's; Gram kernels without the dyadic split); checkpoints from before
                                # the key load with it off
 
     def __post_init__(self):
