@@ -74,7 +74,13 @@ TASKS = {
         quick=dict(sizes=[4, 8], widths=[64],
                    overrides=['--task_vocab_size=32', '--block_size=32', '--statetrack_num_vars=4',
                               '--statetrack_num_queries=4'])),
+    # not in the default grid: the long-context study trains these, then longctx.py scores them at longer contexts
+    'needle': dict(
+        config='config/needle.py', size_key='needle_num_needles', size_name='needles',
+        sizes=[4], widths=[128],
+        quick=dict(sizes=[2], widths=[64], overrides=['--task_vocab_size=32', '--block_size=32'])),
 }
+RECALL = ['mqar', 'statetrack']  # the recall grid: what grid.py runs without --tasks
 # --quick for every task: 200 steps of 32 sequences, evals at 100 and 200 on 4 × 32 val sequences, on whatever
 # device train.py picks; eager mode (compile=False) comes from the configs
 QUICK = ['--batch_size=32', '--max_iters=200', '--lr_decay_iters=200', '--warmup_iters=20', '--eval_interval=100',
@@ -500,8 +506,9 @@ def settings(task, out_root, lrs, seeds, stop_at_val_acc, batches=(None,)):
         if os.path.isfile(os.path.join(task_dir, name, 'log.txt')):
             c = read_log(os.path.join(task_dir, name))['config']
             if c is not None:
-                extra = {'mqar': 'N queries of random stored keys',
-                         'statetrack': f"{c['statetrack_num_vars']} variables, {c['statetrack_num_queries']} queries"}[task]
+                extra = {'mqar': lambda: 'N queries of random stored keys',  # lambdas: a log has its own task's keys
+                         'statetrack': lambda: f"{c['statetrack_num_vars']} variables, {c['statetrack_num_queries']} queries",
+                         'needle': lambda: f"{c['needle_value_len']} value tokens per needle, as many queries as needles"}[task]()
                 return (f"Sequences of {c['block_size']} tokens, vocabulary {c['task_vocab_size']}, {extra}; "
                         f"{c['n_layer']} layers; {c['max_iters']:,} steps × {c['batch_size'] * c['gradient_accumulation_steps']} "
                         f"sequences" + (f", stopped early at val accuracy ≥ {c['stop_at_val_acc']}"
@@ -520,9 +527,10 @@ def describe_device(extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], allow_abbrev=False,
                                  epilog="Arguments not listed here (--key=value) are passed to every train.py run.")
-    ap.add_argument('--tasks', nargs='+', default=list(TASKS), choices=list(TASKS))
+    ap.add_argument('--tasks', nargs='+', default=RECALL, choices=list(TASKS),
+                    help=f"default {' '.join(RECALL)}; needle: the long-context study's runs (longctx.py scores them)")
     ap.add_argument('--mixers', nargs='+', default=MIXERS, help="mixer patterns (default: every mixer of model.MIXERS and 'kda*3,softmax')")
-    ap.add_argument('--sizes', nargs='+', type=int, help="pairs (mqar) / assignments (statetrack); default per task")
+    ap.add_argument('--sizes', nargs='+', type=int, help="pairs (mqar) / assignments (statetrack) / needles (needle); default per task")
     ap.add_argument('--widths', nargs='+', type=int, help="n_embd values, multiples of 32; default per task")
     ap.add_argument('--learning_rates', nargs='+', type=float, default=[1e-3],
                     help="each cell and seed keeps its best; with --stop_at_val_acc=X tried in this order, a later "
@@ -554,7 +562,7 @@ def main():
     # the keys the grid sets for each run come from its own flags; an override would silently break the table
     owned = {'out_dir': '--out_root', 'mixer': '--mixers', 'n_embd': '--widths', 'n_head': '--widths',
              'learning_rate': '--learning_rates', 'min_lr': '--learning_rates (min_lr = LR / 10)', 'seed': '--seeds',
-             'mqar_num_pairs': '--sizes', 'statetrack_num_assignments': '--sizes'}
+             'mqar_num_pairs': '--sizes', 'statetrack_num_assignments': '--sizes', 'needle_num_needles': '--sizes'}
     if args.batch_sizes:  # each setting's batch and eval_iters come from --batch_sizes
         owned.update(batch_size='--batch_sizes', eval_iters='--batch_sizes (scaled to the same val sequences)')
     stop_at_val_acc = 0.0  # train.py's default; read here because it decides which later LRs run

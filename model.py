@@ -850,6 +850,15 @@ class GPT(nn.Module):
         lines.append(f"number of parameters: {self.get_num_params() / 1e6:.2f}M")
         return '\n'.join(lines)
 
+    def length_warning(self, T):
+        """One line when T tokens of context run past what softmax layers were trained on (block_size), else None:
+        their RoPE rotations for distances beyond it were never seen, and such models usually get worse there (the
+        linear mixers carry a state, not positions, and run at any length)."""
+        if T > self.config.block_size and 'softmax' in self.mixers:
+            return (f"warning: {T:,} tokens of context > block_size {self.config.block_size:,}, the length its softmax "
+                    f"layers were trained on: past it their positions are unseen and predictions usually degrade")
+        return None
+
     def forward(self, idx, targets=None, caches=None):
         """idx [B, T] → logits [B, T, V] (and the mean cross-entropy if targets is given; -1 targets
         are ignored; the logits then come back detached). With caches (a list from new_caches), only the last position's logits are

@@ -9,7 +9,7 @@ $ python sample.py --out_dir=out-pystdlib-gdn --start=FILE:prompt.txt --temperat
 $ python sample.py --out_dir=out-mqar-kda --start="3 40 7 35 0 0 7" --max_new_tokens=1 --temperature=0   # a task model
 $ python sample.py --help      # every setting, its default and what it does
 
-A model trained on a task (dataset 'mqar' or 'statetrack') has no text tokenizer: its prompt is token ids separated
+A model trained on a task (dataset 'mqar', 'statetrack' or 'needle') has no text tokenizer: its prompt is token ids separated
 by spaces (the layouts are in tasks.py) and the samples print as ids.
 
 At the end it prints the prefill time, the decode latency per token and tokens/s, and the bytes held by
@@ -24,6 +24,7 @@ import torch
 from model import Decoder
 from checkpoint import load_checkpoint, build_model
 from dataloader import gpt2_encoding
+from tasks import NAMES as TASK_NAMES
 
 # -----------------------------------------------------------------------------
 out_dir = 'out-pystdlib-kdax3+softmax'  # train.py's out_dir (out-<dataset>-<mixer>); the default: the quick start's
@@ -76,7 +77,7 @@ if not kernels and model_args.get('kernels') == 'triton' and device_type != 'cud
 model = build_model(checkpoint, ckpt_path, model_args)
 model.eval().to(device)
 print(model.describe())
-task = checkpoint.get('config', {}).get('dataset') in ('mqar', 'statetrack')
+task = checkpoint.get('config', {}).get('dataset') in TASK_NAMES
 if task:  # synthetic task: token ids in, token ids out
     vocab = checkpoint['model_args']['vocab_size']
     try:
@@ -98,6 +99,8 @@ x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
 x = x.expand(num_samples, -1)  # the samples decode together, as one batch
 context = x.size(1) + max_new_tokens
+if model.length_warning(context):
+    print(model.length_warning(context))
 times = {}
 if device_type == 'cuda' and cuda_graph:
     t0 = time.perf_counter()

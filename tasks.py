@@ -1,10 +1,11 @@
 """
-Synthetic recall tasks, generated on the fly from a seed: MQAR (multi-query associative recall) and
-state tracking (variables re-assigned many times). train.py trains on them with `dataset='mqar'` or
-`dataset='statetrack'` instead of token shards:
+Synthetic recall tasks, generated on the fly from a seed: MQAR (multi-query associative recall), state
+tracking (variables re-assigned many times) and the needle in a haystack. train.py trains on them with
+`dataset='mqar'`, `'statetrack'` or `'needle'` instead of token shards:
 
 $ python train.py config/mqar.py --mixer=kda
 $ python train.py config/statetrack.py --mixer='kda*3,softmax'
+$ python train.py config/needle.py --mixer=gdn && python longctx.py needle out-needle-gdn
 $ python grid.py --quick                      # every mixer × task size × width, one results table
 $ python -m pytest test_tasks.py -q
 
@@ -41,6 +42,23 @@ State tracking, vocabulary V, M variables, A assignments, Q queries:
     answers: the ans token of each query.
     Needs 2A + 3Q ≤ block_size + 1 and V ≥ M + 4 (at least two values).
 
+Needle in a haystack (RULER's multi-key, multi-query NIAH and the passkey test, in tokens), vocabulary V, D needles:
+    token 0              '?', a query
+    tokens 1 .. K        keys, K = (V - 1) // 4
+    tokens K+1 .. 2K     values
+    tokens 2K+1 .. V-1   haystack (noise: never a key or a value)
+    seq = h h h k2 a2 b2 h h h h k1 a1 b1 h h h h ... h h k3 a3 b3 h h | ? k1 a1 b1 ? k3 a3 b3 ? k1 a1 b1
+          '-- haystack of random noise tokens with D needles 'key v1 .. vL' (distinct keys, random values,
+          L = value_len) at random non-overlapping places --'            '-- D queries '?', a key, its L values --'
+    The first query asks the first needle, whose start is round(depth × (H - L - 1)) of the H haystack tokens
+    (depth 0: the sequence's first token, farthest from the queries; 1: just before them; None, in training:
+    uniform); the other D - 1 queries ask needles drawn at random (with replacement, as MQAR's). The other
+    needles are distractors: a model must bind the key asked for, not copy "the" needle.
+    answers: every query's L values (v1 given the key, v2 given the key and v1, ...); at a given depth only the
+    first query's (the needle at that depth, read before any other query). A longer seq_len keeps the needles and
+    queries and adds haystack, so one trained model is scored at any length and depth (longctx.py).
+    Needs D ≤ K and D · (L + 1) + D · (L + 2) ≤ block_size + 1.
+
 Seeds and DDP (TaskLoader): sequence j of a split is made by its own generator, seeded with
 (seed, 0, j) for 'train' and (VAL_SEED, 1, j) for 'val'. The val set is thus the same fixed set for every
 run, whatever its seed. Batches take consecutive sequence numbers in the order (call, rank), exactly as
@@ -52,6 +70,7 @@ batch, so a resume continues the stream, also with another number of ranks.
 import numpy as np
 import torch
 
+NAMES = ('mqar', 'statetrack', 'needle')  # train.py's dataset values that are these tasks, not token shards
 VAL_SEED = 20240520  # the val set's seed: fixed, so runs with different `seed` are evaluated on the same sequences
 
 
@@ -138,6 +157,64 @@ class StateTracking:
         answer[q + 2] = True
         return seq, answer
 
+
+class Needle:
+    """Needles (key, values) in a haystack of noise tokens; queries at the end ask for needles' values."""
+
+    QUERY = 0
+
+    def __init__(self, vocab_size, seq_len, num_needles, value_len, depth=None):
+        self.vocab_size, self.seq_len, self.num_needles, self.value_len = vocab_size, seq_len, num_needles, value_len
+        self.num_keys = (vocab_size - 1) // 4                      # as many values; the rest (about half) haystack
+        self.first_value, self.first_noise = 1 + self.num_keys, 1 + 2 * self.num_keys
+        self.num_noise = vocab_size - self.first_noise
+        self.depth = depth
+        if num_needles < 1 or value_len < 1:
+            raise ValueError(f"needle: num_needles and value_len must be >= 1, got {num_needles} and {value_len}")
+        if self.num_keys < num_needles:
+            raise ValueError(f"needle: {num_needles} needles need {num_needles} distinct keys, but vocab_size={vocab_size} "
+                             f"has {self.num_keys} (a quarter of it); use vocab_size >= {4 * num_needles + 1}")
+        queries = num_needles * (value_len + 2)
+        self.haystack = seq_len + 1 - queries                       # tokens before the first query
+        if self.haystack < num_needles * (value_len + 1):
+            raise ValueError(f"needle: {num_needles} needles of {value_len + 1} tokens and their {num_needles} queries of "
+                             f"{value_len + 2} need {num_needles * (value_len + 1) + queries} tokens, but block_size={seq_len} "
+                             f"holds {seq_len + 1}; use fewer needles or a longer block_size")
+        if depth is not None and not 0.0 <= depth <= 1.0:
+            raise ValueError(f"needle: depth must be in [0, 1] (0: the first token, 1: just before the queries), got {depth}")
+
+    def sequence(self, rng):
+        """One sequence: (tokens [seq_len + 1] int64, answer [seq_len + 1] bool: True where the token is an answer)."""
+        D, n, H = self.num_needles, self.value_len + 1, self.haystack
+        # needles and queries first, the length-dependent draws after: one seed gives the same needles and queries
+        # at every length and depth, and only the haystack differs
+        keys = 1 + rng.choice(self.num_keys, size=D, replace=False)
+        values = self.first_value + rng.integers(self.num_keys, size=(D, n - 1))
+        asked = np.concatenate([[0], rng.integers(D, size=D - 1)])                   # the needle each query asks
+        seq = self.first_noise + rng.integers(self.num_noise, size=self.seq_len + 1)
+        # the first needle starts at p; j of the D - 1 others lie before it (in the p tokens there), the rest after
+        # it (in the H - p - n tokens there); j at random among the counts that fit
+        p = rng.integers(H - n + 1) if self.depth is None else round(self.depth * (H - n))
+        fits = [j for j in range(D) if j * n <= p and (D - 1 - j) * n <= H - p - n]
+        j = fits[rng.integers(len(fits))]
+        starts = np.concatenate([[p], self._places(rng, 0, p, j, n), self._places(rng, p + n, H, D - 1 - j, n)])
+        for s, k, v in zip(starts.astype(np.int64), keys, values):
+            seq[s], seq[s + 1:s + n] = k, v
+        answer = np.zeros(self.seq_len + 1, dtype=bool)
+        for q, i in enumerate(asked):
+            at = H + q * (n + 1)                                                       # '?' key v1 .. vL
+            seq[at], seq[at + 1], seq[at + 2:at + n + 1] = self.QUERY, keys[i], values[i]
+            answer[at + 2:at + n + 1] = self.depth is None or q == 0
+        return seq, answer
+
+    @staticmethod
+    def _places(rng, lo, hi, count, n):
+        """Starts of `count` non-overlapping n-token needles at random in [lo, hi): choose which of the
+        (hi - lo - count·n) noise tokens + count needles are needles, then each start is its index plus (n - 1) per
+        needle before it."""
+        slots = hi - lo - count * (n - 1)
+        chosen = np.sort(rng.choice(slots, size=count, replace=False))
+        return lo + chosen + (n - 1) * np.arange(count)
 
 def to_example(seq, answer):
     """(x, y) from one sequence: x = seq[:-1]; y = the next token where it is an answer, else -1 (ignored by the loss)."""

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from tasks import MQAR, StateTracking, TaskLoader, count_correct, to_example
+from tasks import MQAR, StateTracking, Needle, TaskLoader, count_correct, to_example
 import grid
 from plot import read_log
 
@@ -118,8 +118,78 @@ def test_statetrack_answer_is_the_latest_assignment(V, T, M, A, Q):
         assert any_overwritten
 
 
+def read_needles(seq, V, D, L):
+    """An independent reading of a needle sequence: walk the haystack token by token, a key token opening a needle
+    of L values, anything else noise; then the D queries. Returns (needles {key: (start, values)}, queries [(key,
+    values, where its values are)], the haystack length)."""
+    K = (V - 1) // 4
+    H = len(seq) - D * (L + 2)
+    needles, i = {}, 0
+    while i < H:
+        t = seq[i]
+        if 1 <= t <= K:
+            assert t not in needles, f"key {t} planted twice"
+            values = tuple(seq[i + 1:i + 1 + L])
+            assert i + L < H and all(K < v <= 2 * K for v in values), f"needle at {i}: {seq[i:i + L + 1]}"
+            needles[t] = (i, values)
+            i += L + 1
+        else:
+            assert 2 * K < t < V, f"haystack token {t} at {i} is not noise"
+            i += 1
+    queries = []
+    for q in range(H, len(seq), L + 2):
+        assert seq[q] == 0 and 1 <= seq[q + 1] <= K, f"query at {q}: '?', then a key"
+        queries.append((seq[q + 1], tuple(seq[q + 2:q + L + 2]), list(range(q + 2, q + L + 2))))
+    return needles, queries, H
+
+
+@pytest.mark.parametrize('V, T, D, L, depth', [(128, 127, 4, 2, None), (33, 60, 8, 1, None), (128, 511, 4, 2, 0.0),
+                                               (128, 100, 4, 2, 1.0), (64, 90, 3, 3, 0.37), (9, 11, 2, 1, 0.5)])
+def test_needle_layout(V, T, D, L, depth):
+    task = Needle(V, T, D, L, depth)
+    for rng in rngs(30):
+        seq, answer = task.sequence(rng)
+        assert seq.shape == answer.shape == (T + 1,)
+        needles, queries, H = read_needles(seq, V, D, L)
+        assert len(needles) == D and len(queries) == D
+        for key, values, _ in queries:  # every query asks a planted needle and is followed by its values
+            assert key in needles and needles[key][1] == values
+        scored = [p for _, _, at in (queries if depth is None else queries[:1]) for p in at]
+        assert (np.flatnonzero(answer) == scored).all()  # answers: every query's values, or at a depth the first's
+        if depth is not None:
+            assert needles[queries[0][0]][0] == round(depth * (H - L - 1))
+
+
+def test_needle_training_depths_cover_the_haystack():
+    # depth None: the first query's needle anywhere, from the first token to just before the queries, with
+    # distractors on either side of it; every key equally likely to be asked; the other queries with replacement
+    task, n = Needle(64, 63, 4, 2), 3
+    starts, before, asked, repeats = [], [], np.zeros(15), 0  # (64 - 1) // 4 keys
+    for rng in rngs(600):
+        seq, _ = task.sequence(rng)
+        needles, queries, H = read_needles(seq, 64, 4, 2)
+        first = needles[queries[0][0]][0]
+        starts.append(first)
+        before.append(sum(s < first for s, _ in needles.values()))
+        asked[queries[0][0] - 1] += 1
+        repeats += len({k for k, _, _ in queries}) < 4
+    assert min(starts) == 0 and max(starts) == H - n
+    assert np.histogram(starts, bins=4, range=(0, H - n + 1))[0].min() > 100      # uniform: 150 expected per quarter
+    assert set(before) == {0, 1, 2, 3}
+    assert asked.min() > 15 and asked.max() < 65                                    # 40 expected per key
+    assert repeats > 400                                     # with replacement: P(4 distinct) = 3/4 · 2/4 · 1/4 = 0.09
+
+
+def test_needle_sequences_at_a_depth_differ_only_in_where_the_needle_is():
+    # the same generator state gives the same keys and values at every depth and length; only the layout moves
+    for depth in (0.0, 0.5, 1.0):
+        a, _ = Needle(64, 63, 3, 2, depth).sequence(np.random.default_rng(5))
+        b, _ = Needle(64, 255, 3, 2, depth).sequence(np.random.default_rng(5))
+        assert (a[-12:] == b[-12:]).all()  # the three queries and their values
+
+
 def test_targets_are_minus_one_except_answers():
-    for task in (MQAR(32, 31, 4), StateTracking(32, 31, 3, 8, 3)):
+    for task in (MQAR(32, 31, 4), StateTracking(32, 31, 3, 8, 3), Needle(32, 31, 2, 2)):
         seq, answer = task.sequence(np.random.default_rng(0))
         x, y = to_example(seq, answer)
         assert (x == seq[:-1]).all()
@@ -127,7 +197,7 @@ def test_targets_are_minus_one_except_answers():
         assert (y[is_answer] == seq[1:][is_answer]).all() and (y[~is_answer] == -1).all()
         # and the model's loss is the mean cross-entropy over exactly those positions
         bx, by = TaskLoader(task, 'train', 4, 0).next_batch()
-        n_answers = {MQAR: 4, StateTracking: 3}[type(task)]
+        n_answers = {MQAR: 4, StateTracking: 3, Needle: 4}[type(task)]
         assert ((by != -1).sum(dim=1) == n_answers).all()  # the same number of answers in every sequence
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=31, vocab_size=32))
@@ -152,6 +222,13 @@ def test_bad_parameters_name_the_problem():
     StateTracking(20, 128, 16, 8, 4)  # the boundary: two values are enough
     with pytest.raises(ValueError, match='num_queries must be >= 1'):
         StateTracking(256, 128, 16, 8, 0)
+    with pytest.raises(ValueError, match=r'5 needles need 5 distinct keys.*vocab_size=20 has 4.*vocab_size >= 21'):
+        Needle(20, 128, 5, 2)
+    with pytest.raises(ValueError, match=r'4 needles of 3 tokens and their 4 queries of 4 need 28 tokens.*block_size=26'):
+        Needle(64, 26, 4, 2)
+    Needle(64, 27, 4, 2)  # the boundary: needles and queries fill the sequence
+    with pytest.raises(ValueError, match=r'depth must be in \[0, 1\]'):
+        Needle(64, 64, 4, 2, depth=1.5)
     with pytest.raises(ValueError, match='non-negative'):
         TaskLoader(MQAR(32, 31, 4), 'train', 4, seed=-1)
 
@@ -166,7 +243,8 @@ def rows(batch_list):
     return [tuple(x.tolist()) for X, _ in batch_list for x in X]
 
 
-@pytest.mark.parametrize('task', [MQAR(64, 47, 6), StateTracking(64, 47, 4, 12, 4)], ids=['mqar', 'statetrack'])
+@pytest.mark.parametrize('task', [MQAR(64, 47, 6), StateTracking(64, 47, 4, 12, 4), Needle(64, 47, 3, 2)],
+                         ids=['mqar', 'statetrack', 'needle'])
 def test_determinism_rank_shares_and_resume(task):
     # the same seed gives the same batches; another seed other batches
     a, b = batches(TaskLoader(task, 'train', 8, 1), 3), batches(TaskLoader(task, 'train', 8, 1), 3)

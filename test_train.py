@@ -176,9 +176,13 @@ def test_resume_without_checkpoint_fails_clearly(pystdlib, tmp_path):
 
 def test_sample_from_trained_checkpoint(trained):
     out, _ = trained
-    p = run([f'--out_dir={out}', '--start=def ', '--num_samples=2', '--max_new_tokens=12', '--device=cpu'],
+    p = run([f'--out_dir={out}', '--start=def ', '--num_samples=2', '--max_new_tokens=40', '--device=cpu'],
             cmd=[sys.executable, 'sample.py'])
     assert p.stdout.count('---------------') == 2
+    # the prompt and 40 new tokens run past the softmax model's block_size of 32: one line says so, and it samples on
+    context = int(re.search(r'cache at (\d+) tokens of context', p.stdout).group(1))
+    assert context > 32 and p.stdout.count(f'warning: {context} tokens of context > block_size 32') == 1, p.stdout[-2000:]
+    assert p.stdout.count('warning') == 1
     assert re.search(r'prefill: \d+ tokens x 2 samples in [\d.]+ ms; decode \(eager, cpu\): [\d.]+ ms per token, [\d.]+ tokens/s', p.stdout)
     m = re.search(r'cache at (\d+) tokens of context: ([\d,]+) bytes', p.stdout)
     assert m and int(m.group(2).replace(',', '')) > 0

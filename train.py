@@ -52,7 +52,7 @@ from torch.distributed.tensor import DTensor
 from model import GPTConfig, GPT, gpu_peak_flops
 from checkpoint import save_checkpoint, load_checkpoint, build_model, lock_out_dir, rng_state, set_rng_state
 from dataloader import ShardLoader
-from tasks import MQAR, StateTracking, TaskLoader, count_correct
+from tasks import MQAR, StateTracking, Needle, TaskLoader, count_correct
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -62,7 +62,7 @@ log_interval = 1                # print a log line every this many iterations
 eval_iters = 200                # batches per split in estimate_loss
 eval_only = False               # if True, evaluate once and exit
 always_save_checkpoint = True   # save ckpt.pt at every eval, not only when val loss improves (best.pt: only then)
-stop_at_val_acc = 0.0           # tasks (mqar, statetrack): stop after the first eval whose val accuracy reaches this
+stop_at_val_acc = 0.0           # tasks (mqar, statetrack, needle): stop after the first eval whose val accuracy reaches this
                                 # (0: never); grid.py's runs train to convergence this way
 init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
 overwrite = False               # scratch in an out_dir holding an earlier run's ckpt.pt/best.pt: True deletes them (and
@@ -74,16 +74,18 @@ wandb_project = ''              # '' = $WANDB_PROJECT, else 'linear-gpt'
 wandb_run_name = ''             # '' = $WANDB_NAME, else out_dir's name
 wandb_mode = ''                 # '' = $WANDB_MODE, else 'online'; 'offline' writes runs locally for `wandb sync` later
 # data
-dataset = 'openwebtext'         # folder under data/ holding <dataset>_{train,val}_*.bin shards, or a task: 'mqar', 'statetrack'
+dataset = 'openwebtext'         # folder under data/ holding <dataset>_{train,val}_*.bin shards, or a task: 'mqar', 'statetrack', 'needle'
 gradient_accumulation_steps = 5 * 8  # GLOBAL micro-steps per optimizer step, divided among DDP ranks
 batch_size = 12                 # micro-batch size per rank
 block_size = 1024               # training context length
-# synthetic tasks (tasks.py), used when dataset is 'mqar' or 'statetrack'; block_size is the sequence length
+# synthetic tasks (tasks.py), used when dataset is 'mqar', 'statetrack' or 'needle'; block_size is the sequence length
 task_vocab_size = 8192          # tokens of the task; the model's vocab_size is set to it (Zoology's MQAR: 8192)
 mqar_num_pairs = 16             # MQAR key-value pairs per sequence, then as many queries of random stored keys (needs 4x <= block_size+1)
 statetrack_num_vars = 16        # state tracking: distinct variables
 statetrack_num_assignments = 64 # assignments per sequence: each variable is re-assigned ~ this / num_vars times
 statetrack_num_queries = 16     # queries per sequence, interleaved with the assignments (2*assignments + 3*queries <= block_size+1)
+needle_num_needles = 4          # needle: needles in the haystack, one asked for and the rest distractors (longctx.py scores depths)
+needle_value_len = 2            # needle: value tokens per needle, all answered after the query's key
 # model
 n_layer = 12
 n_head = 12
@@ -330,6 +332,8 @@ try:
         task = MQAR(task_vocab_size, block_size, mqar_num_pairs)
     elif dataset == 'statetrack':
         task = StateTracking(task_vocab_size, block_size, statetrack_num_vars, statetrack_num_assignments, statetrack_num_queries)
+    elif dataset == 'needle':
+        task = Needle(task_vocab_size, block_size, needle_num_needles, needle_value_len)
 except ValueError as e:  # the task's own check of its settings
     raise UserError(f"dataset={dataset!r}: {e}") from None
 if task is not None:

@@ -1,0 +1,281 @@
+"""
+Long context, measured: how models trained at block_size tokens do on longer sequences.
+
+$ python longctx.py needle out-grid/needle/*                 # needle accuracy by context length and depth
+$ python longctx.py text out-text/*-s1337 out-text/*-s1338   # loss against position, up to 16 x block_size
+$ python longctx.py needle out-grid/needle/* --scales 1 4 16 --depths 0 0.5 1 --plot assets/needle.png
+
+Each argument is a train.py out_dir; its ckpt.pt (data only: no code runs) is evaluated at contexts of
+scale x block_size for each --scales, the block_size it was trained at being scale 1.
+
+needle: runs of dataset='needle' (tasks.py's Needle: one needle asked for among the run's distractors, in a
+haystack of noise tokens, the query at the end). Every (context, depth) cell scores --sequences fixed sequences
+with the run's vocabulary, needles and values; sequence j of every cell has the same needles and queries (its own
+seed, apart from train and val), so cells differ only in the haystack's length and where the first query's needle
+lies: depth 0 at the first token, 1 just before the queries. A cell is the share of the first query's value tokens
+right (the model sees nothing after them).
+text: runs of a token dataset. --windows windows of max(scales) x block_size + 1 consecutive tokens from the start
+of its val split (non-overlapping), each one forward: the mean loss per position, reported per bucket [0, T),
+[T, 2T), [2T, 4T) ... (T = block_size). Windows cross document boundaries, as training's did; a model trained
+with documents=True resets at each EOT, so for it a position is no longer a context length.
+
+Runs that differ only in seed make one row: the mean over seeds ± half the range. Output: a markdown table on
+stdout, each run's numbers in <out_dir>/longctx-<study>.json (read back by the next call's --table_only),
+and with --plot PATH one picture (accuracy or loss against context length, one line per mixer; matplotlib).
+A model with softmax layers is warned about once past its block_size: its rotary positions there were never seen.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from checkpoint import load_checkpoint, build_model
+from configurator import UserError, device_and_dtype
+from dataloader import read_shard, shard_paths
+from model import MIXERS
+from tasks import Needle, NAMES as TASK_NAMES, to_example
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+LONG_SEED = 20261126  # the needle cells' sequences: seeded apart from tasks.py's train and val streams
+
+
+def load_run(out_dir, device, kernels):
+    """(model in eval mode on device, the run's train.py config dict) from out_dir/ckpt.pt."""
+    path = os.path.join(out_dir, 'ckpt.pt')
+    checkpoint = load_checkpoint(path, map_location=device, need='model')
+    model_args = dict(checkpoint['model_args'], **({'kernels': kernels} if kernels else {}))
+    if model_args.get('kernels') == 'triton' and not device.startswith('cuda'):
+        model_args['kernels'] = 'auto'  # trained on a GPU, scored here: the chunked torch path computes the same
+    model = build_model(checkpoint, path, model_args).eval().to(device)
+    return model, checkpoint.get('config', {})
+
+
+def needle_cells(model, config, scales, depths, sequences, tokens_per_batch, device, ctx):
+    """{(context, depth): accuracy} over `sequences` sequences per cell."""
+    T0, cells = config['block_size'], {}
+    for T in (s * T0 for s in scales):
+        B = max(1, min(sequences, tokens_per_batch // T))
+        for depth in depths:
+            task = Needle(config['task_vocab_size'], T, config['needle_num_needles'], config['needle_value_len'], depth)
+            correct = total = 0
+            for first in range(0, sequences, B):
+                xs, ys = zip(*(to_example(*task.sequence(np.random.default_rng([LONG_SEED, j])))
+                               for j in range(first, min(first + B, sequences))))
+                x, y = torch.from_numpy(np.stack(xs)).to(device), torch.from_numpy(np.stack(ys)).to(device)
+                with torch.no_grad(), ctx:
+                    logits, _ = model(x)
+                answer = y != -1
+                correct += int((logits.argmax(-1)[answer] == y[answer]).sum())
+                total += int(answer.sum())
+            cells[T, depth] = correct / total
+    return cells
+
+
+def text_losses(model, config, scales, windows, device, ctx):
+    """Mean loss per position [max(scales) · block_size] over `windows` windows of the val split, and their count."""
+    L = max(scales) * config['block_size']
+    tokens = np.concatenate([read_shard(p) for p in shard_paths(os.path.join(ROOT, 'data', config['dataset']), 'val')])
+    n = min(windows, (len(tokens) - 1) // L)
+    if n < 1:
+        raise UserError(f"the {config['dataset']} val split holds {len(tokens):,} tokens, fewer than one window of "
+                        f"{L + 1:,}: use smaller --scales")
+    total = torch.zeros(L, dtype=torch.float64)
+    for w in range(n):
+        chunk = torch.from_numpy(tokens[w * L:w * L + L + 1].astype(np.int64)).to(device)
+        with torch.no_grad(), ctx:
+            logits, _ = model(chunk[None, :-1])
+        total += F.cross_entropy(logits[0].float(), chunk[1:], reduction='none').double().cpu()
+    return (total / n).numpy(), n
+
+
+def buckets(scales, T0):
+    """Position buckets [0, T0), then [s_{i-1}·T0, s_i·T0) for each larger scale."""
+    edges = [0] + [s * T0 for s in sorted(scales)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def evaluate(study, out_dir, args, device, ctx):
+    """Score one run and write out_dir/longctx-<study>.json; returns what it wrote."""
+    model, config = load_run(out_dir, device, args.kernels)
+    is_task = config.get('dataset') in TASK_NAMES
+    if study == 'needle' and config.get('dataset') != 'needle':
+        raise UserError(f"{out_dir} was trained on dataset={config.get('dataset')!r}: the needle study scores "
+                        f"dataset='needle' runs (train them with config/needle.py or grid.py --tasks needle)")
+    if study == 'text' and is_task:
+        raise UserError(f"{out_dir} was trained on the {config['dataset']} task: the text study scores runs on a "
+                        f"token dataset (e.g. config/text.py)")
+    T0 = config['block_size']
+    warning = model.length_warning(max(args.scales) * T0)
+    if warning:
+        print(f"{out_dir}: {warning}", file=sys.stderr)
+    result = dict(mixer=config['mixer'], seed=config['seed'], block_size=T0, dataset=config['dataset'])
+    if study == 'needle':
+        cells = needle_cells(model, config, args.scales, args.depths, args.sequences, args.tokens_per_batch, device, ctx)
+        result.update(sequences=args.sequences, num_needles=config['needle_num_needles'],
+                      chance=1 / ((config['task_vocab_size'] - 1) // 4),  # a value token guessed among the values
+                      cells=[dict(context=T, depth=d, accuracy=a) for (T, d), a in cells.items()])
+    else:
+        losses, n = text_losses(model, config, args.scales, args.windows, device, ctx)
+        result.update(windows=n, documents=config.get('documents', False),
+                      buckets=[dict(start=a, end=b, loss=float(losses[a:b].mean())) for a, b in buckets(args.scales, T0)],
+                      curve=[float(v) for v in losses])  # the per-position means, for the picture
+    with open(os.path.join(out_dir, f'longctx-{study}.json'), 'w') as f:
+        json.dump(result, f)
+    return result
+
+
+def by_mixer(results):
+    """{mixer: [result of each seed]}, the mixers in model.MIXERS' order, patterns (hybrids) after them."""
+    order = list(MIXERS)
+    rows = {}
+    for r in sorted(results, key=lambda r: (order.index(r['mixer']) if r['mixer'] in order else len(order), r['mixer'])):
+        rows.setdefault(r['mixer'], []).append(r)
+    return rows
+
+
+def spread(values):
+    """'mean ±half-range' over seeds ('mean' for one)."""
+    mean = sum(values) / len(values)
+    return f"{mean:.3f}" + (f" ±{(max(values) - min(values)) / 2:.3f}" if len(values) > 1 else '')
+
+
+def needle_table(results):
+    """Rows: mixer; columns: each context (accuracy averaged over depths), then the worst depth at the longest."""
+    contexts = sorted({c['context'] for r in results for c in r['cells']})
+    head = ['mixer', 'seeds'] + [f"{T:,}" for T in contexts]
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for mixer, runs in by_mixer(results).items():
+        row = [f'`{mixer}`', str(len(runs))]
+        for T in contexts:
+            per_seed = [np.mean([c['accuracy'] for c in r['cells'] if c['context'] == T]) for r in runs]
+            row.append(spread(per_seed))
+        lines.append('| ' + ' | '.join(row) + ' |')
+    return '\n'.join(lines)
+
+
+def depth_table(results):
+    """Per mixer, accuracy by depth (rows) and context (columns), mean over seeds: where in the haystack it fails."""
+    contexts = sorted({c['context'] for r in results for c in r['cells']})
+    depths = sorted({c['depth'] for r in results for c in r['cells']})
+    out = []
+    for mixer, runs in by_mixer(results).items():
+        out += [f"`{mixer}` ({len(runs)} seed{'s' if len(runs) > 1 else ''}), accuracy by depth × context:", '',
+                '| depth | ' + ' | '.join(f"{T:,}" for T in contexts) + ' |', '|---|' + '---|' * len(contexts)]
+        for d in depths:
+            vals = [np.mean([c['accuracy'] for r in runs for c in r['cells'] if c['context'] == T and c['depth'] == d])
+                    for T in contexts]
+            out.append(f"| {d:g} | " + ' | '.join(f"{v:.2f}" for v in vals) + ' |')
+        out.append('')
+    return '\n'.join(out)
+
+
+def text_table(results):
+    """Rows: mixer; columns: the loss in each position bucket."""
+    spans = [(b['start'], b['end']) for b in results[0]['buckets']]
+    head = ['mixer', 'seeds'] + [f"{a:,}–{b:,}" for a, b in spans]
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for mixer, runs in by_mixer(results).items():
+        row = [f'`{mixer}`', str(len(runs))]
+        for i in range(len(spans)):
+            row.append(spread([r['buckets'][i]['loss'] for r in runs]))
+        lines.append('| ' + ' | '.join(row) + ' |')
+    return '\n'.join(lines)
+
+
+def plot(study, results, path, title):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    T0 = results[0]['block_size']
+    for i, (mixer, runs) in enumerate(by_mixer(results).items()):
+        if study == 'needle':
+            xs = sorted({c['context'] for c in runs[0]['cells']})
+            ys = [np.mean([c['accuracy'] for r in runs for c in r['cells'] if c['context'] == T]) for T in xs]
+            ax.plot(xs, ys, marker='o', label=mixer, color=f'C{i}')
+        else:  # the per-position mean over seeds, smoothed over log-spaced bins so the lines can be told apart
+            curve = np.mean([r['curve'] for r in runs], axis=0)
+            edges = np.unique(np.geomspace(1, len(curve), 48).astype(int))
+            xs = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+            ax.plot(xs, [curve[a:b].mean() for a, b in zip(edges[:-1], edges[1:])], label=mixer, color=f'C{i}')
+    ax.axvline(T0, color='grey', linestyle=':', label=f'training length {T0:,}')
+    if study == 'needle':
+        ax.axhline(results[0]['chance'], color='grey', linestyle='--', linewidth=0.8, label='chance')
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('context length (tokens)' if study == 'needle' else 'position in the sequence (tokens)')
+    ax.set_ylabel('needle answer accuracy (mean over depths and seeds)' if study == 'needle' else 'val loss at that position')
+    if study == 'needle':
+        ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], allow_abbrev=False)
+    ap.add_argument('study', choices=['needle', 'text'])
+    ap.add_argument('out_dirs', nargs='+', help="train.py out_dirs holding a ckpt.pt")
+    ap.add_argument('--scales', nargs='+', type=int, default=[1, 2, 4, 8, 16], help="contexts as multiples of each run's block_size")
+    ap.add_argument('--depths', nargs='+', type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle: where the asked needle starts, 0 (first token) .. 1 (just before the query)")
+    ap.add_argument('--sequences', type=int, default=128, help="needle: sequences per (context, depth) cell")
+    ap.add_argument('--windows', type=int, default=32, help="text: val windows of max(scales) x block_size tokens (fewer if the split is shorter)")
+    ap.add_argument('--tokens_per_batch', type=int, default=65536, help="needle: sequences per forward = this / context")
+    ap.add_argument('--table_only', action='store_true', help="no evaluation: the table (and --plot) from each out_dir's longctx-<study>.json")
+    ap.add_argument('--by_depth', action='store_true', help="needle: also a depth x context table per mixer")
+    ap.add_argument('--plot', default=None, help="PNG path for the picture")
+    ap.add_argument('--title', default=None)
+    ap.add_argument('--device', default='', help="'' = cuda if available, else cpu")
+    ap.add_argument('--dtype', default='', help="'' = bfloat16 on CUDA, float32 elsewhere")
+    ap.add_argument('--kernels', default='', help="'' = the checkpoint's (triton becomes auto off CUDA)")
+    args = ap.parse_args()
+    if min(args.scales) < 1 or sorted(set(args.scales)) != args.scales:
+        raise UserError(f"--scales must be increasing integers >= 1, got {args.scales}")
+    if not all(0 <= d <= 1 for d in args.depths):
+        raise UserError(f"--depths must lie in [0, 1] (0: the first token, 1: just before the query), got {args.depths}")
+    device, dtype = device_and_dtype(args.device, args.dtype)
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+    kind = torch.device(device).type
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.amp.autocast(device_type=kind, dtype=ptdtype)
+    results = []
+    for out_dir in args.out_dirs:
+        if args.table_only:
+            path = os.path.join(out_dir, f'longctx-{args.study}.json')
+            if not os.path.isfile(path):
+                raise UserError(f"{path}: no such file: run `python longctx.py {args.study} {out_dir}` first")
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            results.append(evaluate(args.study, out_dir, args, device, ctx))
+            print(f"{out_dir}: scored", file=sys.stderr, flush=True)
+    r0 = results[0]
+    if args.study == 'needle':
+        print(f"Needle answer accuracy by context length (mean over depths {', '.join(f'{d:g}' for d in args.depths)}; "
+              f"{r0['sequences']} sequences per cell; {r0['num_needles']} needles, trained at {r0['block_size']:,} tokens):\n")
+        print(needle_table(results))
+        if args.by_depth:
+            print('\n' + depth_table(results))
+    else:
+        print(f"Val loss by position bucket ({r0['dataset']}, {r0['windows']} windows; trained at {r0['block_size']:,} tokens):\n")
+        print(text_table(results))
+    if args.plot:
+        default = (f"needle accuracy against context, trained at {r0['block_size']:,}" if args.study == 'needle'
+                   else f"{r0['dataset']} val loss against position, trained at {r0['block_size']:,}")
+        plot(args.study, results, args.plot, args.title or default)
+        print(f"\npicture: {args.plot}")
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except UserError as e:
+        sys.exit(f"longctx.py: {e}")
