@@ -114,7 +114,8 @@ def evaluate(study, out_dir, args, device, ctx):
     warning = model.length_warning(max(args.scales) * T0)
     if warning:
         print(f"{out_dir}: {warning}", file=sys.stderr)
-    result = dict(mixer=config['mixer'], seed=config['seed'], block_size=T0, dataset=config['dataset'])
+    result = dict(mixer=config['mixer'], seed=config['seed'], block_size=T0, dataset=config['dataset'], out_dir=out_dir,
+                  learning_rate=config['learning_rate'], batch_size=config['batch_size'])
     if study == 'needle':
         cells = needle_cells(model, config, args.scales, args.depths, args.sequences, args.tokens_per_batch, device, ctx)
         result.update(sequences=args.sequences, num_needles=config['needle_num_needles'],
@@ -130,13 +131,37 @@ def evaluate(study, out_dir, args, device, ctx):
     return result
 
 
+def at_training_length(r):
+    """A needle run's accuracy at its own block_size, over the depths: what picks a seed's best setting."""
+    return np.mean([c['accuracy'] for c in r['cells'] if c['context'] == r['block_size']])
+
+
 def by_mixer(results):
-    """{mixer: [result of each seed]}, the mixers in model.MIXERS' order, patterns (hybrids) after them."""
+    """{mixer: [result of each seed]}, the mixers in model.MIXERS' order, patterns (hybrids) after them. Needle runs
+    of one mixer and seed at several settings (grid.py --learning_rates, --batch_sizes) keep the one most accurate at
+    the training length: the setting is chosen in distribution, and then seen at the longer contexts."""
     order = list(MIXERS)
+    best = {}
+    for r in results:
+        key = (r['mixer'], r['seed'])
+        if key not in best or ('cells' in r and at_training_length(r) > at_training_length(best[key])):
+            best[key] = r
     rows = {}
-    for r in sorted(results, key=lambda r: (order.index(r['mixer']) if r['mixer'] in order else len(order), r['mixer'])):
+    for r in sorted(best.values(), key=lambda r: (order.index(r['mixer']) if r['mixer'] in order else len(order),
+                                                  r['mixer'], r['seed'])):
         rows.setdefault(r['mixer'], []).append(r)
     return rows
+
+
+def settings_line(results):
+    """Which run (its LR and batch) each row's seeds took, where the runs tried more than one setting."""
+    tried = {(r['learning_rate'], r['batch_size']) for r in results}
+    if len(tried) < 2:
+        return ''
+    picked = '; '.join(f"{m}: " + ', '.join(f"{r['learning_rate']:g} bs{r['batch_size']}" for r in runs)
+                       for m, runs in by_mixer(results).items())
+    return (f"\nEach seed's run at the setting most accurate at {results[0]['block_size']:,} tokens (of "
+            f"{len(tried)} tried): {picked}.")
 
 
 def spread(values):
@@ -262,6 +287,7 @@ def main():
         print(f"Needle answer accuracy by context length (mean over depths {', '.join(f'{d:g}' for d in args.depths)}; "
               f"{r0['sequences']} sequences per cell; {r0['num_needles']} needles, trained at {r0['block_size']:,} tokens):\n")
         print(needle_table(results))
+        print(settings_line(results))
         if args.by_depth:
             print('\n' + depth_table(results))
     else:

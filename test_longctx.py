@@ -149,3 +149,17 @@ def test_needle_study_end_to_end(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, 'argv', ['longctx.py'] + args + ['--device=cpu'])
         with pytest.raises(UserError, match=says):
             longctx.main()
+
+
+def test_a_seed_keeps_its_setting_most_accurate_at_the_training_length():
+    def result(mixer, seed, lr, at_512, at_4096):
+        return dict(mixer=mixer, seed=seed, learning_rate=lr, batch_size=64, block_size=512,
+                    cells=[dict(context=512, depth=0.0, accuracy=at_512), dict(context=4096, depth=0.0, accuracy=at_4096)])
+    results = [result('gdn', 1, 1e-3, 0.9, 0.9), result('softmax', 1, 1e-3, 0.5, 0.4),
+               result('softmax', 1, 3e-4, 0.9, 0.1), result('softmax', 2, 3e-4, 0.7, 0.0), result('softmax', 2, 1e-3, 0.8, 0.0)]
+    rows = longctx.by_mixer(results)
+    assert list(rows) == ['softmax', 'gdn']  # model.MIXERS' order
+    assert [(r['seed'], r['learning_rate']) for r in rows['softmax']] == [(1, 3e-4), (2, 1e-3)]  # not the best at 4,096
+    table = longctx.needle_table(results)
+    assert '| `softmax` | 2 | 0.850 ±0.050 | 0.050 ±0.050 |' in table
+    assert 'softmax: 0.0003 bs64, 0.001 bs64; gdn: 0.001 bs64' in longctx.settings_line(results)
