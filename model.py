@@ -75,6 +75,8 @@ class GPTConfig:
                 raise UserError(f"{k}={v!r} must be an integer >= {least}")
         if not 0 <= self.dropout < 1:
             raise UserError(f"dropout={self.dropout!r} must be in [0, 1)")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
+            raise UserError(f"rope_base={self.rope_base!r} must be a number > 1 (10000 as in most models; larger for long contexts)")
         if not isinstance(self.kernels, str) or self.kernels not in kernels.PATHS:
             raise UserError(f"kernels={self.kernels!r} must be one of {', '.join(map(repr, kernels.PATHS))}")
         if not isinstance(self.documents, bool):
