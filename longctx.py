@@ -226,7 +226,7 @@ def plot(study, results, path, title):
             ax.plot(xs, ys, marker='o', label=mixer, color=f'C{i}')
         else:  # the per-position mean over seeds, smoothed over log-spaced bins so the lines can be told apart
             curve = np.mean([r['curve'] for r in runs], axis=0)
-            edges = np.unique(np.geomspace(1, len(curve), 48).astype(int))
+            edges = np.unique(np.geomspace(1, len(curve), 28).astype(int))
             xs = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
             ax.plot(xs, [curve[a:b].mean() for a, b in zip(edges[:-1], edges[1:])], label=mixer, color=f'C{i}')
     ax.axvline(T0, color='grey', linestyle=':', label=f'training length {T0:,}')

@@ -1238,6 +1238,11 @@ def test_short_conv_triton_vs_reference(T, D, bias, wide, norm, dtype):
         # runs the row programs of the fp32 case of its shape (which checks them at the tighter tolerance); bf16 is
         # still checked at every shape at T = 1, 3 and across program edges at D = 130 (bias, wide), T = 70
         pytest.skip("interpreter: bf16 at T > 3 repeats the fp32 case's row programs (on a GPU: every case)")
+    if not CUDA and T == 33 and D != 5:
+        # the interpreter's time (32 of this test's 137 s on 2 CPU cores): T = 33 and T = 70 both cross a 32-row
+        # program's edge into a partial last program (1 row, 6 rows); at D = 5 both run, at the wider D the T = 70
+        # case checks the edge with three programs
+        pytest.skip("interpreter: T = 33 repeats T = 70's partial last program at the wider D (on a GPU: every case)")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     xw, w, b, dy = conv_inputs(2, T, D, 4, dtype, bias, wide=wide)
     ref_in = [xw[..., :D].clone().requires_grad_(), w.clone().requires_grad_()] + ([b.clone().requires_grad_()] if bias else [])
