@@ -52,6 +52,7 @@ class GPTConfig:
     mixer: str = 'softmax'     # per-layer pattern, e.g. 'kda*3,softmax' (see parse_mixer_pattern)
     n_kv_head: int = 0         # softmax GQA: number of K/V heads; 0 = same as n_head
     rope_base: float = 10000.0
+    tie_embeddings: bool = True  # the input embedding is the output layer's weight (GPT-2, nanoGPT); False: two matrices
     head_dim: int = 64         # linear mixers: per-head key dim (values: see each mixer); Mamba2: headdim P
     d_state: int = 128         # Mamba2: state size N per head (the d_k of its recurrence)
     kernels: str = 'auto'      # path of the linear mixers' kernels.py calls: 'auto' (Triton on CUDA, chunked torch
@@ -79,8 +80,9 @@ class GPTConfig:
             raise UserError(f"rope_base={self.rope_base!r} must be a number > 1 (10000 as in most models; larger for long contexts)")
         if not isinstance(self.kernels, str) or self.kernels not in kernels.PATHS:
             raise UserError(f"kernels={self.kernels!r} must be one of {', '.join(map(repr, kernels.PATHS))}")
-        if not isinstance(self.documents, bool):
-            raise UserError(f"documents={self.documents!r} must be True or False")
+        for k in ('documents', 'tie_embeddings'):
+            if not isinstance(getattr(self, k), bool):
+                raise UserError(f"{k}={getattr(self, k)!r} must be True or False")
         b = self.kda_gate_bound
         if not (isinstance(b, (int, float)) and not isinstance(b, bool) and (b == 0 or -5 <= b < 0)):
             raise UserError(f"kda_gate_bound={b!r} must be 0 (KDA's softplus gate) or in [-5, 0) (the bounded gate)")
@@ -824,7 +826,8 @@ class GPT(nn.Module):
             ln_f=RMSNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
 
     def _init_weights(self, module):

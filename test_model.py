@@ -14,6 +14,7 @@ import torch
 import model
 from model import GPT, GPTConfig, MIXERS, Decoder, parse_mixer_pattern, sample_next
 from checkpoint import save_checkpoint, load_checkpoint
+from configurator import UserError
 
 # every mixer alone, and the 3:1 hybrid of the Kimi Linear recipe
 PATTERNS = list(MIXERS) + ['kda*3,softmax']
@@ -219,6 +220,27 @@ def test_optimizer_groups():
     n = sum(p.numel() for g in opt.param_groups for p in g['params'])
     assert n == model.get_num_params()
 
+
+
+def test_untied_embeddings_are_a_second_matrix_that_trains_and_round_trips(tmp_path):
+    tied, untied = make('softmax'), make('softmax', tie_embeddings=False)
+    assert tied.transformer.wte.weight is tied.lm_head.weight
+    assert untied.transformer.wte.weight is not untied.lm_head.weight
+    V, C = untied.lm_head.weight.shape
+    assert untied.get_num_params() == tied.get_num_params() + V * C
+    opt = untied.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    assert sum(p.numel() for g in opt.param_groups for p in g['params']) == untied.get_num_params()
+    # a token never seen as input gets no gradient in the input embedding, only in the output layer's row
+    idx = torch.randint(1, V, (2, 16))
+    untied(idx, idx)[1].backward()
+    assert untied.transformer.wte.weight.grad[0].abs().sum() == 0 and untied.lm_head.weight.grad[0].abs().sum() > 0
+    path = str(tmp_path / 'ckpt.pt')
+    save_checkpoint({'model': untied.state_dict()}, path)
+    again = make('softmax', tie_embeddings=False)
+    again.load_state_dict(load_checkpoint(path)['model'])
+    assert torch.equal(again.transformer.wte.weight, untied.transformer.wte.weight)
+    with pytest.raises(UserError, match='tie_embeddings=1 must be True or False'):
+        make('softmax', tie_embeddings=1)
 
 def test_checkpoint_roundtrip_and_missing(tmp_path):
     model = make('softmax')

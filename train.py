@@ -95,6 +95,7 @@ mixer = 'softmax'               # per-layer pattern: 'kda' | 'kda*3,softmax' | o
 head_dim = 64                   # linear mixers' per-head key dim (Mamba2: headdim); 128 for KDA at GPT-2 size
 d_state = 128                   # Mamba2 state size N per head
 rope_base = 10000.0             # rotary base of softmax and RetNet: larger turns the slow pairs slower (long-context work)
+tie_embeddings = True           # input embedding = output layer's weight; False: separate (tokens never predicted keep their own)
 dropout = 0.0                   # 0 for pretraining, 0.1+ for finetuning
 bias = False                    # bias in Linear layers
 vocab_size = 50304              # GPT-2 BPE 50257 padded to a multiple of 64
@@ -165,7 +166,7 @@ def check_settings():
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
               dropout=dropout, mixer=mixer, n_kv_head=n_kv_head, head_dim=head_dim, d_state=d_state,
               kernels=kernels or 'auto', documents=documents, eot_token=eot_token,
-              kda_gate_bound=kda_gate_bound, rope_base=rope_base)  # its own checks
+              kda_gate_bound=kda_gate_bound, rope_base=rope_base, tie_embeddings=tie_embeddings)  # its own checks
 
 
 check_settings()
@@ -355,7 +356,7 @@ best_val_loss = 1e9
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size, dropout=dropout, mixer=mixer, n_kv_head=n_kv_head,
                   head_dim=head_dim, d_state=d_state, kernels=kernels or 'auto', documents=documents, eot_token=eot_token,
-                  kda_gate_bound=kda_gate_bound, rope_base=rope_base)
+                  kda_gate_bound=kda_gate_bound, rope_base=rope_base, tie_embeddings=tie_embeddings)
 if checkpoint is not None:
     print0(f"Resuming training from {ckpt_path} (iter {checkpoint['iter_num']})")
     model = build_model(checkpoint, ckpt_path, model_args)
