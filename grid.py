@@ -16,6 +16,9 @@ $ python grid.py --tasks mqar --learning_rates 3e-4 1e-3 --seeds 1337 1338 --job
                                     # 2 seeds per cell; 1e-3 runs only where 3e-4 did not reach 0.99; a figure too
 $ python grid.py ... --learning_rates 3e-4 1e-3 --batch_sizes 64 256 --stop_at_val_acc=0.99
                                     # then, where neither LR reached 0.99, both again at 256 sequences a step
+$ python grid.py --tasks needle --seeds 1337 1338 --learning_rates 1e-3 3e-4 --stop_at_val_acc=0.99
+                                    # the long-context study's runs (not in the default grid); then
+                                    #   python longctx.py needle out-grid/needle/* scores them at longer contexts
 $ python grid.py ... --ahead        # a cell's later settings start without waiting for its earlier ones, and are
                                     #   stopped if one of those reaches the threshold: the same table, sooner
 

@@ -8,25 +8,26 @@ $ python longctx.py needle out-grid/needle/* --scales 1 4 16 --depths 0 0.5 1 --
 Each argument is a train.py out_dir; its ckpt.pt (data only: no code runs) is evaluated at contexts of
 scale x block_size for each --scales, the block_size it was trained at being scale 1.
 
-needle: runs of dataset='needle' (tasks.py's Needle: one needle asked for among the run's distractors, in a
-haystack of noise tokens, the query at the end). Every (context, depth) cell scores --sequences fixed sequences
-with the run's vocabulary, needles and values; sequence j of every cell has the same needles and queries (its own
-seed, apart from train and val), so cells differ only in the haystack's length and where the first query's needle
-lies: depth 0 at the first token, 1 just before the queries. A cell is the share of the first query's value tokens
-right (the model sees nothing after them).
+needle: runs of dataset='needle' (tasks.py's Needle: needles `key values` in a haystack of noise tokens, then a
+query per needle, the first asking the needle at the cell's depth). Every (context, depth) cell scores --sequences
+fixed sequences with the run's vocabulary, needles and values; sequence j of every cell has the same needles and
+queries (its own seed, apart from train and val), so cells differ only in the haystack's length and where the first
+query's needle lies: depth 0 at the first token, 1 just before the queries. A cell is the share of the first
+query's value tokens right (the model has read nothing after the haystack but that query).
 text: runs of a token dataset. --windows windows of max(scales) x block_size + 1 consecutive tokens from the start
 of its val split (non-overlapping), each one forward: the mean loss per position, reported per bucket [0, T),
 [T, 2T), [2T, 4T) ... (T = block_size). Windows cross document boundaries, as training's did; a model trained
 with documents=True resets at each EOT, so for it a position is no longer a context length.
 
-Runs that differ only in seed make one row: the mean over seeds ± half the range. Output: a markdown table on
-stdout, each run's numbers in <out_dir>/longctx-<study>.json (read back by the next call's --table_only),
-and with --plot PATH one picture (accuracy or loss against context length, one line per mixer; matplotlib).
+Runs that differ only in seed make one row: the mean over seeds ± half the range. Needle runs of one mixer and seed
+at several settings (grid.py's LR and batch ladder) count once, at the setting most accurate at block_size: chosen
+in distribution, then seen at length. Output: a markdown table on stdout, each run's numbers in
+<out_dir>/longctx-<study>.json (read back with --table_only), and with --plot PATH one picture (accuracy or loss
+against context length, one line per mixer; matplotlib).
 A model with softmax layers is warned about once past its block_size: its rotary positions there were never seen.
 """
 import argparse
 import json
-import math
 import os
 import sys
 from contextlib import nullcontext
