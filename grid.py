@@ -509,9 +509,12 @@ def settings(task, out_root, lrs, seeds, stop_at_val_acc, batches=(None,)):
         if os.path.isfile(os.path.join(task_dir, name, 'log.txt')):
             c = read_log(os.path.join(task_dir, name))['config']
             if c is not None:
-                extra = {'mqar': lambda: 'N queries of random stored keys',  # lambdas: a log has its own task's keys
-                         'statetrack': lambda: f"{c['statetrack_num_vars']} variables, {c['statetrack_num_queries']} queries",
-                         'needle': lambda: f"{c['needle_value_len']} value tokens per needle, as many queries as needles"}[task]()
+                if task == 'mqar':  # each log holds only its own task's keys (and older logs no needle keys)
+                    extra = 'N queries of random stored keys'
+                elif task == 'statetrack':
+                    extra = f"{c['statetrack_num_vars']} variables, {c['statetrack_num_queries']} queries"
+                else:
+                    extra = f"{c['needle_value_len']} value tokens per needle, as many queries as needles"
                 return (f"Sequences of {c['block_size']} tokens, vocabulary {c['task_vocab_size']}, {extra}; "
                         f"{c['n_layer']} layers; {c['max_iters']:,} steps × {c['batch_size'] * c['gradient_accumulation_steps']} "
                         f"sequences" + (f", stopped early at val accuracy ≥ {c['stop_at_val_acc']}"

@@ -99,8 +99,9 @@ x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
 x = x.expand(num_samples, -1)  # the samples decode together, as one batch
 context = x.size(1) + max_new_tokens
-if model.length_warning(context):
-    print(model.length_warning(context))
+warning = model.length_warning(context)  # softmax layers past block_size: one line, then sample anyway
+if warning:
+    print(warning)
 times = {}
 if device_type == 'cuda' and cuda_graph:
     t0 = time.perf_counter()
