@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import context_parallel
 import kernels
 from configurator import UserError
 try:
@@ -295,11 +296,14 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(conv.weight.detach().squeeze(1))  # [dim, W]
         self.bias = nn.Parameter(conv.bias.detach()) if bias else None
 
-    def forward(self, x, cache=None, split=None, doc_pos=None):
+    def forward(self, x, cache=None, split=None, doc_pos=None, cp=None):
         """x [B, T, D] -> y [B, T, D]; with split (channel counts summing to D), one y per part, each convolved
         straight from its column slice of x, and x's gradient written whole (no cat of the parts' gradients).
-        doc_pos [B, T] (documents: GPT.documents' conv_pos) | None: no tap reaches into an earlier document."""
+        doc_pos [B, T] (documents: GPT.documents' conv_pos) | None: no tap reaches into an earlier document.
+        cp: x is a piece of a split sequence; the window starts on the previous piece's last W−1 inputs."""
         prev = None if cache is None else cache.get(self.name)
+        if cp is not None:
+            prev = cp.previous(x[:, -(self.width - 1):])
         if prev is not None and x.size(1) == 1:
             y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm, path=self.path)[:, None]
             return y if split is None else y.split(split, dim=-1)
@@ -359,7 +363,7 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, ssd=None):
+def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, ssd=None, cp=None):
     """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule), on kernels.py's path
     `path` (GPTConfig.kernels). gate (A_log, dt_bias) or (A_log, dt_bias, lower_bound) | None (delta rule only): g
     is the gate's input u and the log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound) (lower_bound None:
@@ -368,7 +372,14 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, 
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
     store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
-    the chunked kernel."""
+    the chunked kernel. cp (a context_parallel.ContextParallel, training only): q, k, v are this rank's piece of
+    sequences split over cp's group, and the state comes from the earlier pieces (context_parallel.py)."""
+    if cp is not None:
+        gate = dict(zip(('A_log', 'dt_bias', 'lower_bound'), gate or ()))
+        if beta is None:
+            return context_parallel.linear_attn(cp, q, k, v, g, scale=scale, path=path,
+                                                **({} if ssd is None else dict(dt=ssd[0], D=ssd[1])))
+        return context_parallel.delta_rule(cp, q, k, v, beta, g, scale=scale, path=path, **gate)
     state = None if cache is None else cache.get('state')
     if state is not None and q.size(1) == 1:
         if gate is not None:
@@ -401,6 +412,7 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, 
 
 class CausalSelfAttention(nn.Module):
     cache_grows = True
+    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -427,13 +439,17 @@ class CausalSelfAttention(nn.Module):
         if cache is not None and torch.is_tensor(cache.get('pos')):
             return self.resid_dropout(self.c_proj(self.static_step(q, k, v, cache).reshape(B, T, C)))
         past = cache['k'].size(2) if cache else 0   # tokens already in the cache = position of x[:, 0]
+        if self.cp is not None:
+            past = self.cp.offset(T)                 # a piece of a split sequence: its global position
         q, k = self.rope(q, past), self.rope(k, past)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, nh, T, hs]
         if cache is not None:
             if past:
                 k, v = torch.cat([cache['k'], k], dim=2), torch.cat([cache['v'], v], dim=2)
             cache['k'], cache['v'] = k, v
-        if docs is not None:
+        if self.cp is not None:  # the keys and values of every piece up to this one
+            y = context_parallel.attention(self.cp, q, k, v, self.n_kv_head != self.n_head, docs)
+        elif docs is not None:
             # each query sees the keys of its own document only. RoPE positions do not restart per document: a RoPE
             # score q_m·k_n depends on the offset m − n alone, so restarting them would change nothing but rounding
             gqa = self.n_kv_head != self.n_head
@@ -491,6 +507,7 @@ class RetNet(nn.Module):
     Params ≈ 5·C·H·hd (q, k, v, g, o); H = round(0.8·C/hd): C=768, hd=64 → H=10, 2,457,664 (1.04× softmax)."""
     cache_grows = False
     projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj')  # the Linear layers that read x (see linears)
+    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -512,11 +529,13 @@ class RetNet(nn.Module):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
         past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
+        if self.cp is not None:
+            past = self.cp.offset(T)                    # a piece of a split sequence: its global position
         q, k, v, gate = linears(self, x, self.projections)
         q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)  # not restarted per document (as softmax)
         # documents: the constant decay becomes a gate per token [B, T, H], RESET_GATE at the document starts
         g = self.log_gamma if docs is None else reset_gate(self.log_gamma.expand(B, T, self.H), docs)
-        o = scan(cache, q, k, v.view(shape), g=g, path=self.kernels)
+        o = scan(cache, q, k, v.view(shape), g=g, path=self.kernels, cp=self.cp)
         if cache is not None and not torch.is_tensor(past):
             cache['pos'] = past + T  # RoPE position of the next token
         o = self.o_norm(o) * F.silu(gate.view(shape))
@@ -535,6 +554,7 @@ class Mamba2(nn.Module):
     expand = 1 (not Mamba's 2) because this block also has an MLP; params ≈ 3C² + 2CN + CH:
     C=768, P=64 (H=12), N=128 → 1,981,220 (0.84× softmax)."""
     cache_grows = False
+    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -557,13 +577,13 @@ class Mamba2(nn.Module):
         B, T, C = x.shape
         z, xBC, dt = self.in_proj(x).split([self.d_inner, self.d_inner + 2 * self.N, self.H], dim=-1)
         xs, Bm, Cm = self.conv(xBC, cache, split=[self.d_inner, self.N, self.N],
-                               doc_pos=None if docs is None else docs['conv_pos'])
+                               doc_pos=None if docs is None else docs['conv_pos'], cp=self.cp)
         dt = F.softplus(dt.float() + self.dt_bias)                   # Δ, [B, T, H], fp32
         g = reset_gate(-torch.exp(self.A_log.float()) * dt, docs)    # log-decay Δ·A ≤ 0
         xs = xs.view(B, T, self.H, self.P)
         # the value Δ·x and the skip connection D·x are formed inside the kernels (scan's ssd)
         y = scan(cache, Cm.view(B, T, 1, self.N), Bm.view(B, T, 1, self.N), xs, g=g, scale=1.0, path=self.kernels,
-                 ssd=(dt, self.D))
+                 ssd=(dt, self.D), cp=self.cp)
         y = self.norm(y.reshape(B, T, self.d_inner) * F.silu(z))
         return self.resid_dropout(self.c_proj(y))
 
@@ -577,6 +597,7 @@ class DeltaNet(nn.Module):
     H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
     cache_grows = False
     projections = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # the Linear layers that read x (linears); q, k, v first
+    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config, n_head=None, v_dim=None):
         super().__init__()
@@ -613,7 +634,8 @@ class DeltaNet(nn.Module):
         projs, convs = (self.q_proj, self.k_proj, self.v_proj), (self.q_conv, self.k_conv, self.v_conv)
         bias = None if projs[0].bias is None else torch.cat([m.bias for m in projs])
         y = F.linear(x, torch.cat([m.weight for m in projs]), bias)
-        return kernels.short_conv(y, torch.cat([c.weight for c in convs]), None, norm=[c.norm for c in convs],
+        halo = None if self.cp is None else self.cp.previous(y[:, -(self.q_conv.width - 1):])  # split sequences
+        return kernels.short_conv(y, torch.cat([c.weight for c in convs]), None, initial=halo, norm=[c.norm for c in convs],
                                   path=self.kernels, doc_pos=doc_pos, split=[m.out_features for m in projs])
 
     def forward(self, x, cache=None, docs=None):
@@ -633,7 +655,7 @@ class DeltaNet(nn.Module):
         if docs is not None and g is None:  # DeltaNet with documents: a gate of 0 but at the document starts, which
             g = beta.new_zeros(B, T, self.H)  # runs the Gated DeltaNet kernels (a little slower: they also form dg)
         o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels,
-                 gate=(self.A_log, self.dt_bias, self.gate_bound) if fused else None)
+                 gate=(self.A_log, self.dt_bias, self.gate_bound) if fused else None, cp=self.cp)
         o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
@@ -711,6 +733,7 @@ class GLA(nn.Module):
     cache_grows = False
     projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj', 'f_down')  # the Linear layers that read x (see linears)
     gate_rank, gate_norm = 16, 16  # fla's gate_low_rank_dim and gate_logit_normalizer
+    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -734,7 +757,7 @@ class GLA(nn.Module):
         g = F.logsigmoid(self.f_up(f).float()) / self.gate_norm  # log-decay ≤ 0 per key channel, [B, T, H·dk]
         g = reset_gate(g.view(B, T, self.H, self.dk), docs)
         o = scan(cache, q.view(B, T, self.H, self.dk), k.view(B, T, self.H, self.dk), v.view(B, T, self.H, self.dv),
-                 g=g, path=self.kernels)
+                 g=g, path=self.kernels, cp=self.cp)
         o = self.o_norm(o) * F.silu(gate.view(B, T, self.H, self.dv))
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
@@ -757,6 +780,10 @@ class GLA(nn.Module):
 #                                          one that grows with the context (softmax's K/V)
 #   projections = ('q_proj', ...)          optional: the nn.Linear attributes that all read x, fetched with
 #                                          linears(self, x, self.projections); the Decoder stacks them into one matmul
+#   cp = None                              optional: context parallelism (train.py --context_parallel): GPT sets it
+#                                          to a context_parallel.ContextParallel and forward then gets a piece of each
+#                                          sequence (scan(..., cp=self.cp), ShortConv(..., cp=self.cp) and
+#                                          context_parallel.attention do the crossing; RoPE from cp.offset(T))
 # The cache: a dict the mixer fills on its first call and advances on each later one; 'state' for scan's
 # recurrent state, any other key for the mixer's own tensors. 'pos' is the number of tokens seen so far: a mixer
 # that needs positions (RoPE) reads cache.get('pos', 0) and, where it is a plain int, stores past + T back (in the
@@ -826,6 +853,7 @@ class GPT(nn.Module):
             ln_f=RMSNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.cp = None  # context parallelism (set_context_parallel)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
@@ -855,6 +883,22 @@ class GPT(nn.Module):
         lines.append(f"number of parameters: {self.get_num_params() / 1e6:.2f}M")
         return '\n'.join(lines)
 
+    def set_context_parallel(self, cp):
+        """Train on pieces of sequences split over cp's ranks (a context_parallel.ContextParallel; None: whole
+        sequences): forward(idx, targets) then takes this rank's piece of each row, and its loss is this rank's share
+        (context_parallel.py says how averaging it over the ranks gives the mean over every token)."""
+        for block in self.transformer.h:
+            if cp is not None and not hasattr(type(block.mixer), 'cp'):
+                raise UserError(f"mixer {block.mixer_name!r} does not support context parallelism (its class has no "
+                                f"`cp` attribute, model.py's mixer list says what it takes): train without "
+                                f"--context_parallel")
+        if cp is not None and self.config.dropout > 0:
+            raise UserError(f"context parallelism runs without dropout (attention over gathered keys has none): "
+                            f"--dropout=0 (now {self.config.dropout})")
+        for block in self.transformer.h:
+            block.mixer.cp = cp
+        self.cp = cp
+
     def length_warning(self, T):
         """One line when T tokens of context run past what softmax layers were trained on (block_size), else None:
         their RoPE rotations for distances beyond it were never seen, and such models usually get worse there (the
@@ -869,6 +913,8 @@ class GPT(nn.Module):
         are ignored; the logits then come back detached). With caches (a list from new_caches), only the last position's logits are
         returned and the caches advance by T tokens. config.documents: each document of a row is its own sequence
         (see documents); not with caches: a prompt, and what is decoded after it, is one document."""
+        if self.cp is not None and caches is not None:
+            raise ValueError("a model training with context parallelism cannot decode: set_context_parallel(None) first")
         docs = self.documents(idx) if self.config.documents and caches is None else None
         x = self.transformer.drop(self.transformer.wte(idx))
         for i, block in enumerate(self.transformer.h):
@@ -878,7 +924,10 @@ class GPT(nn.Module):
             caches[0]['pos'] += idx.size(1)  # static caches: one position tensor shared by every layer
         if targets is not None:
             logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            if self.cp is not None:  # this rank's share (context_parallel.loss)
+                loss = context_parallel.loss(self.cp, logits, targets)
+            else:
+                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
             # detached: the gradient flows through the loss; a differentiable logits output would make the backward
             # start from a zero-filled [B, T, V] gradient for it (bf16: 32,768 tokens × 50,304 × 2 B = 3.3 GB)
             return logits.detach(), loss
@@ -897,6 +946,8 @@ class GPT(nn.Module):
           and with softmax layers block_mask (CUDA, flex_attention; document_block_mask) or mask [B, 1, T, T] bool
           (SDPA: CPU, torch < 2.5, or attention dropout while training)."""
         B, T = idx.shape
+        if self.cp is not None:
+            return self.split_documents(idx)
         t = torch.arange(T, device=idx.device)
         start = (idx == self.config.eot_token) | (t == 0)
         first = torch.where(start, t, 0).cummax(dim=1).values        # [B, T] the position of each token's document start
@@ -907,6 +958,25 @@ class GPT(nn.Module):
                 docs['block_mask'] = document_block_mask(doc)
             else:
                 docs['mask'] = ((doc[:, :, None] == doc[:, None, :]) & (t[:, None] >= t[None, :]))[:, None]
+        return docs
+
+    def split_documents(self, idx):
+        """documents() for this rank's piece idx [B, L] of rows split over self.cp's ranks: the same keys, with
+        positions and document ids of the whole row; softmax's mask is over the keys of every piece up to this one
+        ('cp_block_mask' or 'cp_mask' [B, 1, L, (r+1)·L], context_parallel.attention)."""
+        reset, conv_pos, doc, keys = context_parallel.documents(self.cp, idx, self.config.eot_token)
+        docs = dict(reset=reset, conv_pos=conv_pos)
+        if 'softmax' in self.mixers:
+            B, L = idx.shape
+            off, S = self.cp.offset(L), keys.size(1)
+            if idx.is_cuda and flex_attention is not None:
+                def same_document(b, h, q_idx, kv_idx):
+                    return (q_idx + off >= kv_idx) & (doc[b, q_idx] == keys[b, kv_idx])
+                docs['cp_block_mask'] = create_block_mask(same_document, B, None, L, S, device=idx.device, BLOCK_SIZE=128)
+            else:
+                t = torch.arange(L, device=idx.device) + off
+                docs['cp_mask'] = ((doc[:, :, None] == keys[:, None, :]) &
+                                   (t[:, None] >= torch.arange(S, device=idx.device)[None, :]))[:, None]
         return docs
 
     # --- decoding -------------------------------------------------------------------------------
