@@ -7,6 +7,7 @@ and its checkpoint resumes in one process; bad settings are one line each.
 """
 
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -105,3 +106,48 @@ def test_split_sequences_match_one_process(world, references):
         for r in range(1, world):  # every rank ends with the same averaged gradient (what DDP applies)
             assert torch.equal(ranks[r][(mixer, documents)][2], cp_grads)
     assert not failures, '\n'.join(failures)
+
+
+def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, torchrun_train):
+    """train.py --context_parallel=2 under torchrun (each rank half of every row, the hybrid with documents) loses as
+    one process on the same rows does, step by step and at the eval; both ranks end with the same weights, which are
+    one process's; its checkpoint resumes in one process and lands where one uninterrupted run does."""
+    import shutil
+    from checkpoint import load_checkpoint
+    from test_train import TINY, iter_losses, run
+    args = TINY + ['--mixer=kda,softmax', '--documents=True', '--head_dim=16', '--eval_interval=3']
+    cp = run(args + ['--max_iters=3', '--context_parallel=2', f'--out_dir={tmp_path}/cp'], cmd=torchrun_train)
+    assert 'each sequence split over 2 ranks' in cp.stdout
+    one = run(args + ['--max_iters=3', f'--out_dir={tmp_path}/one'])
+    a, b = iter_losses(cp.stdout), iter_losses(one.stdout)
+    assert sorted(a) == [0, 1, 2] and all(abs(a[i] - b[i]) < 1e-5 for i in a), (a, b)
+    val = [re.findall(r'val loss ([\d.]+)', p.stdout) for p in (cp, one)]
+    assert val[0] == val[1] and len(val[0]) == 2, val
+    rank0, rank1 = (torch.load(f'{tmp_path}/cp/rank{r}.pt', weights_only=True) for r in (0, 1))
+    assert max((rank0[k] - rank1[k]).abs().max().item() for k in rank0) == 0.0
+    cp_sd, one_sd = load_checkpoint(f'{tmp_path}/cp/ckpt.pt')['model'], load_checkpoint(f'{tmp_path}/one/ckpt.pt')['model']
+    for k in one_sd:
+        torch.testing.assert_close(cp_sd[k], one_sd[k], rtol=1e-4, atol=1e-6)
+    shutil.copytree(f'{tmp_path}/cp', f'{tmp_path}/cp_then_one')
+    run(args + ['--max_iters=5', '--init_from=resume', f'--out_dir={tmp_path}/cp_then_one'])
+    run(args + ['--max_iters=5', f'--out_dir={tmp_path}/straight'])
+    resumed, straight = (load_checkpoint(f'{tmp_path}/{n}/ckpt.pt')['model'] for n in ('cp_then_one', 'straight'))
+    for k in straight:
+        torch.testing.assert_close(resumed[k], straight[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--context_parallel=3'], 'context_parallel=3 must divide block_size=32'),
+    (['--context_parallel=2', '--fsdp=True'], 'not with fsdp=True'),
+    (['--context_parallel=0'], 'must be an int >= 1'),
+    (['--context_parallel=2'], 'needs torchrun'),
+    (['--context_parallel=2', '--dropout=0.1'], 'without dropout'),
+])
+def test_bad_context_parallel_settings_are_one_line(tmp_path, extra, message):
+    from test_train import TINY, run
+    cmd = None
+    if message == 'without dropout':  # refused once the model exists, under torchrun
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']
+    p = run(TINY + extra + [f'--out_dir={tmp_path}'], cmd=cmd, check=False)
+    assert p.returncode != 0 and message in p.stdout + p.stderr, p.stdout[-1500:] + p.stderr[-1500:]
+    assert 'train.py", line' not in p.stdout + p.stderr  # one line, no traceback from train.py (torchrun has its own)

@@ -123,6 +123,9 @@ backend = ''                    # '' = nccl on CUDA, gloo on CPU
 fsdp = False                    # under torchrun: shard weights, gradients and optimizer state over the ranks (FSDP2)
                                 # instead of a full replica per rank (DDP), for models that do not fit one GPU;
                                 # checkpoints stay full state dicts, gathered on save, so they resume on any number of ranks
+context_parallel = 1            # under torchrun: split each row's sequence over this many consecutive ranks (N pieces of
+                                # block_size / N tokens: context_parallel.py), for contexts one GPU cannot hold; data
+                                # parallel (DDP) over the world_size / N groups. Same losses, same checkpoints
 # system
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
@@ -161,6 +164,14 @@ def check_settings():
         raise UserError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
     if compile not in (None, True, False):
         raise UserError(f"compile must be None (auto), True or False, got {compile!r}")
+    if isinstance(context_parallel, bool) or not isinstance(context_parallel, int) or context_parallel < 1:
+        raise UserError(f"context_parallel={context_parallel!r} must be an int >= 1 (the ranks that share a sequence)")
+    if context_parallel > 1:
+        if block_size % context_parallel or block_size // context_parallel < 4:
+            raise UserError(f"context_parallel={context_parallel} must divide block_size={block_size} into pieces of "
+                            f">= 4 tokens")
+        if fsdp:
+            raise UserError("context_parallel > 1 runs under DDP (each rank a full replica), not with fsdp=True")
     if compile_mode not in COMPILE_MODES:
         raise UserError(f"compile_mode={compile_mode!r} is not one of torch.compile's modes: {', '.join(COMPILE_MODES)}")
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
@@ -229,12 +240,25 @@ if ddp:
         device = f'cuda:{ddp_local_rank}'
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend or ('nccl' if device.startswith('cuda') else 'gloo'))
-    if gradient_accumulation_steps % ddp_world_size != 0:
-        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {ddp_world_size} "
-                        f"DDP ranks: it is the global number of micro-steps, e.g. {ddp_world_size * max(1, gradient_accumulation_steps // ddp_world_size)}")
-    gradient_accumulation_steps //= ddp_world_size
+    if ddp_world_size % context_parallel:
+        raise UserError(f"context_parallel={context_parallel} does not divide the {ddp_world_size} ranks: run "
+                        f"--nproc_per_node a multiple of it")
+    # context parallelism: ranks g·N .. g·N + N − 1 share the rows of data-parallel rank g (consecutive ranks: one node)
+    dp_rank, dp_world = ddp_rank // context_parallel, ddp_world_size // context_parallel
+    cp_group = None
+    if context_parallel > 1:
+        for g in range(dp_world):  # every rank creates every group, in the same order
+            group = dist.new_group(list(range(g * context_parallel, (g + 1) * context_parallel)))
+            cp_group = group if g == dp_rank else cp_group
+    if gradient_accumulation_steps % dp_world != 0:
+        raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {dp_world} "
+                        f"data-parallel ranks: it is the global number of micro-steps, e.g. {dp_world * max(1, gradient_accumulation_steps // dp_world)}")
+    gradient_accumulation_steps //= dp_world
 else:
-    ddp_local_rank, ddp_world_size = 0, 1
+    if context_parallel > 1:
+        raise UserError(f"context_parallel={context_parallel} needs torchrun: torchrun --standalone "
+                        f"--nproc_per_node={context_parallel} train.py ...")
+    ddp_local_rank, ddp_world_size, dp_rank, dp_world = 0, 1, 0, 1
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 compile = (device_type == 'cuda') if compile is None else compile
 # CUDA graphs (torch.compile's 'reduce-overhead' and 'max-autotune'): the compiled forward and backward replay as a few
@@ -271,7 +295,7 @@ def duration(seconds):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+tokens_per_iter = gradient_accumulation_steps * dp_world * batch_size * block_size
 # the terminal gets a short header (model, data, out_dir, device: below, once the model exists); log.txt also gets the
 # command's config files and overrides as echoed, and the full config: what reproduces the run
 print0(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}")
@@ -286,7 +310,7 @@ if master_process and device_type == 'cuda':
         print0(subprocess.run(['nvidia-smi'], capture_output=True, text=True).stdout, terminal=False)
     except FileNotFoundError:
         pass
-print0(f"tokens per iteration: {gradient_accumulation_steps} grad accum × {ddp_world_size} ranks × "
+print0(f"tokens per iteration: {gradient_accumulation_steps} grad accum × {dp_world} data-parallel ranks × "
        f"{batch_size} batch × {block_size} context = {tokens_per_iter:,}", terminal=False)
 
 # SIGTERM (preemption, a scheduler's stop) and SIGINT (Ctrl-C): the step under way finishes, the ranks agree on the
@@ -346,8 +370,17 @@ data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', data
 
 def make_loader(split):
     if task is not None:
-        return TaskLoader(task, split, batch_size, seed, ddp_rank, ddp_world_size)
-    return ShardLoader(data_dir, split, batch_size, block_size, ddp_rank, ddp_world_size, vocab_size=model_args['vocab_size'])
+        return TaskLoader(task, split, batch_size, seed, dp_rank, dp_world)
+    return ShardLoader(data_dir, split, batch_size, block_size, dp_rank, dp_world, vocab_size=model_args['vocab_size'])
+
+
+def fetch(loader):
+    """The loader's next batch on the device; under context parallelism this rank's piece of each row."""
+    X, Y = loader.next_batch()
+    if context_parallel > 1:
+        L, r = block_size // context_parallel, ddp_rank % context_parallel
+        X, Y = X[:, r * L:(r + 1) * L], Y[:, r * L:(r + 1) * L]
+    return X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
 
 
 # model
@@ -367,6 +400,9 @@ else:
 print0(model.describe(), terminal=False)  # per mixer; the header below says the total
 n_params, mixers = model.get_num_params(), model.mixers
 model.to(device)
+if context_parallel > 1:
+    from context_parallel import ContextParallel
+    model.set_context_parallel(ContextParallel(cp_group, ddp_rank % context_parallel, context_parallel))
 sharded = ddp and fsdp
 if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
@@ -454,8 +490,7 @@ def estimate_loss():
         answers = torch.zeros(2, device=device)  # correct, total
         for k in range(eval_iters):
             bar.update()
-            X, Y = loader.next_batch()
-            X, Y = X.to(device), Y.to(device)
+            X, Y = fetch(loader)
             with ctx:
                 logits, loss = model(X, Y)
             losses[k] = loss.item()
@@ -542,8 +577,9 @@ checkpoint = None  # free memory
 
 # the header: what trains on what, and where it goes (log.txt also has the full config and the model per mixer)
 print0(f"model: {' '.join(mixers)} ({n_layer} layers × {n_embd}), {n_params / 1e6:.2f}M parameters")
-print0(f"data: {dataset}, {gradient_accumulation_steps} grad accum × {ddp_world_size} ranks × {batch_size} batch × "
+print0(f"data: {dataset}, {gradient_accumulation_steps} grad accum × {dp_world} ranks × {batch_size} batch × "
        f"{block_size} context = {tokens_per_iter:,} tokens per step, " +
+       (f"each sequence split over {context_parallel} ranks, " if context_parallel > 1 else "") +
        (f"steps {iter_num:,} to {max_iters:,}" if iter_num else f"{max_iters:,} steps"))
 print0(f"out_dir: {out_dir} (its log.txt has the full config)")
 if decay_lr and max_iters < lr_decay_iters and not eval_only:  # a short run that would end at a high learning rate
@@ -557,8 +593,7 @@ if max_iters < eval_interval and iter_num == 0 and not eval_only:
 # with), then makes optimizer step iter_num; the run makes max_iters steps (0 .. max_iters - 1) and ends at the eval
 # of step max_iters, saved in ckpt.pt
 train_loader_state = train_loader.state_dict()  # position of the batch about to be fetched
-X, Y = train_loader.next_batch()
-X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
+X, Y = fetch(train_loader)
 running_mfu = -1.0
 start_iter = iter_num
 saved_iter = iter_num if init_from == 'resume' else None  # the iteration ckpt.pt holds, once this run saved or resumed it
@@ -630,8 +665,7 @@ while True:
             loss = loss / gradient_accumulation_steps  # the gradient is a mean over micro-steps
         # prefetch the next batch while the GPU works on this one
         train_loader_state = train_loader.state_dict()
-        X, Y = train_loader.next_batch()
-        X, Y = X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
+        X, Y = fetch(train_loader)
         scaler.scale(loss).backward()
         step_loss += loss.detach()
     scaler.unscale_(optimizer)  # a no-op without the fp16 scaler
@@ -645,6 +679,9 @@ while True:
     stop = torch.tensor(float(stop_requested), device=device)
     if ddp:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+    if context_parallel > 1:  # each rank's loss is its share (context_parallel.loss): their mean is the step's loss
+        dist.all_reduce(step_loss)
+        step_loss = step_loss / ddp_world_size
     lossf, normf, stopf = torch.stack([step_loss.float(), grad_norm.float(), stop]).tolist()
     skipped = skipped + 1 if scaler.is_enabled() and not math.isfinite(normf) else 0
     if not math.isfinite(lossf) or (not math.isfinite(normf) and (not scaler.is_enabled() or skipped > 16)):
