@@ -2,13 +2,13 @@
 Context parallelism (context_parallel.py) against one process, on CPU with gloo: 2 and 4 ranks each holding a piece
 of every row give the outputs, loss and gradients of the whole rows in one process (fp32), for every mixer and a
 hybrid, with documents off and on (document starts placed on and just before piece boundaries), at a length that
-is not a multiple of any chunk size. Plus: train.py --context_parallel=2 under torchrun loses as one process does,
+is not a multiple of any chunk size; with as many GPUs as ranks, on the GPUs through the Triton kernels and NCCL.
+Plus: train.py --context_parallel=2 under torchrun loses as one process does,
 and its checkpoint resumes in one process; bad settings are one line each.
 """
 
 import os
 import re
-import socket
 import sys
 import tempfile
 
@@ -42,55 +42,59 @@ def batch(documents):
     return idx, targets
 
 
-def reference(mixer, documents):
+def device_for(world):
+    """One GPU per rank where there are enough (NCCL, the Triton kernels), else CPU (gloo, the torch paths)."""
+    return 'cuda' if torch.cuda.device_count() >= world else 'cpu'
+
+
+def reference(mixer, documents, device):
     torch.manual_seed(1234)
-    model = GPT(config(mixer, documents))
-    idx, targets = batch(documents)
+    model = GPT(config(mixer, documents)).to(device)
+    idx, targets = (t.to(device) for t in batch(documents))
     logits, loss = model(idx, targets)
     loss.backward()
-    return model.state_dict(), logits, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return ({k: v.cpu() for k, v in model.state_dict().items()}, logits.cpu(), loss.detach().cpu(),
+            {n: p.grad.cpu() for n, p in model.named_parameters()})
 
 
-def rank_main(rank, world, port, cases, out):
+def rank_main(rank, world, cases, out, device):
     from context_parallel import ContextParallel
     torch.set_num_threads(1)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=world)
+    if device == 'cuda':
+        device = f'cuda:{rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo', init_method=f'file://{out}/store',
+                            rank=rank, world_size=world)
     cp = ContextParallel(dist.group.WORLD, rank, world)
     results = {}
     for mixer, documents, state in cases:
         model = GPT(config(mixer, documents))
         model.load_state_dict(state)
-        model.set_context_parallel(cp)
-        idx, targets = batch(documents)
+        model.to(device).set_context_parallel(cp)
+        idx, targets = (t.to(device) for t in batch(documents))
         L = T // world
         piece = slice(rank * L, (rank + 1) * L)
         logits, loss = model(idx[:, piece], targets[:, piece])
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         dist.all_reduce(grads)  # DDP's average over the ranks (SUM, then / world below)
-        results[(mixer, documents)] = (logits, loss.detach(), grads / world)
+        results[(mixer, documents)] = (logits.cpu(), loss.detach().cpu(), (grads / world).cpu())
     torch.save(results, f'{out}/rank{rank}.pt')
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope='module')
-def references():
-    return {(m, d): reference(m, d) for m in MODELS for d in (False, True)}
-
-
 @pytest.mark.parametrize('world', [2, 4])
-def test_split_sequences_match_one_process(world, references):
+def test_split_sequences_match_one_process(world):
+    device = device_for(world)
+    references = {(m, d): reference(m, d, device) for m in MODELS for d in (False, True)}
     cases = [(m, d, references[(m, d)][0]) for m in MODELS for d in (False, True)]
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(rank_main, args=(world, free_port(), cases, out), nprocs=world, start_method='spawn')
+        mp.start_processes(rank_main, args=(world, cases, out, device), nprocs=world, start_method='spawn')
         ranks = [torch.load(f'{out}/rank{r}.pt') for r in range(world)]
-    failures = []
+    # fp32 throughout; on the GPUs the kernels' tensor-core products (TF32 inside the Triton kernels) differ with
+    # the split of the sums
+    tol = 2e-5 if device == 'cpu' else 2e-3
+    failures, worst = [], 0.0
     for (mixer, documents), (state, logits, loss, grads) in references.items():
         model = GPT(config(mixer, documents))
         ref_grads = torch.cat([grads[n].flatten() for n, _ in model.named_parameters()])
@@ -101,11 +105,13 @@ def test_split_sequences_match_one_process(world, references):
         errs = dict(logits=((cp_logits - logits).abs().max() / logits.abs().max()).item(),
                     loss=abs(cp_loss - loss).item() / loss.item(),
                     grads=((cp_grads - ref_grads).norm() / ref_grads.norm()).item())
-        if max(errs.values()) > 2e-5:
+        worst = max(worst, *errs.values())
+        if max(errs.values()) > tol:
             failures.append(f"{mixer} documents={documents}: {errs}")
         for r in range(1, world):  # every rank ends with the same averaged gradient (what DDP applies)
             assert torch.equal(ranks[r][(mixer, documents)][2], cp_grads)
     assert not failures, '\n'.join(failures)
+    print(f"context parallel over {world} ranks on {device}: largest relative error {worst:.2e}")
 
 
 def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, torchrun_train):
