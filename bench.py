@@ -29,6 +29,7 @@ category per mixer and context.
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
     python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
+    python bench.py --multi_gpu dp,cp --gpus 2   # train.py itself under torchrun (see --multi_gpu below)
     python bench.py --tiles delta --jobs 8     # kernels.TUNING's candidates (TILE_CANDIDATES) for the delta rule, each
                                                # checked against the fp64 reference in its own process, then timed
     python bench.py --tiles conv --only "bwd"  # the short conv's backward candidates (and 'default'); also: scalar
@@ -53,6 +54,14 @@ time and can be below ms/step; outside mixer+attn = that sum less the linear-mix
 cell's top 5 unfused and fused-elementwise kernels, and which path kernels.py took. On CPU: eager fp32, no profile.
 --documents: every mixer also runs with GPTConfig.documents on (row '<mixer> +docs'; its tokens hold an EOT at random
 positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = its tokens/s over the same mixer's without.
+
+--multi_gpu: config/kda_hybrid.py trained by train.py itself under torchrun on the pystdlib shards (30 steps, median
+tokens/s of steps 10-29, peak = the largest max_memory_allocated over ranks, from train.py's iter lines), NCCL
+multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, DDP and FSDP on 1 and --gpus GPUs (1 GPU: a
+torchrun of one rank). 'cp': batch 1, one GPU at --cp_context and at --cp_context + 16,384 (side by side on two GPUs:
+the longer one is expected not to fit, which makes --cp_context the longest that does), then --context_parallel=2 at
+the longest that fit one GPU and at twice it; the losses of the 1-GPU and the CP run at the same context (same data,
+same init) are compared step by step.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -1329,6 +1338,93 @@ def run_cell(mixer, T, args, warm, documents=False, mode="default"):
     return cell
 
 
+MULTI_GPU_ENV = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+
+
+def train_run(nproc, overrides, steps, tag, gpus=None):
+    """train.py config/kda_hybrid.py under torchrun with nproc ranks (on GPUs `gpus`, e.g. "1"): its iter lines
+    parsed -> dict(tokens_s (median of the steps after the first third), peak_gib, losses {iter: loss}, error)."""
+    out = os.path.join(tempfile.gettempdir(), f"bench-multi-{tag}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
+           "config/kda_hybrid.py", "--dataset=pystdlib", f"--max_iters={steps}", "--eval_interval=1000000",
+           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--wandb_log=False"] + overrides
+    env = dict(os.environ, **MULTI_GPU_ENV)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
+    lines = re.findall(r"^iter (\d+)/\d+: loss ([\d.]+).*?tok/s ([\d,]+).*?peak ([\d.]+) GiB", p.stdout, re.M)
+    rec = dict(tag=tag, nproc=nproc, overrides=overrides, wall_s=round(time.perf_counter() - t0, 1),
+               T=int(next(o for o in overrides if o.startswith("--block_size=")).split("=")[1]),
+               losses={int(i): float(l) for i, l, _, _ in lines})
+    timed = [float(t.replace(",", "")) for i, _, t, _ in lines if int(i) >= steps // 3]
+    if p.returncode != 0 or not timed:
+        err = [l for l in (p.stdout + p.stderr).splitlines() if "Error" in l or "error" in l]
+        rec["error"] = (err[-1] if err else (p.stdout + p.stderr)[-300:]).strip()[:200]
+    if timed:
+        rec.update(tokens_s=statistics.median(timed), peak_gib=max(float(pk) for *_, pk in lines))
+    print(f"{tag}: " + (f"{rec['tokens_s']:,.0f} tokens/s, peak {rec['peak_gib']:.1f} GiB" if timed else "")
+          + (f" ERROR {rec['error']}" if "error" in rec else "") + f" ({rec['wall_s']:.0f} s)", flush=True)
+    return rec
+
+
+def multi_gpu_bench(parts, gpus, cp_context, steps=30):
+    """--multi_gpu: the tables of README's 'Several GPUs' (see the module docstring)."""
+    print(f"device {torch.cuda.get_device_name()} x {torch.cuda.device_count()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    print("command: python " + " ".join(sys.argv), flush=True)
+    results = {}
+    if "dp" in parts:
+        rows = []
+        for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
+            for n in (1, gpus):
+                r = train_run(n, flag + ["--block_size=1024", "--batch_size=12",
+                                         f"--gradient_accumulation_steps={2 * n}"], steps, f"{layout}-{n}")
+                rows.append((layout, n, r))
+        print("| layout | GPUs | tokens/s | per GPU | per GPU ÷ 1 GPU | ÷ DDP | peak GiB per GPU |")
+        print("|---|---|---|---|---|---|---|")
+        base = {(l, n): r.get("tokens_s") for l, n, r in rows}
+        for layout, n, r in rows:
+            if "tokens_s" not in r:
+                print(f"| {layout} | {n} | {r.get('error')} | | | | |")
+                continue
+            t = r["tokens_s"]
+            one, ddp = base[(layout, 1)], base[("DDP", n)]
+            print(f"| {layout} | {n} | {t:,.0f} | {t / n:,.0f} | {t / n / one:.2f} | "
+                  f"{t / ddp:.2f} | {r['peak_gib']:.1f} |" if one and ddp else f"| {layout} | {n} | {t:,.0f} | | | | |")
+        results["dp"] = rows
+    if "cp" in parts:
+        step = 16384
+        common = ["--batch_size=1", "--gradient_accumulation_steps=1"]
+        with ThreadPoolExecutor(2) as pool:  # the context and one step longer, side by side on two GPUs
+            single = list(pool.map(lambda c: train_run(1, common + [f"--block_size={c[1]}"], steps, f"1GPU-T{c[1]}",
+                                                       gpus=str(c[0])), enumerate((cp_context, cp_context + step))))
+        fit = [r for r in single if "tokens_s" in r]
+        if not fit:
+            print(f"no context fit one GPU: {single[0].get('error')}")
+            return results
+        one = fit[-1]
+        T1 = one["T"]
+        cps = [train_run(2, common + [f"--block_size={T}", "--context_parallel=2"], steps, f"CP2-T{T}")
+               for T in (T1, 2 * T1)]
+        print(f"| layout | GPUs | context | tokens/s | × 1 GPU | peak GiB per GPU | ÷ 1 GPU's peak |")
+        print("|---|---|---|---|---|---|---|")
+        for r in single + cps:
+            n, T = r["nproc"], r["T"]
+            if "tokens_s" not in r:
+                print(f"| {'1 GPU' if n == 1 else 'CP over 2'} | {n} | {T:,} | {r.get('error')} | | | |")
+                continue
+            print(f"| {'1 GPU' if n == 1 else 'CP over 2'} | {n} | {T:,} | {r['tokens_s']:,.0f} | "
+                  f"{r['tokens_s'] / one['tokens_s']:.2f} | {r['peak_gib']:.1f} | {r['peak_gib'] / one['peak_gib']:.2f} |")
+        same = [abs(cps[0]["losses"][i] - one["losses"][i]) for i in one["losses"] if i in cps[0]["losses"]]
+        if same:
+            print(f"losses at T={T1:,}, 1 GPU vs CP over 2, steps 0-{max(one['losses'])}: largest difference "
+                  f"{max(same):.4f} (first {one['losses'][0]:.4f} / {cps[0]['losses'].get(0, float('nan')):.4f}, "
+                  f"last {one['losses'][max(one['losses'])]:.4f} / {cps[0]['losses'].get(max(one['losses']), float('nan')):.4f})")
+        results["cp"] = dict(single=single, cp=cps)
+    return results
+
+
 def train_bench(args, mixers, contexts):
     """Phase 1 (warm): every cell once, args.jobs processes at a time, to compile (the Inductor and Triton caches
     on disk are shared, so phase 2 compiles from them). A warm run that fails (e.g. out of memory while sharing
@@ -1455,6 +1551,11 @@ def main():
     ap.add_argument("--dtypes", default="bf16,fp32", help="--ptxas: input dtypes (bf16, fp16, fp32)")
     ap.add_argument("--tiles_check", default="", help=argparse.SUPPRESS)  # internal: one candidate of --tiles
     ap.add_argument("--ptxas_record", nargs=2, metavar=("D", "DTYPES"), help=argparse.SUPPRESS)  # internal
+    ap.add_argument("--multi_gpu", default="", help="train.py under torchrun: 'dp' (DDP and FSDP at T=1024), 'cp' "
+                    "(context parallelism at --cp_context), or 'dp,cp'")
+    ap.add_argument("--gpus", type=int, default=2, help="--multi_gpu: GPUs of the multi-GPU runs")
+    ap.add_argument("--cp_context", type=int, default=98304, help="--multi_gpu cp: the context expected to be the "
+                    "longest one GPU trains at batch 1 (also tried: it + 16,384)")
     ap.add_argument("--documents", action="store_true",
                     help="--train: every mixer also with documents=True (EOTs in its tokens): a row '+docs', ÷ off")
     ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
@@ -1506,6 +1607,12 @@ def main():
             cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=args.documents,
                         mode=args.compile_mode[0], error=first_line(e, 200))
         print("CELL " + json.dumps(cell), flush=True)
+        return
+    if args.multi_gpu:
+        res = multi_gpu_bench(args.multi_gpu.split(","), args.gpus, args.cp_context)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
         return
     if args.train:  # runs on CPU too (--tiny)
         args.device = device

@@ -407,7 +407,7 @@ sharded = ddp and fsdp
 if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
 if sharded:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
         get_optimizer_state_dict, set_optimizer_state_dict
     # every rank starts from rank 0's weights, as DDP makes sure on wrapping (each rank seeds its RNG with seed + rank,
@@ -416,10 +416,16 @@ if sharded:
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t, src=0)
     # each block's weights are gathered just before its forward and backward and freed after: peak memory is one
-    # block's full weights on top of each rank's 1/world_size share of everything
+    # block's full weights on top of each rank's 1/world_size share of everything. They are gathered in the autocast
+    # dtype (half the bytes of fp32, and no cast per use) and the gradients reduced in fp32, onto fp32 shards.
+    # Each block is compiled before it is wrapped (torchtitan's order): one graph per block, with FSDP's gathers
+    # between them; compiling the wrapped model whole broke it into pieces at FSDP's hooks (notes/perf.md, issue 43)
+    policy = MixedPrecisionPolicy(param_dtype=None if ptdtype == torch.float32 else ptdtype, reduce_dtype=torch.float32)
     for block in model.transformer.h:
-        fully_shard(block)
-    fully_shard(model)  # the rest: embedding (tied to lm_head), final norm
+        if compile:
+            block.compile(mode=compile_mode)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)  # the rest: embedding (tied to lm_head), final norm
 train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -472,7 +478,8 @@ if cuda_graphs and not sharded:
             p.grad = torch.zeros_like(p)
 if compile:
     print0(f"compiling the model{'' if compile_mode == 'default' else f' ({compile_mode})'}... (takes a minute)")
-    model = torch.compile(model, mode=compile_mode)
+    if not sharded:  # (FSDP: each block, above)
+        model = torch.compile(model, mode=compile_mode)
 if ddp and not sharded:
     model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
@@ -714,6 +721,11 @@ while True:
             mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)
             running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
             line += f", mfu {running_mfu * 100:.2f}%"
+        if device_type == 'cuda':  # the most any rank's GPU has held so far (allocated tensors, not the cache)
+            peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
+            if ddp:
+                dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            line += f", peak {peak.item():.1f} GiB"
         print0(line + f", eta {duration(eta)}")
     else:  # no iter line for this step: a bar up to the next one (on a terminal, once it has taken a second)
         if bar is None:
