@@ -1358,9 +1358,12 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
                T=int(next(o for o in overrides if o.startswith("--block_size=")).split("=")[1]),
                losses={int(i): float(l) for i, l, _, _ in lines})
     timed = [float(t.replace(",", "")) for i, _, t, _ in lines if int(i) >= steps // 3]
-    if p.returncode != 0 or not timed:
-        err = [l for l in (p.stdout + p.stderr).splitlines() if "Error" in l or "error" in l]
-        rec["error"] = (err[-1] if err else (p.stdout + p.stderr)[-300:]).strip()[:200]
+    rec["tokens_s_by_step"] = {int(i): float(t.replace(",", "")) for i, _, t, _ in lines}
+    if p.returncode != 0 or not timed:  # the rank's own exception line, not torchrun's report around it
+        err = [l for l in (p.stdout + p.stderr).splitlines()
+               if re.match(r"^\s*[\w.]*(Error|Exception)\b.*:", l) and "elastic" not in l]
+        rec["error"] = (err[-1] if err else (p.stdout + p.stderr)[-300:]).strip()[:300]
+        rec["stderr_tail"] = p.stderr[-4000:]
     if timed:
         rec.update(tokens_s=statistics.median(timed), peak_gib=max(float(pk) for *_, pk in lines))
     print(f"{tag}: " + (f"{rec['tokens_s']:,.0f} tokens/s, peak {rec['peak_gib']:.1f} GiB" if timed else "")

@@ -407,7 +407,7 @@ sharded = ddp and fsdp
 if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
 if sharded:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
         get_optimizer_state_dict, set_optimizer_state_dict
     # every rank starts from rank 0's weights, as DDP makes sure on wrapping (each rank seeds its RNG with seed + rank,
@@ -416,16 +416,16 @@ if sharded:
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t, src=0)
     # each block's weights are gathered just before its forward and backward and freed after: peak memory is one
-    # block's full weights on top of each rank's 1/world_size share of everything. They are gathered in the autocast
-    # dtype (half the bytes of fp32, and no cast per use) and the gradients reduced in fp32, onto fp32 shards.
-    # Each block is compiled before it is wrapped (torchtitan's order): one graph per block, with FSDP's gathers
+    # block's full weights on top of each rank's 1/world_size share of everything. Weights and gradients stay fp32
+    # (autocast casts per use, as under DDP: a bf16 MixedPrecisionPolicy hands the kernels bf16 decay rates and conv
+    # weights, which the short conv's Triton backward does not take: notes/perf.md, issue 43).
+    # Each block's forward is compiled before it is wrapped (torchtitan's order): one graph per block, FSDP's gathers
     # between them; compiling the wrapped model whole broke it into pieces at FSDP's hooks (notes/perf.md, issue 43)
-    policy = MixedPrecisionPolicy(param_dtype=None if ptdtype == torch.float32 else ptdtype, reduce_dtype=torch.float32)
     for block in model.transformer.h:
-        if compile:
-            block.compile(mode=compile_mode)
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)  # the rest: embedding (tied to lm_head), final norm
+        if compile:  # the forward only: FSDP's gather and free hooks run around it, outside the compiled code
+            block.forward = torch.compile(block.forward, mode=compile_mode)
+        fully_shard(block)
+    fully_shard(model)  # the rest: embedding (tied to lm_head), final norm
 train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
