@@ -123,6 +123,52 @@ def linear_attn(cp, q, k, v, g=None, scale=None, path='auto', dt=None, D=None):
 # ---------------------------------------------------------------------------------------------------------------------
 # Softmax attention over the whole sequence's keys
 
+def _flash(q, k, v, causal):
+    """(o, lse, state for _flash_bwd): PyTorch's flash-attention forward (bf16/fp16 on CUDA; its CPU kernel on CPU)."""
+    if q.is_cuda:
+        o, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        return o, lse, (cq, ck, mq, mk, seed, offset)
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+    return o, lse, None
+
+
+def _flash_bwd(do, q, k, v, o, lse, causal, state):
+    if q.is_cuda:
+        cq, ck, mq, mk, seed, offset = state
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk, 0.0,
+                                                                           causal, seed, offset)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, causal)
+
+
+class PrefixCausalAttention(torch.autograd.Function):
+    """Attention of queries q [B, h, L, d] over every key of the earlier pieces (k_pre, v_pre [B, h, P, d], no mask)
+    and causally over their own piece's (k, v [B, h, L, d]): two flash calls, each fully used (one mask over P + L
+    keys, lower-right aligned, ran at 0.65 of flash's rate: notes/perf.md, issue 43), merged by their log-sum-exps:
+    o = Σ_j exp(lse_j − lse)·o_j, lse = log Σ_j exp(lse_j). The backward runs flash's backward on each part with the
+    MERGED o and lse (its softmax weights exp(s − lse) and rowsum(dO ∘ O) are then the whole row's), as ring
+    attention does; dq is the sum of the parts'."""
+
+    @staticmethod
+    def forward(ctx, q, k_pre, v_pre, k, v):
+        o1, lse1, st1 = _flash(q, k_pre, v_pre, False)
+        o2, lse2, st2 = _flash(q, k, v, True)
+        lse = torch.logaddexp(lse1, lse2)
+        L = q.size(2)
+        w1, w2 = ((l - lse)[..., :L, None].exp() for l in (lse1, lse2))
+        o = (o1.float() * w1 + o2.float() * w2).to(q.dtype)
+        ctx.save_for_backward(q, k_pre, v_pre, k, v, o, lse)
+        ctx.states = (st1, st2)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k_pre, v_pre, k, v, o, lse = ctx.saved_tensors
+        do = do.contiguous()
+        dq1, dk_pre, dv_pre = _flash_bwd(do, q, k_pre, v_pre, o, lse, False, ctx.states[0])
+        dq2, dk, dv = _flash_bwd(do, q, k, v, o, lse, True, ctx.states[1])
+        return dq1 + dq2, dk_pre, dv_pre, dk, dv
+
+
 def attention(cp, q, k, v, enable_gqa=False, docs=None):
     """Causal attention of this rank's queries q [B, h, L, hs] over the keys and values of its own and every earlier
     piece (k, v [B, h_kv, L, hs], gathered): query i sees keys ≤ r·L + i. docs: GPT.documents' dict under context
@@ -130,6 +176,14 @@ def attention(cp, q, k, v, enable_gqa=False, docs=None):
     L, r = q.size(2), cp.rank
     K = cp.gather_tokens(k, 2)[:, :, :(r + 1) * L]
     V = cp.gather_tokens(v, 2)[:, :, :(r + 1) * L]
+    flash_ok = (q.dtype in (torch.float16, torch.bfloat16)) if q.is_cuda else q.dtype == torch.float32
+    if docs is None and r > 0 and flash_ok:
+        if enable_gqa:
+            K = K.repeat_interleave(q.size(1) // K.size(1), dim=1)
+            V = V.repeat_interleave(q.size(1) // V.size(1), dim=1)
+        P = r * L
+        return PrefixCausalAttention.apply(q.contiguous(), K[:, :, :P].contiguous(), V[:, :, :P].contiguous(),
+                                           K[:, :, P:].contiguous(), V[:, :, P:].contiguous())
     if docs is not None:
         if 'cp_block_mask' in docs:
             from torch.nn.attention.flex_attention import flex_attention
