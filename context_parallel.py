@@ -1,29 +1,32 @@
 """
 Context parallelism: one sequence split over N ranks (train.py --context_parallel=N).
 
-Rank r of a group of N holds tokens [r·L, (r+1)·L) of every row (L = T / N, contiguous pieces); the rest of the model
-(embeddings, MLPs, norms, the projections) is per token and needs nothing from the other pieces. What crosses a piece
-boundary, and how it crosses:
+Each row's T tokens are cut into 2N pieces of l = T / 2N; rank r holds pieces r and 2N − 1 − r, side by side (the
+load-balanced layout of ring attention: under a causal mask every rank then has the same share of the query-key
+pairs, where with one piece each the last rank would do 2N − 1 times the first's). `ContextParallel.take` cuts a
+rank's [B, 2l] out of the rows; the rest of the model (embeddings, MLPs, norms, the projections) is per token and
+needs nothing from other pieces. What crosses a piece boundary, and how (each piece as its own row: `split`):
 
   linear mixers   every recurrence here is affine in its state: over a piece S_end = M·S_0 + S_local, where
                   S_local is the end state from S_0 = 0 and M (d_k × d_k) the product of the per-token maps
                   A_t = (I − β_t k_t k_tᵀ)·Diag(exp g_t) (the delta rule) or exp(g_t) (scalar / per-channel decay).
-                  Each rank computes its (S_local, M), ONE all-gather gives every rank all of them, and each folds
-                  its predecessors' in fp32 (h ← M_j·h + S_j) into its true initial state h_r. Its outputs are those
-                  from a zero start plus h_r's part, o_t += (P_tᵀ q_t)ᵀ h_r with P_t = A_t ⋯ A_1: for the delta rule
-                  P_tᵀ q_t (and M = P_L) come from the same kernel run with v = 0 and S_0 = I; for the decays
+                  Each rank computes its pieces' (S_local, M), ONE all-gather gives every rank all of them, and each
+                  folds them in piece order in fp32 (h ← M_p·h + S_p) into its pieces' true initial states h. The
+                  outputs are those from a zero start plus h's part, o_t += (P_tᵀ q_t)ᵀ h with P_t = A_t ⋯ A_1: for the
+                  delta rule P_tᵀ q_t (and M = P_l) come from the same kernel run with v = 0 and S_0 = I; for the decays
                   P_t = exp(Σ_{s≤t} g_s) is a cumulative sum. (fla's fla/ops/cp and LASP-2 pass states the same way.)
   short convs     the last W − 1 = 3 raw inputs of the previous piece (a halo), passed as the conv's `initial`
-  softmax         K and V of every piece (all-gathered); a query at global position r·L + i sees keys ≤ r·L + i
-  RoPE, documents global positions; document starts seen across the boundary (GPT.documents)
-  the loss        N × (this piece's summed token losses) / (the group's token count): averaged over the ranks,
+  softmax         K and V of every piece (all-gathered); piece p's queries see every key of pieces < p and their own
+                  causally (PrefixCausalAttention)
+  RoPE, documents global positions; document starts seen across the boundaries (GPT.documents)
+  the loss        N × (this rank's summed token losses) / (the group's token count): averaged over the ranks,
                   which is what DDP does to gradients and train.py's eval to losses, it is the mean over every
                   token, exactly as one process computes it
 
 Every exchange is an all-gather from torch.distributed's functional collectives, which autograd differentiates (its
 backward is a reduce-scatter: each rank gets the gradients of the copies of its tensor). All ranks must therefore run
-the same collectives in the same order in the forward AND the backward: rank 0, whose initial state is zero and
-which has no halo, still takes its share from the gathered tensors (zeroed), so its backward meets the others'.
+the same collectives in the same order in the forward AND the backward: every rank takes what it needs from the
+gathered tensors, even where that is zeros (piece 0's initial state and halo), so its backward meets the others'.
 """
 
 import torch
@@ -38,86 +41,127 @@ _all_gather = getattr(fc, 'all_gather_single_autograd', None) or fc.all_gather_t
 
 
 class ContextParallel:
-    """The N ranks that share each row's sequence: `group` (a torch.distributed process group of N ranks, in piece
-    order) and this rank's place in it."""
+    """The N ranks that share each row's sequence: `group` (a torch.distributed process group of N ranks, in rank
+    order) and this rank's place in it; it holds pieces `pieces` = (r, 2N − 1 − r) of the 2N."""
 
     def __init__(self, group, rank, size):
         if size < 2:
             raise ValueError(f"context parallelism needs at least 2 ranks in its group, got {size}")
         self.group, self.rank, self.size = group, rank, size
+        self.pieces = (rank, 2 * size - 1 - rank)
 
     def __repr__(self):
-        return f"ContextParallel(rank {self.rank} of {self.size})"
+        return f"ContextParallel(rank {self.rank} of {self.size}, pieces {self.pieces})"
 
-    def offset(self, L):
-        """Global position of this rank's first token, its pieces being L tokens long."""
-        return self.rank * L
+    def take(self, x):
+        """This rank's two pieces of whole rows x [B, T] (T divisible by 2N) -> [B, 2l]."""
+        l = x.size(1) // (2 * self.size)
+        return torch.cat([x[:, p * l:(p + 1) * l] for p in self.pieces], dim=1)
+
+    def positions(self, l):
+        """Global positions [2, l] of this rank's two pieces of l tokens."""
+        return torch.stack([torch.arange(p * l, (p + 1) * l) for p in self.pieces])
+
+    @staticmethod
+    def split(x, dim=1):
+        """[B, 2l, ...] (this rank's tokens, along `dim` = 1) -> [2B, l, ...]: each piece its own row (2b + j)."""
+        return x.unflatten(dim, (2, -1)).flatten(0, 1) if dim == 1 else x.unflatten(dim, (2, -1)).movedim(dim, 1).flatten(0, 1)
+
+    @staticmethod
+    def merge(x):
+        """split's inverse: [2B, l, ...] -> [B, 2l, ...]."""
+        return x.unflatten(0, (-1, 2)).flatten(1, 2)
 
     def gather(self, x):
-        """[N, *x.shape]: x of every rank of the group, in piece order; differentiable."""
+        """[N, *x.shape]: x of every rank of the group, in rank order; differentiable."""
         return _all_gather(x.contiguous(), 0, self.group).view(self.size, *x.shape)
 
-    def gather_tokens(self, x, dim):
-        """x of every rank concatenated along its token dimension `dim` (the whole sequence); differentiable."""
-        xs = self.gather(x.movedim(dim, 0))                         # [N, L, ...]
-        return xs.flatten(0, 1).movedim(0, dim)
+    def gather_pieces(self, x):
+        """x [2B, ...] with one entry per piece row (split's order) -> [2N, B, ...]: every piece's, in piece order."""
+        xs = self.gather(x.unflatten(0, (-1, 2)).movedim(1, 0))      # [N, 2, B, ...]: rank r's pieces r, 2N-1-r
+        return torch.cat([xs[:, 0], xs[:, 1].flip(0)])
+
+    def own(self, xs):
+        """[2N, B, ...] in piece order -> this rank's pieces as rows [2B, ...] (split's order)."""
+        return torch.stack([xs[p] for p in self.pieces], dim=1).flatten(0, 1)
 
     def previous(self, x):
-        """The previous rank's x (zeros on rank 0); differentiable. Every rank gathers, rank 0 included (see top)."""
-        prev = self.gather(x)[(self.rank - 1) % self.size]
-        return prev.masked_fill(torch.tensor(self.rank == 0, device=x.device), 0)
+        """x [2B, ...] per piece row -> the previous piece's x for each of this rank's pieces (zeros for piece 0)."""
+        xs = self.gather_pieces(x)
+        return self.own(torch.cat([torch.zeros_like(xs[:1]), xs[:-1]]))
 
     def initial_state(self, S, M, apply):
-        """This rank's initial state (fp32): Σ_{j<r} M_{r−1}⋯M_{j+1}·S_j, from every rank's end state from zero S
-        [B, H, d_k, d_v] and transition M; apply(M_j, h) = M_j·h. All N starts are formed on every rank and this
-        rank's is picked, so that each rank's backward reaches the all-gather (see top)."""
-        Ss, Ms = self.gather(S.float()), self.gather(M.float())
+        """The initial state (fp32) of each of this rank's pieces [2B, H, d_k, d_v]: Σ_{q<p} M_{p−1}⋯M_{q+1}·S_q, from
+        every piece's end state from zero S [2B, H, d_k, d_v] and transition M; apply(M_q, h) = M_q·h. All 2N starts
+        are formed on every rank and this rank's picked, so that each rank's backward reaches the all-gather."""
+        Ss, Ms = self.gather_pieces(S.float()), self.gather_pieces(M.float())
         h = torch.zeros_like(Ss[0])
         starts = [h]
-        for j in range(self.size - 1):
-            h = apply(Ms[j], h) + Ss[j]
+        for p in range(2 * self.size - 1):
+            h = apply(Ms[p], h) + Ss[p]
             starts.append(h)
-        return torch.stack(starts)[self.rank]
+        return self.own(torch.stack(starts))
 
     def total(self, x):
         """x summed over the group (no gradient): token counts."""
         return fc.all_reduce(x.detach(), 'sum', self.group)
+
+    def rope(self, rotary, x):
+        """model.Rotary applied to x [B, 2l, nh, hs] at this rank's pieces' global positions."""
+        l = x.size(1) // 2
+        return torch.cat([rotary(x[:, j * l:(j + 1) * l], p * l) for j, p in enumerate(self.pieces)], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The linear mixers' recurrences (model.scan's calls, split over the group)
 
 def delta_rule(cp, q, k, v, beta, g=None, scale=None, path='auto', **gate):
-    """kernels.delta_rule over this rank's piece of a sequence split over cp's group -> o [B, L, H, d_v]."""
+    """kernels.delta_rule over this rank's two pieces [B, 2l, ...] of sequences split over cp's group (g per token,
+    or the gate's input with `gate`) -> o [B, 2l, H, d_v]."""
+    q, k, v, beta = (cp.split(t) for t in (q, k, v, beta))
+    g = None if g is None else cp.split(g)
     o, S = kernels.delta_rule(q, k, v, beta, g, scale=scale, output_final_state=True, path=path, **gate)
-    B, L, H, dk = k.shape
+    B, l, H, dk = k.shape
     eye = torch.eye(dk, device=k.device, dtype=torch.float32).expand(B, H, dk, dk).contiguous()
-    # the same recurrence with v = 0 from S_0 = I: its outputs are P_tᵀ q_t, its end state M = P_L
+    # the same recurrence with v = 0 from S_0 = I: its outputs are P_tᵀ q_t, its end state M = P_l
     qP, M = kernels.delta_rule(q, k, torch.zeros_like(k), beta, g, scale=scale, initial_state=eye,
                                output_final_state=True, path=path, **gate)
     h0 = cp.initial_state(S, M, lambda M, h: M @ h)
-    return (o.float() + torch.einsum('bthk,bhkv->bthv', qP.float(), h0)).to(o.dtype)
+    return cp.merge((o.float() + torch.einsum('bthk,bhkv->bthv', qP.float(), h0)).to(o.dtype))
 
 
 def linear_attn(cp, q, k, v, g=None, scale=None, path='auto', dt=None, D=None):
-    """kernels.linear_attn (scalar decay g [H] or [B, T, H]; per-channel [B, T, H, d_k]) over this rank's piece of a
-    sequence split over cp's group -> o [B, L, H, d_v]. q, k may have one head shared by all (Mamba2)."""
-    ssd = {} if dt is None else dict(dt=dt, D=D)
+    """kernels.linear_attn (scalar decay g [H] or [B, T, H]; per-channel [B, T, H, d_k]) over this rank's two pieces
+    [B, 2l, ...] of sequences split over cp's group -> o [B, 2l, H, d_v]. q, k may have one head shared by all
+    (Mamba2)."""
+    q, k, v = (cp.split(t) for t in (q, k, v))
+    g = g if g is None or g.dim() == 1 else cp.split(g)
+    ssd = {} if dt is None else dict(dt=cp.split(dt), D=D)
     o, S = kernels.linear_attn(q, k, v, g, scale=scale, output_final_state=True, path=path, **ssd)
-    B, L, H = v.shape[:3]
+    B, l, H = v.shape[:3]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if g is None:
         g = q.new_zeros(H, dtype=torch.float32)
     if g.dim() == 1:  # a constant per head (RetNet): Σ_{s≤t} g_s = (t + 1)·g
-        G = torch.arange(1, L + 1, device=q.device, dtype=torch.float32)[:, None] * g.float()   # [L, H]
-        G = G.expand(B, L, H)
+        G = torch.arange(1, l + 1, device=q.device, dtype=torch.float32)[:, None] * g.float()   # [l, H]
+        G = G.expand(B, l, H)
     else:
-        G = g.float().cumsum(dim=1)                                  # [B, L, H] or [B, L, H, d_k]
+        G = g.float().cumsum(dim=1)                                  # [B, l, H] or [B, l, H, d_k]
     decay = G.exp() if G.dim() == 4 else G.exp()[..., None]          # P_t, as a factor of q's channels
     M = decay[:, -1]                                                 # [B, H, 1] or [B, H, d_k]
-    qP = scale * q.float() * decay                                   # [B, L, H, d_k]
+    qP = scale * q.float() * decay                                   # [B, l, H, d_k]
     h0 = cp.initial_state(S, M, lambda M, h: M[..., None] * h)
-    return (o.float() + torch.einsum('bthk,bhkv->bthv', qP, h0)).to(o.dtype)
+    return cp.merge((o.float() + torch.einsum('bthk,bhkv->bthv', qP, h0)).to(o.dtype))
+
+
+def short_conv(cp, x, weight, bias=None, norm=0, path='auto', doc_pos=None, split=None):
+    """kernels.short_conv over this rank's two pieces x [B, 2l, D], each starting from its previous piece's last W − 1
+    inputs (zeros before piece 0) -> y [B, 2l, D] (or one per part of split)."""
+    xs = cp.split(x)
+    halo = cp.previous(xs[:, -(weight.size(1) - 1):])
+    ys = kernels.short_conv(xs, weight, bias, initial=halo, norm=norm, path=path,
+                            doc_pos=None if doc_pos is None else cp.split(doc_pos), split=split)
+    return cp.merge(ys) if split is None else [cp.merge(y) for y in ys]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -171,58 +215,67 @@ class PrefixCausalAttention(torch.autograd.Function):
 
 
 def attention(cp, q, k, v, enable_gqa=False, docs=None):
-    """Causal attention of this rank's queries q [B, h, L, hs] over the keys and values of its own and every earlier
-    piece (k, v [B, h_kv, L, hs], gathered): query i sees keys ≤ r·L + i. docs: GPT.documents' dict under context
-    parallelism ('cp_mask' [B, 1, L, (r+1)·L] bool or 'cp_block_mask')."""
-    L, r = q.size(2), cp.rank
-    K = cp.gather_tokens(k, 2)[:, :, :(r + 1) * L]
-    V = cp.gather_tokens(v, 2)[:, :, :(r + 1) * L]
-    flash_ok = (q.dtype in (torch.float16, torch.bfloat16)) if q.is_cuda else q.dtype == torch.float32
-    if docs is None and r > 0 and flash_ok:
-        if enable_gqa:
-            K = K.repeat_interleave(q.size(1) // K.size(1), dim=1)
-            V = V.repeat_interleave(q.size(1) // V.size(1), dim=1)
-        P = r * L
-        return PrefixCausalAttention.apply(q.contiguous(), K[:, :, :P].contiguous(), V[:, :, :P].contiguous(),
-                                           K[:, :, P:].contiguous(), V[:, :, P:].contiguous())
-    if docs is not None:
-        if 'cp_block_mask' in docs:
-            from torch.nn.attention.flex_attention import flex_attention
-            return flex_attention(q, K, V, block_mask=docs['cp_block_mask'], enable_gqa=enable_gqa)
-        return F.scaled_dot_product_attention(q, K, V, attn_mask=docs['cp_mask'], enable_gqa=enable_gqa)
-    if r == 0:
-        return F.scaled_dot_product_attention(q, K, V, is_causal=True, enable_gqa=enable_gqa)
-    if enable_gqa:  # the lower-right causal bias takes equal head counts
-        K = K.repeat_interleave(q.size(1) // K.size(1), dim=1)
-        V = V.repeat_interleave(q.size(1) // V.size(1), dim=1)
-    from torch.nn.attention.bias import causal_lower_right
-    return F.scaled_dot_product_attention(q, K, V, attn_mask=causal_lower_right(L, K.size(2)))
+    """Causal attention of this rank's queries q [B, h, 2l, hs] (two pieces) over the keys and values of every piece
+    up to each one's (k, v [B, h_kv, 2l, hs], gathered): piece p's queries see all of pieces < p and their own
+    causally. docs: GPT.documents' dict under context parallelism ('cp_mask': per own piece [B, 1, l, (p+1)·l] bool,
+    or 'cp_block_mask')."""
+    l = q.size(2) // 2
+    Ks, Vs = (cp.gather_pieces(cp.split(t, dim=2)) for t in (k, v))   # [2N, B, h_kv, l, hs] in piece order
+    if enable_gqa:
+        Ks, Vs = (t.repeat_interleave(q.size(1) // t.size(2), dim=2) for t in (Ks, Vs))
+    flash = (q.dtype in (torch.float16, torch.bfloat16)) if q.is_cuda else q.dtype == torch.float32
+    ys = []
+    for j, p in enumerate(cp.pieces):
+        qj = q[:, :, j * l:(j + 1) * l]
+        if docs is not None:
+            K, V = (t[:p + 1].movedim(0, 2).flatten(2, 3) for t in (Ks, Vs))   # [B, h, (p+1)·l, hs]
+            if 'cp_block_mask' in docs:
+                from torch.nn.attention.flex_attention import flex_attention
+                ys.append(flex_attention(qj, K, V, block_mask=docs['cp_block_mask'][j]))
+            else:
+                ys.append(F.scaled_dot_product_attention(qj, K, V, attn_mask=docs['cp_mask'][j]))
+        elif p == 0:
+            ys.append(F.scaled_dot_product_attention(qj, Ks[0], Vs[0], is_causal=True))
+        elif flash:  # the earlier pieces' keys with no mask, the own piece's causally (PrefixCausalAttention)
+            K, V = (t[:p].movedim(0, 2).flatten(2, 3) for t in (Ks, Vs))
+            ys.append(PrefixCausalAttention.apply(qj.contiguous(), K.contiguous(), V.contiguous(),
+                                                  Ks[p].contiguous(), Vs[p].contiguous()))
+        else:  # fp32 on CUDA: one call, the causal mask aligned to the last key
+            from torch.nn.attention.bias import causal_lower_right
+            K, V = (t[:p + 1].movedim(0, 2).flatten(2, 3) for t in (Ks, Vs))
+            ys.append(F.scaled_dot_product_attention(qj, K, V, attn_mask=causal_lower_right(l, K.size(2))))
+    return torch.cat(ys, dim=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Documents and the loss
 
-def documents(cp, idx, eot_token, block_mask_fn=None):
-    """GPT.documents for this rank's piece idx [B, L] of rows split over cp's group: document starts (the row's
-    first token, and every EOT) at GLOBAL positions, seen across the piece boundaries. -> (reset, conv_pos, doc ids
-    of this piece's queries [B, L] and of the keys of every piece up to this one [B, (r+1)·L]) — see GPT.documents."""
-    B, L = idx.shape
-    t = torch.arange(L, device=idx.device) + cp.offset(L)            # global positions
-    start = (idx == eot_token) | (t == 0)
+def documents(cp, idx, eot_token):
+    """GPT.documents for this rank's two pieces idx [B, 2l] of rows split over cp's group: document starts (the row's
+    first token, and every EOT) at GLOBAL positions, seen across the piece boundaries. -> (reset [B, 2l], conv_pos
+    [B, 2l], and per own piece j: its queries' document ids [B, l], the document ids of the keys of every piece up to
+    it [B, (p_j+1)·l], its queries' global positions [l]) — see GPT.documents."""
+    xs = cp.split(idx)                                               # [2B, l]: the pieces as rows
+    B2, l = xs.shape
+    if l < 3:
+        raise ValueError(f"documents under context parallelism need pieces of at least 3 tokens, got {l}")
+    t = cp.positions(l).to(idx.device).repeat(B2 // 2, 1)            # [2B, l] global positions
+    start = (xs == eot_token) | (t == 0)
     # the conv's window reaches 3 tokens back: the previous piece's last 3 starts decide the first tokens' positions
-    prev = cp.previous(start[:, -3:].to(torch.uint8)).bool() if L >= 3 else None
-    if prev is None:
-        raise ValueError(f"documents under context parallelism need pieces of at least 3 tokens, got {L}")
-    ext = torch.cat([prev, start], dim=1)                            # [B, 3 + L]
-    te = torch.arange(-3, L, device=idx.device)
+    ext = torch.cat([cp.previous(start[:, -3:].to(torch.uint8)).bool(), start], dim=1)   # [2B, 3 + l]
+    te = torch.arange(-3, l, device=idx.device)
     first = torch.where(ext, te, -4).cummax(dim=1).values[:, 3:]     # local position of each token's document start
-    conv_pos = (torch.arange(L, device=idx.device) - first).clamp(max=3).to(torch.uint8)
-    # document ids: starts counted from the row's beginning, over every piece
-    counts = cp.gather(start.sum(dim=1, dtype=torch.int32))          # [N, B]
-    before = counts[:cp.rank].sum(dim=0, dtype=torch.int32)  # (zeros on rank 0; int32 on every rank)
-    doc = start.cumsum(dim=1, dtype=torch.int32) + before[:, None]   # [B, L]
-    keys = cp.gather_tokens(doc, 1)[:, :(cp.rank + 1) * L]           # [B, (r+1)·L]
-    return start & (t > 0), conv_pos, doc, keys
+    conv_pos = (torch.arange(l, device=idx.device) - first).clamp(max=3).to(torch.uint8)
+    # document ids: starts counted from the row's beginning, over every piece in order
+    counts = cp.gather_pieces(start.sum(dim=1, dtype=torch.int32))   # [2N, B]
+    before = torch.cat([torch.zeros_like(counts[:1]), counts.cumsum(0, dtype=torch.int32)[:-1]])   # [2N, B]
+    doc = start.cumsum(dim=1, dtype=torch.int32) + cp.own(before)[:, None]                         # [2B, l]
+    docs_all = cp.gather_pieces(doc)                                 # [2N, B, l]
+    pieces = []
+    for j, p in enumerate(cp.pieces):
+        keys = docs_all[:p + 1].movedim(0, 1).flatten(1, 2)          # [B, (p+1)·l]
+        pieces.append((doc[j::2], keys, t[j]))
+    return cp.merge(start & (t > 0)), cp.merge(conv_pos), pieces
 
 
 def loss(cp, logits, targets):

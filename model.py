@@ -300,10 +300,10 @@ class ShortConv(nn.Module):
         """x [B, T, D] -> y [B, T, D]; with split (channel counts summing to D), one y per part, each convolved
         straight from its column slice of x, and x's gradient written whole (no cat of the parts' gradients).
         doc_pos [B, T] (documents: GPT.documents' conv_pos) | None: no tap reaches into an earlier document.
-        cp: x is a piece of a split sequence; the window starts on the previous piece's last W−1 inputs."""
-        prev = None if cache is None else cache.get(self.name)
+        cp: x is this rank's pieces of split sequences; each window starts on the previous piece's last W−1 inputs."""
         if cp is not None:
-            prev = cp.previous(x[:, -(self.width - 1):])
+            return context_parallel.short_conv(cp, x, self.weight, self.bias, self.norm, self.path, doc_pos, split)
+        prev = None if cache is None else cache.get(self.name)
         if prev is not None and x.size(1) == 1:
             y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm, path=self.path)[:, None]
             return y if split is None else y.split(split, dim=-1)
@@ -439,9 +439,10 @@ class CausalSelfAttention(nn.Module):
         if cache is not None and torch.is_tensor(cache.get('pos')):
             return self.resid_dropout(self.c_proj(self.static_step(q, k, v, cache).reshape(B, T, C)))
         past = cache['k'].size(2) if cache else 0   # tokens already in the cache = position of x[:, 0]
-        if self.cp is not None:
-            past = self.cp.offset(T)                 # a piece of a split sequence: its global position
-        q, k = self.rope(q, past), self.rope(k, past)
+        if self.cp is not None:  # pieces of split sequences: their global positions
+            q, k = self.cp.rope(self.rope, q), self.cp.rope(self.rope, k)
+        else:
+            q, k = self.rope(q, past), self.rope(k, past)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, nh, T, hs]
         if cache is not None:
             if past:
@@ -529,10 +530,11 @@ class RetNet(nn.Module):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
         past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
-        if self.cp is not None:
-            past = self.cp.offset(T)                    # a piece of a split sequence: its global position
         q, k, v, gate = linears(self, x, self.projections)
-        q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)  # not restarted per document (as softmax)
+        if self.cp is not None:  # pieces of split sequences: their global positions
+            q, k = self.cp.rope(self.rope, q.view(shape)), self.cp.rope(self.rope, k.view(shape))
+        else:  # not restarted per document (as softmax)
+            q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)
         # documents: the constant decay becomes a gate per token [B, T, H], RESET_GATE at the document starts
         g = self.log_gamma if docs is None else reset_gate(self.log_gamma.expand(B, T, self.H), docs)
         o = scan(cache, q, k, v.view(shape), g=g, path=self.kernels, cp=self.cp)
@@ -634,8 +636,8 @@ class DeltaNet(nn.Module):
         projs, convs = (self.q_proj, self.k_proj, self.v_proj), (self.q_conv, self.k_conv, self.v_conv)
         bias = None if projs[0].bias is None else torch.cat([m.bias for m in projs])
         y = F.linear(x, torch.cat([m.weight for m in projs]), bias)
-        halo = None if self.cp is None else self.cp.previous(y[:, -(self.q_conv.width - 1):])  # split sequences
-        return kernels.short_conv(y, torch.cat([c.weight for c in convs]), None, initial=halo, norm=[c.norm for c in convs],
+        conv = kernels.short_conv if self.cp is None else functools.partial(context_parallel.short_conv, self.cp)
+        return conv(y, torch.cat([c.weight for c in convs]), None, norm=[c.norm for c in convs],
                                   path=self.kernels, doc_pos=doc_pos, split=[m.out_features for m in projs])
 
     def forward(self, x, cache=None, docs=None):
@@ -781,9 +783,9 @@ class GLA(nn.Module):
 #   projections = ('q_proj', ...)          optional: the nn.Linear attributes that all read x, fetched with
 #                                          linears(self, x, self.projections); the Decoder stacks them into one matmul
 #   cp = None                              optional: context parallelism (train.py --context_parallel): GPT sets it
-#                                          to a context_parallel.ContextParallel and forward then gets a piece of each
-#                                          sequence (scan(..., cp=self.cp), ShortConv(..., cp=self.cp) and
-#                                          context_parallel.attention do the crossing; RoPE from cp.offset(T))
+#                                          to a context_parallel.ContextParallel and forward then gets two pieces of
+#                                          each sequence (scan(..., cp=self.cp), ShortConv(..., cp=self.cp) and
+#                                          context_parallel.attention do the crossing; RoPE by cp.rope)
 # The cache: a dict the mixer fills on its first call and advances on each later one; 'state' for scan's
 # recurrent state, any other key for the mixer's own tensors. 'pos' is the number of tokens seen so far: a mixer
 # that needs positions (RoPE) reads cache.get('pos', 0) and, where it is a plain int, stores past + T back (in the
@@ -961,22 +963,24 @@ class GPT(nn.Module):
         return docs
 
     def split_documents(self, idx):
-        """documents() for this rank's piece idx [B, L] of rows split over self.cp's ranks: the same keys, with
-        positions and document ids of the whole row; softmax's mask is over the keys of every piece up to this one
-        ('cp_block_mask' or 'cp_mask' [B, 1, L, (r+1)·L], context_parallel.attention)."""
-        reset, conv_pos, doc, keys = context_parallel.documents(self.cp, idx, self.config.eot_token)
+        """documents() for this rank's two pieces idx [B, 2l] of rows split over self.cp's ranks: the same keys, with
+        positions and document ids of the whole row; softmax's masks, one per own piece, over the keys of every
+        piece up to it ('cp_block_mask' or 'cp_mask' [B, 1, l, (p+1)·l], context_parallel.attention)."""
+        reset, conv_pos, pieces = context_parallel.documents(self.cp, idx, self.config.eot_token)
         docs = dict(reset=reset, conv_pos=conv_pos)
         if 'softmax' in self.mixers:
-            B, L = idx.shape
-            off, S = self.cp.offset(L), keys.size(1)
-            if idx.is_cuda and flex_attention is not None:
-                def same_document(b, h, q_idx, kv_idx):
-                    return (q_idx + off >= kv_idx) & (doc[b, q_idx] == keys[b, kv_idx])
-                docs['cp_block_mask'] = create_block_mask(same_document, B, None, L, S, device=idx.device, BLOCK_SIZE=128)
-            else:
-                t = torch.arange(L, device=idx.device) + off
-                docs['cp_mask'] = ((doc[:, :, None] == keys[:, None, :]) &
-                                   (t[:, None] >= torch.arange(S, device=idx.device)[None, :]))[:, None]
+            masks, block_masks = [], []
+            for (doc, keys, t), p in zip(pieces, self.cp.pieces):
+                B, l, S = doc.size(0), doc.size(1), keys.size(1)
+                if idx.is_cuda and flex_attention is not None:
+                    def same_document(b, h, q_idx, kv_idx, doc=doc, keys=keys, off=p * l):
+                        return (q_idx + off >= kv_idx) & (doc[b, q_idx] == keys[b, kv_idx])
+                    block_masks.append(create_block_mask(same_document, B, None, l, S, device=idx.device,
+                                                         BLOCK_SIZE=128))
+                else:
+                    masks.append(((doc[:, :, None] == keys[:, None, :]) &
+                                  (t[:, None] >= torch.arange(S, device=idx.device)[None, :]))[:, None])
+            docs['cp_block_mask' if block_masks else 'cp_mask'] = block_masks or masks
         return docs
 
     # --- decoding -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import GPT, GPTConfig, MIXERS  # noqa: E402
 
-T = 84          # 2 × 42 and 4 × 21 tokens: no piece, and not T, a multiple of the chunk sizes (16, 64)
+T = 88          # 4 × 22 and 8 × 11 tokens (2 pieces a rank): no piece, and not T, a multiple of the chunk sizes
 B, V, EOT = 2, 97, 5
 MODELS = [m for m in MIXERS] + ['kda,softmax', 'mamba2,gdn,retnet,gla']
 
@@ -36,9 +36,9 @@ def batch(documents):
     idx = torch.randint(EOT + 1, V, (B, T), generator=g)
     targets = torch.randint(0, V, (B, T), generator=g)
     targets[0, 5:9] = -1  # ignored targets count in no piece's denominator
-    if documents:  # starts on boundaries (21, 42, 63), one and two tokens before them, and inside pieces
-        idx[0, [0, 21, 40, 62, 70]] = EOT
-        idx[1, [10, 41, 42, 61]] = EOT
+    if documents:  # starts on piece boundaries (22, 44, 66 at 2 ranks; multiples of 11 at 4), one before them, inside
+        idx[0, [0, 22, 43, 65, 70]] = EOT
+        idx[1, [10, 44, 54, 76]] = EOT
     return idx, targets
 
 
@@ -71,10 +71,8 @@ def rank_main(rank, world, cases, out, device):
         model = GPT(config(mixer, documents))
         model.load_state_dict(state)
         model.to(device).set_context_parallel(cp)
-        idx, targets = (t.to(device) for t in batch(documents))
-        L = T // world
-        piece = slice(rank * L, (rank + 1) * L)
-        logits, loss = model(idx[:, piece], targets[:, piece])
+        idx, targets = (cp.take(t).to(device) for t in batch(documents))   # pieces r and 2·world − 1 − r
+        logits, loss = model(idx, targets)
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         dist.all_reduce(grads)  # DDP's average over the ranks (SUM, then / world below)
@@ -99,7 +97,10 @@ def test_split_sequences_match_one_process(world):
         model = GPT(config(mixer, documents))
         ref_grads = torch.cat([grads[n].flatten() for n, _ in model.named_parameters()])
         got = [r[(mixer, documents)] for r in ranks]
-        cp_logits = torch.cat([g[0] for g in got], dim=1)
+        cp_logits, l = torch.zeros_like(logits), T // (2 * world)
+        for r, g in enumerate(got):  # each rank's two pieces back to their places
+            for j, p in enumerate((r, 2 * world - 1 - r)):
+                cp_logits[:, p * l:(p + 1) * l] = g[0][:, j * l:(j + 1) * l]
         cp_loss = sum(g[1] for g in got) / world
         cp_grads = got[0][2]
         errs = dict(logits=((cp_logits - logits).abs().max() / logits.abs().max()).item(),
@@ -115,7 +116,7 @@ def test_split_sequences_match_one_process(world):
 
 
 def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, torchrun_train):
-    """train.py --context_parallel=2 under torchrun (each rank half of every row, the hybrid with documents) loses as
+    """train.py --context_parallel=2 under torchrun (each rank two pieces of every row, the hybrid with documents) loses as
     one process on the same rows does, step by step and at the eval; both ranks end with the same weights, which are
     one process's; its checkpoint resumes in one process and lands where one uninterrupted run does."""
     import shutil
@@ -143,7 +144,7 @@ def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, tor
 
 
 @pytest.mark.parametrize('extra, message', [
-    (['--context_parallel=3'], 'context_parallel=3 must divide block_size=32'),
+    (['--context_parallel=3'], 'block_size=32 must split into 2 × 3 pieces'),
     (['--context_parallel=2', '--fsdp=True'], 'not with fsdp=True'),
     (['--context_parallel=0'], 'must be an int >= 1'),
     (['--context_parallel=2'], 'needs torchrun'),

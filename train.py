@@ -123,9 +123,9 @@ backend = ''                    # '' = nccl on CUDA, gloo on CPU
 fsdp = False                    # under torchrun: shard weights, gradients and optimizer state over the ranks (FSDP2)
                                 # instead of a full replica per rank (DDP), for models that do not fit one GPU;
                                 # checkpoints stay full state dicts, gathered on save, so they resume on any number of ranks
-context_parallel = 1            # under torchrun: split each row's sequence over this many consecutive ranks (N pieces of
-                                # block_size / N tokens: context_parallel.py), for contexts one GPU cannot hold; data
-                                # parallel (DDP) over the world_size / N groups. Same losses, same checkpoints
+context_parallel = 1            # under torchrun: split each row's sequence over this many consecutive ranks (2 pieces of
+                                # block_size / 2N tokens each: context_parallel.py), for contexts one GPU cannot hold;
+                                # data parallel (DDP) over the world_size / N groups. Same losses, same checkpoints
 # system
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
@@ -167,9 +167,9 @@ def check_settings():
     if isinstance(context_parallel, bool) or not isinstance(context_parallel, int) or context_parallel < 1:
         raise UserError(f"context_parallel={context_parallel!r} must be an int >= 1 (the ranks that share a sequence)")
     if context_parallel > 1:
-        if block_size % context_parallel or block_size // context_parallel < 4:
-            raise UserError(f"context_parallel={context_parallel} must divide block_size={block_size} into pieces of "
-                            f">= 4 tokens")
+        if block_size % (2 * context_parallel) or block_size // (2 * context_parallel) < 4:
+            raise UserError(f"context_parallel={context_parallel}: block_size={block_size} must split into 2 × "
+                            f"{context_parallel} pieces of >= 4 tokens (a multiple of {2 * context_parallel})")
         if fsdp:
             raise UserError("context_parallel > 1 runs under DDP (each rank a full replica), not with fsdp=True")
     if compile_mode not in COMPILE_MODES:
@@ -245,11 +245,13 @@ if ddp:
                         f"--nproc_per_node a multiple of it")
     # context parallelism: ranks g·N .. g·N + N − 1 share the rows of data-parallel rank g (consecutive ranks: one node)
     dp_rank, dp_world = ddp_rank // context_parallel, ddp_world_size // context_parallel
-    cp_group = None
+    cp = None  # this rank's place in its group (context_parallel.ContextParallel)
     if context_parallel > 1:
+        from context_parallel import ContextParallel
         for g in range(dp_world):  # every rank creates every group, in the same order
             group = dist.new_group(list(range(g * context_parallel, (g + 1) * context_parallel)))
-            cp_group = group if g == dp_rank else cp_group
+            if g == dp_rank:
+                cp = ContextParallel(group, ddp_rank % context_parallel, context_parallel)
     if gradient_accumulation_steps % dp_world != 0:
         raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the {dp_world} "
                         f"data-parallel ranks: it is the global number of micro-steps, e.g. {dp_world * max(1, gradient_accumulation_steps // dp_world)}")
@@ -258,7 +260,7 @@ else:
     if context_parallel > 1:
         raise UserError(f"context_parallel={context_parallel} needs torchrun: torchrun --standalone "
                         f"--nproc_per_node={context_parallel} train.py ...")
-    ddp_local_rank, ddp_world_size, dp_rank, dp_world = 0, 1, 0, 1
+    ddp_local_rank, ddp_world_size, dp_rank, dp_world, cp = 0, 1, 0, 1, None
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 compile = (device_type == 'cuda') if compile is None else compile
 # CUDA graphs (torch.compile's 'reduce-overhead' and 'max-autotune'): the compiled forward and backward replay as a few
@@ -375,11 +377,10 @@ def make_loader(split):
 
 
 def fetch(loader):
-    """The loader's next batch on the device; under context parallelism this rank's piece of each row."""
+    """The loader's next batch on the device; under context parallelism this rank's two pieces of each row."""
     X, Y = loader.next_batch()
-    if context_parallel > 1:
-        L, r = block_size // context_parallel, ddp_rank % context_parallel
-        X, Y = X[:, r * L:(r + 1) * L], Y[:, r * L:(r + 1) * L]
+    if cp is not None:
+        X, Y = cp.take(X), cp.take(Y)
     return X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
 
 
@@ -400,9 +401,8 @@ else:
 print0(model.describe(), terminal=False)  # per mixer; the header below says the total
 n_params, mixers = model.get_num_params(), model.mixers
 model.to(device)
-if context_parallel > 1:
-    from context_parallel import ContextParallel
-    model.set_context_parallel(ContextParallel(cp_group, ddp_rank % context_parallel, context_parallel))
+if cp is not None:
+    model.set_context_parallel(cp)
 sharded = ddp and fsdp
 if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
