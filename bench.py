@@ -55,13 +55,14 @@ cell's top 5 unfused and fused-elementwise kernels, and which path kernels.py to
 --documents: every mixer also runs with GPTConfig.documents on (row '<mixer> +docs'; its tokens hold an EOT at random
 positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = its tokens/s over the same mixer's without.
 
---multi_gpu: config/kda_hybrid.py trained by train.py itself under torchrun on the pystdlib shards (30 steps, median
-tokens/s of steps 10-29, peak = the largest max_memory_allocated over ranks, from train.py's iter lines), NCCL
-multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, DDP and FSDP on 1 and --gpus GPUs (1 GPU: a
-torchrun of one rank). 'cp': batch 1, one GPU at --cp_context and at --cp_context + 16,384 (side by side on two GPUs:
-the longer one is expected not to fit, which makes --cp_context the longest that does), then --context_parallel=2 at
-the longest that fit one GPU and at twice it; the losses of the 1-GPU and the CP run at the same context (same data,
-same init) are compared step by step.
+--multi_gpu: config/kda_hybrid.py trained by train.py itself under torchrun on the pystdlib shards (median tokens/s of
+the steps after the first third, with their quartiles; peak = the largest max_memory_allocated over ranks, from
+train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, 60 steps, DDP then
+FSDP on 1 GPU (a torchrun of one rank), then both on --gpus GPUs. 'cp': batch 1, 30 steps, data 'pystdlib_long'
+(long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
+by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
+--context_parallel=2 at the longest that fit one GPU and at twice it; the losses of the 1-GPU and the CP run at the
+same context (same data, same init) are compared step by step.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -1347,7 +1348,7 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
     out = os.path.join(tempfile.gettempdir(), f"bench-multi-{tag}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
            "config/kda_hybrid.py", "--dataset=pystdlib", f"--max_iters={steps}", "--eval_interval=1000000",
-           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--wandb_log=False"] + overrides
+           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--wandb_log=False"] + overrides  # later wins
     env = dict(os.environ, **MULTI_GPU_ENV)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -1365,10 +1366,30 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
         rec["error"] = (err[-1] if err else (p.stdout + p.stderr)[-300:]).strip()[:300]
         rec["stderr_tail"] = p.stderr[-4000:]
     if timed:
-        rec.update(tokens_s=statistics.median(timed), peak_gib=max(float(pk) for *_, pk in lines))
-    print(f"{tag}: " + (f"{rec['tokens_s']:,.0f} tokens/s, peak {rec['peak_gib']:.1f} GiB" if timed else "")
+        q = statistics.quantiles(timed, n=4) if len(timed) > 1 else [timed[0]] * 3
+        rec.update(tokens_s=statistics.median(timed), quartiles=(q[0], q[2]),
+                   peak_gib=max(float(pk) for *_, pk in lines))
+    print(f"{tag}: " + (f"{rec['tokens_s']:,.0f} tokens/s (quartiles {rec['quartiles'][0]:,.0f}–"
+                        f"{rec['quartiles'][1]:,.0f}), peak {rec['peak_gib']:.1f} GiB" if timed else "")
           + (f" ERROR {rec['error']}" if "error" in rec else "") + f" ({rec['wall_s']:.0f} s)", flush=True)
     return rec
+
+
+def long_rows_dataset():
+    """'pystdlib_long': the pystdlib train shard as both splits (symlinks in data/pystdlib_long/), for the context-
+    parallel runs, whose rows (up to 2 × 98,304 tokens) are longer than the whole pystdlib val split (156,690 tokens).
+    Only the speed runs use it: their end-of-run eval then reads training tokens."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(root, "data", "pystdlib", "pystdlib_train_000000.bin")
+    if not os.path.exists(src):
+        sys.exit("--multi_gpu needs the pystdlib shards: python data/pystdlib/prepare.py")
+    out = os.path.join(root, "data", "pystdlib_long")
+    os.makedirs(out, exist_ok=True)
+    for split in ("train", "val"):
+        dst = os.path.join(out, f"pystdlib_long_{split}_000000.bin")
+        if not os.path.exists(dst):
+            os.symlink(src, dst)
+    return "pystdlib_long"
 
 
 def multi_gpu_bench(parts, gpus, cp_context, steps=30):
@@ -1379,12 +1400,13 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30):
     results = {}
     if "dp" in parts:
         rows = []
-        for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
-            for n in (1, gpus):
+        for n in (1, gpus):  # DDP and FSDP one after the other at each GPU count (this host's speed drifts)
+            for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
                 r = train_run(n, flag + ["--block_size=1024", "--batch_size=12",
-                                         f"--gradient_accumulation_steps={2 * n}"], steps, f"{layout}-{n}")
+                                         f"--gradient_accumulation_steps={2 * n}"], 2 * steps, f"{layout}-{n}")
                 rows.append((layout, n, r))
-        print("| layout | GPUs | tokens/s | per GPU | per GPU ÷ 1 GPU | ÷ DDP | peak GiB per GPU |")
+        rows.sort(key=lambda x: x[0] != "DDP")
+        print("| layout | GPUs | tokens/s (quartiles of the steps) | per GPU | per GPU ÷ 1 GPU | ÷ DDP | peak GiB per GPU |")
         print("|---|---|---|---|---|---|---|")
         base = {(l, n): r.get("tokens_s") for l, n, r in rows}
         for layout, n, r in rows:
@@ -1393,12 +1415,12 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30):
                 continue
             t = r["tokens_s"]
             one, ddp = base[(layout, 1)], base[("DDP", n)]
-            print(f"| {layout} | {n} | {t:,.0f} | {t / n:,.0f} | {t / n / one:.2f} | "
+            print(f"| {layout} | {n} | {t:,.0f} ({r['quartiles'][0]:,.0f}–{r['quartiles'][1]:,.0f}) | {t / n:,.0f} | {t / n / one:.2f} | "
                   f"{t / ddp:.2f} | {r['peak_gib']:.1f} |" if one and ddp else f"| {layout} | {n} | {t:,.0f} | | | | |")
         results["dp"] = rows
     if "cp" in parts:
         step = 16384
-        common = ["--batch_size=1", "--gradient_accumulation_steps=1"]
+        common = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={long_rows_dataset()}"]
         with ThreadPoolExecutor(2) as pool:  # the context and one step longer, side by side on two GPUs
             single = list(pool.map(lambda c: train_run(1, common + [f"--block_size={c[1]}"], steps, f"1GPU-T{c[1]}",
                                                        gpus=str(c[0])), enumerate((cp_context, cp_context + step))))

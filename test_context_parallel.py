@@ -118,7 +118,8 @@ def test_split_sequences_match_one_process(world):
 def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, torchrun_train):
     """train.py --context_parallel=2 under torchrun (each rank two pieces of every row, the hybrid with documents) loses as
     one process on the same rows does, step by step and at the eval; both ranks end with the same weights, which are
-    one process's; its checkpoint resumes in one process and lands where one uninterrupted run does."""
+    one process's; its checkpoint resumes in one process, one process's resumes under CP, and both land where one
+    uninterrupted run does."""
     import shutil
     from checkpoint import load_checkpoint
     from test_train import TINY, iter_losses, run
@@ -137,10 +138,15 @@ def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, tor
         torch.testing.assert_close(cp_sd[k], one_sd[k], rtol=1e-4, atol=1e-6)
     shutil.copytree(f'{tmp_path}/cp', f'{tmp_path}/cp_then_one')
     run(args + ['--max_iters=5', '--init_from=resume', f'--out_dir={tmp_path}/cp_then_one'])
+    shutil.copytree(f'{tmp_path}/one', f'{tmp_path}/one_then_cp')
+    run(args + ['--max_iters=5', '--init_from=resume', '--context_parallel=2', f'--out_dir={tmp_path}/one_then_cp'],
+        cmd=torchrun_train)
     run(args + ['--max_iters=5', f'--out_dir={tmp_path}/straight'])
-    resumed, straight = (load_checkpoint(f'{tmp_path}/{n}/ckpt.pt')['model'] for n in ('cp_then_one', 'straight'))
-    for k in straight:
-        torch.testing.assert_close(resumed[k], straight[k], rtol=1e-4, atol=1e-5)
+    straight = load_checkpoint(f'{tmp_path}/straight/ckpt.pt')['model']
+    for name in ('cp_then_one', 'one_then_cp'):
+        resumed = load_checkpoint(f'{tmp_path}/{name}/ckpt.pt')['model']
+        for k in straight:
+            torch.testing.assert_close(resumed[k], straight[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}")
 
 
 @pytest.mark.parametrize('extra, message', [
