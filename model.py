@@ -204,7 +204,10 @@ def linears(module, x, names):
     layers = [getattr(module, n) for n in names]
     # widest first and zero rows to a multiple of 8 outputs: every part starts 16-byte aligned, as cuBLAS's fast
     # kernels want of a matmul that reads it (KDA's low-rank gate inputs)
-    narrow = sorted((m for m in layers if m.out_features <= NARROW), key=lambda m: -m.out_features)
+    # (by index, not id(): a compiled block's graph must not depend on which block's layers these are: an id()
+    # made torch.compile recompile per block when each block is compiled on its own, as under FSDP)
+    order = sorted((i for i, m in enumerate(layers) if m.out_features <= NARROW), key=lambda i: -layers[i].out_features)
+    narrow = [layers[i] for i in order]
     if not narrow or (len(narrow) == 1 and narrow[0].out_features % 8 == 0):
         return [m(x) for m in layers]
     sizes = [m.out_features for m in narrow]
@@ -217,8 +220,8 @@ def linears(module, x, names):
     if torch.is_autocast_enabled(x.device.type):  # the casts F.linear would make, made here: the backward's matmuls
         dt = torch.get_autocast_dtype(x.device.type)  # run on what the forward's did
         xs, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
-    part = dict(zip(map(id, narrow), StackedLinear.apply(xs, weight, bias, sizes + [pad])))
-    return [part[id(m)] if id(m) in part else m(x) for m in layers]
+    part = dict(zip(order, StackedLinear.apply(xs, weight, bias, sizes + [pad])))
+    return [part[i] if i in part else m(x) for i, m in enumerate(layers)]
 
 
 class StackedLinear(torch.autograd.Function):
@@ -925,17 +928,23 @@ class GPT(nn.Module):
         if caches is not None and torch.is_tensor(caches[0].get('pos')):
             caches[0]['pos'] += idx.size(1)  # static caches: one position tensor shared by every layer
         if targets is not None:
-            logits = self.lm_head(x)
-            if self.cp is not None:  # this rank's share (context_parallel.loss)
-                loss = context_parallel.loss(self.cp, logits, targets)
-            else:
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-            # detached: the gradient flows through the loss; a differentiable logits output would make the backward
-            # start from a zero-filled [B, T, V] gradient for it (bf16: 32,768 tokens × 50,304 × 2 B = 3.3 GB)
-            return logits.detach(), loss
+            return self.loss_head(x, targets)
         if caches is not None:
             return self.lm_head(x[:, -1:, :]), None  # generation needs only the next-token logits
         return self.lm_head(x), None
+
+    def loss_head(self, x, targets):
+        """(logits, loss) from the final norm's output x: the output layer and the mean cross-entropy (-1 targets
+        ignored; under context parallelism this rank's share, context_parallel.loss). A method of its own so that
+        train.py can compile it apart from the blocks under FSDP."""
+        logits = self.lm_head(x)
+        if self.cp is not None:
+            loss = context_parallel.loss(self.cp, logits, targets)
+        else:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        # detached: the gradient flows through the loss; a differentiable logits output would make the backward
+        # start from a zero-filled [B, T, V] gradient for it (bf16: 32,768 tokens × 50,304 × 2 B = 3.3 GB)
+        return logits.detach(), loss
 
     def documents(self, idx):
         """Where the documents of the rows idx [B, T] start, for every layer of one forward (config.documents). A
