@@ -58,11 +58,11 @@ positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = it
 --multi_gpu: config/kda_hybrid.py trained by train.py itself under torchrun on the pystdlib shards (median tokens/s of
 the steps after the first third, with their quartiles; peak = the largest max_memory_allocated over ranks, from
 train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, 60 steps, DDP then
-FSDP on 1 GPU (a torchrun of one rank), then both on --gpus GPUs. 'cp': batch 1, 30 steps, data 'pystdlib_long'
+FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus. 'cp': batch 1, 30 steps, data 'pystdlib_long'
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
 by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
---context_parallel=2 at the longest that fit one GPU and at twice it; the losses of the 1-GPU and the CP run at the
-same context (same data, same init) are compared step by step.
+--context_parallel=n for each n of --gpus at the longest that fit one GPU and at n times it; the losses of the 1-GPU
+and the CP runs at the same context (same data, same init) are compared step by step.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -1400,7 +1400,7 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30):
     results = {}
     if "dp" in parts:
         rows = []
-        for n in (1, gpus):  # DDP and FSDP one after the other at each GPU count (this host's speed drifts)
+        for n in [1] + gpus:  # DDP and FSDP one after the other at each GPU count (this host's speed drifts)
             for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
                 r = train_run(n, flag + ["--block_size=1024", "--batch_size=12",
                                          f"--gradient_accumulation_steps={2 * n}"], 2 * steps, f"{layout}-{n}")
@@ -1430,22 +1430,26 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30):
             return results
         one = fit[-1]
         T1 = one["T"]
-        cps = [train_run(2, common + [f"--block_size={T}", "--context_parallel=2"], steps, f"CP2-T{T}")
-               for T in (T1, 2 * T1)]
+        # over n GPUs: at the one-GPU context (the speed-up) and at n times it (what n GPUs add)
+        cps = [train_run(n, common + [f"--block_size={T}", f"--context_parallel={n}"], steps, f"CP{n}-T{T}")
+               for n in gpus for T in (T1, n * T1)]
         print(f"| layout | GPUs | context | tokens/s | × 1 GPU | peak GiB per GPU | ÷ 1 GPU's peak |")
         print("|---|---|---|---|---|---|---|")
         for r in single + cps:
             n, T = r["nproc"], r["T"]
+            name = "1 GPU" if n == 1 else f"CP over {n}"
             if "tokens_s" not in r:
-                print(f"| {'1 GPU' if n == 1 else 'CP over 2'} | {n} | {T:,} | {r.get('error')} | | | |")
+                print(f"| {name} | {n} | {T:,} | {r.get('error')} | | | |")
                 continue
-            print(f"| {'1 GPU' if n == 1 else 'CP over 2'} | {n} | {T:,} | {r['tokens_s']:,.0f} | "
+            print(f"| {name} | {n} | {T:,} | {r['tokens_s']:,.0f} | "
                   f"{r['tokens_s'] / one['tokens_s']:.2f} | {r['peak_gib']:.1f} | {r['peak_gib'] / one['peak_gib']:.2f} |")
-        same = [abs(cps[0]["losses"][i] - one["losses"][i]) for i in one["losses"] if i in cps[0]["losses"]]
-        if same:
-            print(f"losses at T={T1:,}, 1 GPU vs CP over 2, steps 0-{max(one['losses'])}: largest difference "
-                  f"{max(same):.4f} (first {one['losses'][0]:.4f} / {cps[0]['losses'].get(0, float('nan')):.4f}, "
-                  f"last {one['losses'][max(one['losses'])]:.4f} / {cps[0]['losses'].get(max(one['losses']), float('nan')):.4f})")
+        for r in cps:  # same data, same init: the losses of CP and one GPU at the one-GPU context, step by step
+            same = [abs(r["losses"][i] - one["losses"][i]) for i in one["losses"] if i in r["losses"]]
+            if r["T"] == T1 and same:
+                last = max(one["losses"])
+                print(f"losses at T={T1:,}, 1 GPU vs CP over {r['nproc']}, steps 0-{last}: largest difference "
+                      f"{max(same):.4f} (first {one['losses'][0]:.4f} / {r['losses'].get(0, float('nan')):.4f}, "
+                      f"last {one['losses'][last]:.4f} / {r['losses'].get(last, float('nan')):.4f})")
         results["cp"] = dict(single=single, cp=cps)
     return results
 
@@ -1578,7 +1582,7 @@ def main():
     ap.add_argument("--ptxas_record", nargs=2, metavar=("D", "DTYPES"), help=argparse.SUPPRESS)  # internal
     ap.add_argument("--multi_gpu", default="", help="train.py under torchrun: 'dp' (DDP and FSDP at T=1024), 'cp' "
                     "(context parallelism at --cp_context), or 'dp,cp'")
-    ap.add_argument("--gpus", type=int, default=2, help="--multi_gpu: GPUs of the multi-GPU runs")
+    ap.add_argument("--gpus", default="2", help="--multi_gpu: GPU counts of the multi-GPU runs, e.g. 2 or 2,4,8")
     ap.add_argument("--cp_context", type=int, default=98304, help="--multi_gpu cp: the context expected to be the "
                     "longest one GPU trains at batch 1 (also tried: it + 16,384)")
     ap.add_argument("--documents", action="store_true",
@@ -1634,7 +1638,7 @@ def main():
         print("CELL " + json.dumps(cell), flush=True)
         return
     if args.multi_gpu:
-        res = multi_gpu_bench(args.multi_gpu.split(","), args.gpus, args.cp_context)
+        res = multi_gpu_bench(args.multi_gpu.split(","), [int(n) for n in args.gpus.split(",")], args.cp_context)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
