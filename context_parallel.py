@@ -31,7 +31,6 @@ gathered tensors, even where that is zeros (piece 0's initial state and halo), s
 
 import torch
 import torch.nn.functional as F
-import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import kernels
@@ -64,8 +63,9 @@ class ContextParallel:
 
     @staticmethod
     def split(x, dim=1):
-        """[B, 2l, ...] (this rank's tokens, along `dim` = 1) -> [2B, l, ...]: each piece its own row (2b + j)."""
-        return x.unflatten(dim, (2, -1)).flatten(0, 1) if dim == 1 else x.unflatten(dim, (2, -1)).movedim(dim, 1).flatten(0, 1)
+        """[B, 2l, ...] (this rank's tokens along `dim`) -> [2B, l, ...] (the token dim in dim's place): each piece its
+        own row, row 2b + j = piece j of row b."""
+        return x.unflatten(dim, (2, -1)).movedim(dim, 1).flatten(0, 1)
 
     @staticmethod
     def merge(x):

@@ -237,3 +237,38 @@ def test_ptxas_reports_every_launch_offline():
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert sorted(r[2] for r in rows) == ['GATE=0', 'GATE=1', 'GATE=2'], p.stdout  # DeltaNet, GDN, KDA
     assert all('regs' in r and 'FAILED' not in r for r in rows), p.stdout
+
+
+def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
+    """bench.py --multi_gpu (GPU only) from given train.py runs: every row's ratios as computed here, a run that failed
+    shown with its error, the longest context that fit one GPU taken as the CP runs' base, and their losses compared."""
+    runs = {}
+
+    def train_run(nproc, overrides, steps, tag, gpus=None):
+        T = int(next(o for o in overrides if o.startswith('--block_size=')).split('=')[1])
+        fsdp = '--fsdp=True' in overrides
+        if nproc == 1 and T == 8192 + 16384:
+            return dict(tag=tag, nproc=1, T=T, losses={}, error='CUDA out of memory')
+        tokens = {(1, False): 200.0, (2, False): 380.0, (1, True): 180.0, (2, True): 300.0}.get((nproc, fsdp), 150.0 * nproc)
+        r = dict(tag=tag, nproc=nproc, T=T, tokens_s=tokens, quartiles=(tokens - 5, tokens + 5),
+                 peak_gib=(12.0 if fsdp else 10.0) / nproc, losses={i: 5.0 - 0.01 * i + 0.003 * (nproc > 1) for i in range(9)})
+        runs[tag] = r
+        return r
+
+    monkeypatch.setattr(bench, 'train_run', train_run)
+    monkeypatch.setattr(bench, 'long_rows_dataset', lambda: 'pystdlib_long')
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    res = bench.multi_gpu_bench(['dp', 'cp'], [2], 8192, steps=9)
+    out = capsys.readouterr().out
+    rows = {tuple(c.strip() for c in line.strip('|').split('|')[:3]): [c.strip() for c in line.strip('|').split('|')]
+            for line in out.splitlines() if line.startswith('| ') and 'layout' not in line}
+    fsdp2 = rows[('FSDP', '2', '300 (295–305)')]
+    assert fsdp2[3:7] == ['150', f"{150 / 180:.2f}", f"{300 / 380:.2f}", '6.0']  # per GPU, ÷ 1 GPU, ÷ DDP, peak
+    assert rows[('DDP', '2', '380 (375–385)')][4] == f"{190 / 200:.2f}"
+    assert rows[('1 GPU', '1', '24,576')][3] == 'CUDA out of memory'
+    cp = rows[('CP over 2', '2', '8,192')]
+    assert cp[3:7] == ['380', f"{380 / 200:.2f}", '5.0', f"{5.0 / 10.0:.2f}"]  # against one GPU at 8,192
+    assert ('CP over 2', '2', '16,384') in rows  # twice the longest context that fit one GPU
+    assert 'largest difference 0.0030' in out
+    assert [r['T'] for r in res['cp']['cp']] == [8192, 16384]
