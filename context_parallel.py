@@ -279,7 +279,7 @@ def documents(cp, idx, eot_token):
 
 
 def loss(cp, logits, targets):
-    """Cross-entropy of this rank's piece (targets −1 ignored), as its share of the group's mean times N (see top)."""
+    """Cross-entropy of this rank's pieces (targets −1 ignored), as its share of the group's mean times N (see top)."""
     total = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
                             ignore_index=-1, reduction='sum')
     count = cp.total((targets != -1).sum().float())

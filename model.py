@@ -375,8 +375,8 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, 
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
     store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
-    the chunked kernel. cp (a context_parallel.ContextParallel, training only): q, k, v are this rank's piece of
-    sequences split over cp's group, and the state comes from the earlier pieces (context_parallel.py)."""
+    the chunked kernel. cp (a context_parallel.ContextParallel, training only): q, k, v are this rank's two pieces
+    of sequences split over cp's group, and each piece's state comes from the earlier pieces (context_parallel.py)."""
     if cp is not None:
         gate = dict(zip(('A_log', 'dt_bias', 'lower_bound'), gate or ()))
         if beta is None:
@@ -890,7 +890,7 @@ class GPT(nn.Module):
 
     def set_context_parallel(self, cp):
         """Train on pieces of sequences split over cp's ranks (a context_parallel.ContextParallel; None: whole
-        sequences): forward(idx, targets) then takes this rank's piece of each row, and its loss is this rank's share
+        sequences): forward(idx, targets) then takes this rank's pieces of each row (cp.take), and its loss is this rank's share
         (context_parallel.py says how averaging it over the ranks gives the mean over every token)."""
         for block in self.transformer.h:
             if cp is not None and not hasattr(type(block.mixer), 'cp'):
