@@ -167,18 +167,32 @@ def short_conv(cp, x, weight, bias=None, norm=0, path='auto', doc_pos=None, spli
 # ---------------------------------------------------------------------------------------------------------------------
 # Softmax attention over the whole sequence's keys
 
+# On CUDA the two parts run on cuDNN's attention: the kernel F.scaled_dot_product_attention picks for the one-GPU
+# model's causal softmax on Hopper; PyTorch's FA2 ran the same blocks at ≈ 0.65 of that rate (notes/perf.md, issue 43).
+CUDNN = True
+
+
 def _flash(q, k, v, causal):
-    """(o, lse, state for _flash_bwd): PyTorch's flash-attention forward (bf16/fp16 on CUDA; its CPU kernel on CPU)."""
+    """(o, lse, state for _flash_bwd): cuDNN's or PyTorch's flash attention (bf16/fp16 on CUDA), or its CPU kernel."""
+    if q.is_cuda and CUDNN:
+        o, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, causal)
+        return o, lse, ('cudnn', cq, ck, mq, mk, seed, offset)
     if q.is_cuda:
         o, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
-        return o, lse, (cq, ck, mq, mk, seed, offset)
+        return o, lse, ('flash', cq, ck, mq, mk, seed, offset)
     o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
-    return o, lse, None
+    return o, lse, ('cpu',)
 
 
 def _flash_bwd(do, q, k, v, o, lse, causal, state):
-    if q.is_cuda:
-        cq, ck, mq, mk, seed, offset = state
+    kind, *st = state
+    if kind == 'cudnn':
+        cq, ck, mq, mk, seed, offset = st
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            do, q, k, v, o, lse, seed, offset, q.new_empty(0), cq, ck, mq, mk, 0.0, causal)
+    if kind == 'flash':
+        cq, ck, mq, mk, seed, offset = st
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk, 0.0,
                                                                            causal, seed, offset)
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, causal)
@@ -197,10 +211,11 @@ class PrefixCausalAttention(torch.autograd.Function):
     def forward(ctx, q, k_pre, v_pre, k, v):
         o1, lse1, st1 = _flash(q, k_pre, v_pre, False)
         o2, lse2, st2 = _flash(q, k, v, True)
-        lse = torch.logaddexp(lse1, lse2)
-        L = q.size(2)
-        w1, w2 = ((l - lse)[..., :L, None].exp() for l in (lse1, lse2))
-        o = (o1.float() * w1 + o2.float() * w2).to(q.dtype)
+        lse = torch.logaddexp(lse1, lse2)                  # [B, h, L] (flash) or [B, h, L, 1] (cuDNN)
+        B, h, L, _ = q.shape
+        w1, w2 = ((l - lse).reshape(B, h, L, 1).exp() for l in (lse1, lse2))
+        o = torch.empty_like(o1)                           # the layout (strides) of the kernel's own output
+        o.copy_(o1.float() * w1 + o2.float() * w2)
         ctx.save_for_backward(q, k_pre, v_pre, k, v, o, lse)
         ctx.states = (st1, st2)
         return o
@@ -208,7 +223,8 @@ class PrefixCausalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k_pre, v_pre, k, v, o, lse = ctx.saved_tensors
-        do = do.contiguous()
+        if do.stride() != o.stride():                      # the backward kernels expect dO laid out as O
+            do = torch.empty_like(o).copy_(do)
         dq1, dk_pre, dv_pre = _flash_bwd(do, q, k_pre, v_pre, o, lse, False, ctx.states[0])
         dq2, dk, dv = _flash_bwd(do, q, k, v, o, lse, True, ctx.states[1])
         return dq1 + dq2, dk_pre, dv_pre, dk, dv
