@@ -190,7 +190,7 @@ def _flash_bwd(do, q, k, v, o, lse, causal, state):
     if kind == 'cudnn':
         cq, ck, mq, mk, seed, offset = st
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            do, q, k, v, o, lse, seed, offset, q.new_empty(0), cq, ck, mq, mk, 0.0, causal)
+            do, q, k, v, o, lse, seed, offset, None, cq, ck, mq, mk, 0.0, causal)   # None: no attn_bias
     if kind == 'flash':
         cq, ck, mq, mk, seed, offset = st
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk, 0.0,
@@ -214,8 +214,7 @@ class PrefixCausalAttention(torch.autograd.Function):
         lse = torch.logaddexp(lse1, lse2)                  # [B, h, L] (flash) or [B, h, L, 1] (cuDNN)
         B, h, L, _ = q.shape
         w1, w2 = ((l - lse).reshape(B, h, L, 1).exp() for l in (lse1, lse2))
-        o = torch.empty_like(o1)                           # the layout (strides) of the kernel's own output
-        o.copy_(o1.float() * w1 + o2.float() * w2)
+        o = (o1.float() * w1 + o2.float() * w2).to(q.dtype)
         ctx.save_for_backward(q, k_pre, v_pre, k, v, o, lse)
         ctx.states = (st1, st2)
         return o
@@ -223,8 +222,7 @@ class PrefixCausalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k_pre, v_pre, k, v, o, lse = ctx.saved_tensors
-        if do.stride() != o.stride():                      # the backward kernels expect dO laid out as O
-            do = torch.empty_like(o).copy_(do)
+        do = do.contiguous()
         dq1, dk_pre, dv_pre = _flash_bwd(do, q, k_pre, v_pre, o, lse, False, ctx.states[0])
         dq2, dk, dv = _flash_bwd(do, q, k, v, o, lse, True, ctx.states[1])
         return dq1 + dq2, dk_pre, dv_pre, dk, dv
