@@ -102,24 +102,28 @@ def test_ddp_two_processes_gloo(pystdlib, tmp_path, torchrun_train):
 
 
 def test_fsdp_two_processes_gloo_matches_one_and_resumes_across_rank_counts(pystdlib, tmp_path, torchrun_train):
-    """--fsdp=True shards the model over 2 ranks. 2 ranks × 1 micro-step must give the weights and the optimizer state
-    of 1 process × 2 micro-steps (the checkpoint is the full state, gathered on save; every rank starts from rank 0's
-    init); that checkpoint resumes in 1 process, a 1-process checkpoint resumes under FSDP, and both land where one
-    uninterrupted run does."""
+    """--fsdp=True shards the model over 2 ranks (as one unit, and with --fsdp_per_block=True per block). 2 ranks × 2
+    micro-steps with clipped gradients must give the weights and the optimizer state of 1 process × 4 micro-steps (the
+    checkpoint is the full state, gathered on save; every rank starts from rank 0's init); that checkpoint resumes in
+    1 process, a 1-process checkpoint resumes under FSDP, and both land where one uninterrupted run does."""
     import shutil
     from checkpoint import load_checkpoint
-    args = TINY + ['--eval_interval=3', '--gradient_accumulation_steps=2']
+    args = TINY + ['--eval_interval=3', '--gradient_accumulation_steps=4', '--grad_clip=0.5']  # 2 micro-steps a rank; clipped
     p = run(args + ['--max_iters=3', '--fsdp=True', f'--out_dir={tmp_path}/fsdp'], cmd=torchrun_train)
     assert 'world size 2' in p.stdout
+    run(args + ['--max_iters=3', '--fsdp=True', '--fsdp_per_block=True', f'--out_dir={tmp_path}/fsdp_blocks'],
+        cmd=torchrun_train)
     run(args + ['--max_iters=3', f'--out_dir={tmp_path}/single'])
-    fsdp, single = load_checkpoint(f'{tmp_path}/fsdp/ckpt.pt'), load_checkpoint(f'{tmp_path}/single/ckpt.pt')
-    assert fsdp['model'].keys() == single['model'].keys()
-    for k in single['model']:
-        torch.testing.assert_close(fsdp['model'][k], single['model'][k], rtol=1e-4, atol=1e-6)
-    assert [g['params'] for g in fsdp['optimizer']['param_groups']] == [g['params'] for g in single['optimizer']['param_groups']]
-    for i, state in single['optimizer']['state'].items():
-        for name in ('exp_avg', 'exp_avg_sq'):
-            torch.testing.assert_close(fsdp['optimizer']['state'][i][name], state[name], rtol=1e-4, atol=1e-7)
+    single = load_checkpoint(f'{tmp_path}/single/ckpt.pt')
+    for layout in ('fsdp', 'fsdp_blocks'):
+        fsdp = load_checkpoint(f'{tmp_path}/{layout}/ckpt.pt')
+        assert fsdp['model'].keys() == single['model'].keys()
+        for k in single['model']:
+            torch.testing.assert_close(fsdp['model'][k], single['model'][k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{layout} {k}: {m}")
+        assert [g['params'] for g in fsdp['optimizer']['param_groups']] == [g['params'] for g in single['optimizer']['param_groups']]
+        for i, state in single['optimizer']['state'].items():
+            for name in ('exp_avg', 'exp_avg_sq'):
+                torch.testing.assert_close(fsdp['optimizer']['state'][i][name], state[name], rtol=1e-4, atol=1e-7)
     run(args + ['--max_iters=6', f'--out_dir={tmp_path}/straight'])
     shutil.copytree(f'{tmp_path}/fsdp', f'{tmp_path}/fsdp_then_one')
     run(args + ['--max_iters=6', '--init_from=resume', f'--out_dir={tmp_path}/fsdp_then_one'])

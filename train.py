@@ -123,6 +123,10 @@ backend = ''                    # '' = nccl on CUDA, gloo on CPU
 fsdp = False                    # under torchrun: shard weights, gradients and optimizer state over the ranks (FSDP2)
                                 # instead of a full replica per rank (DDP), for models that do not fit one GPU;
                                 # checkpoints stay full state dicts, gathered on save, so they resume on any number of ranks
+fsdp_per_block = False          # with fsdp: each block its own unit, its weights gathered just before its forward and
+                                # backward and freed after (held at once: one block's full weights), for models whose
+                                # full weights do not fit one GPU; slower (FSDP's hooks run per block). False: the whole
+                                # model one unit (its weights gathered once a step; gradients and optimizer state sharded)
 context_parallel = 1            # under torchrun: split each row's sequence over this many consecutive ranks (2 pieces of
                                 # block_size / 2N tokens each: context_parallel.py), for contexts one GPU cannot hold;
                                 # data parallel (DDP) over the world_size / N groups. Same losses, same checkpoints
@@ -408,26 +412,27 @@ if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
 if sharded:
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
-        get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import distribute_tensor
     # every rank starts from rank 0's weights, as DDP makes sure on wrapping (each rank seeds its RNG with seed + rank,
     # so their inits differ, and a shard of each would make a model nobody initialised)
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t, src=0)
-    # each block's weights are gathered just before its forward and backward and freed after: peak memory is one
-    # block's full weights on top of each rank's 1/world_size share of everything. Weights and gradients stay fp32
-    # (autocast casts per use, as under DDP: a bf16 MixedPrecisionPolicy hands the kernels bf16 decay rates and conv
-    # weights, which the short conv's Triton backward does not take: notes/perf.md, issue 43).
-    # Each block's forward is compiled before it is wrapped (torchtitan's order): one graph per block, FSDP's gathers
-    # between them; compiling the wrapped model whole broke it into pieces at FSDP's hooks (notes/perf.md, issue 43)
-    for block in model.transformer.h:
-        if compile:  # the forward only: FSDP's gather and free hooks run around it, outside the compiled code
-            block.forward = torch.compile(block.forward, mode=compile_mode)
-        fully_shard(block)
-    if compile:  # the output layer and the loss, fused as in the whole-model graph (eager, the fp32 logits alone
-        model.loss_head = torch.compile(model.loss_head, mode=compile_mode)  # were 2.4 GB at 12 × 1,024 tokens)
-    fully_shard(model)  # the rest: embedding (tied to lm_head), final norm
+    # Weights and gradients stay fp32 (autocast casts per use, as under DDP: a bf16 MixedPrecisionPolicy hands the
+    # kernels bf16 decay rates and conv weights, which the short conv's Triton backward does not take: notes/perf.md,
+    # issue 43). Forwards are compiled before they are wrapped (torchtitan's order), so FSDP's gather and free hooks
+    # run around the compiled code, not inside it.
+    if fsdp_per_block:  # one graph per block, FSDP's gathers between them; the output layer and the loss on their own
+        for block in model.transformer.h:
+            if compile:
+                block.forward = torch.compile(block.forward, mode=compile_mode)
+            fully_shard(block)
+        if compile:
+            model.loss_head = torch.compile(model.loss_head, mode=compile_mode)
+    elif compile:  # the whole model one unit: one graph, as under DDP (per block, FSDP's hooks on every block's forward
+        model.forward = torch.compile(model.forward, mode=compile_mode)  # and backward cost the host 2x: perf.md, 43)
+    fully_shard(model)  # the rest (embedding tied to lm_head, final norm), or everything
 train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -435,8 +440,30 @@ with redirect_stdout(io.StringIO()) as _echo:  # its parameter counts: to log.tx
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 print0(_echo.getvalue().rstrip('\n'), terminal=False)
 # the optimizer's parameters by name, in its order: a checkpoint's optimizer state is plain optimizer.state_dict()'s
-# (parameter i = the i-th of these), which the FSDP state-dict API keys by name instead
+# (parameter i = the i-th of these)
 param_names = [{p: n for n, p in model.named_parameters()}[p] for g in optimizer.param_groups for p in g['params']]
+if sharded:
+    # AdamW steps each rank's shards as plain tensors (the DTensors' local parts, the same memory): stepping the
+    # DTensors themselves cost the host ~5x DDP's optimizer step, per op and tensor (notes/perf.md, issue 43). Each
+    # step hands the local gradients over; checkpoints gather and split the state (full_state, below).
+    dtensors = [p for g in optimizer.param_groups for p in g['params']]
+    with torch.no_grad():  # to_local() without autograd is the DTensor's own local tensor (a leaf)
+        optimizer = torch.optim.AdamW([dict(g, params=[p.to_local() for p in g['params']]) for g in optimizer.param_groups],
+                                      fused=optimizer.defaults.get('fused'))
+    shards = [p for g in optimizer.param_groups for p in g['params']]
+
+
+def clip_shards():
+    """FSDP: the norm of all gradients is the root of the sum over ranks of each rank's squared norm of its shards'.
+    Clips them to grad_clip (if set) -> the norm before clipping (a tensor)."""
+    with torch.no_grad():
+        grads = [sh.grad for sh in shards if sh.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads).float() ** 2
+        dist.all_reduce(norm)
+        norm = norm.sqrt()
+        if grad_clip:
+            torch.nn.utils.clip_grads_with_norm_(shards, grad_clip, norm)  # scales each shard's .grad
+        return norm
 
 
 def full_state():
@@ -444,23 +471,21 @@ def full_state():
     rank 0's CPU (a collective: every rank calls it; the other ranks get empty dicts)."""
     if not sharded:
         return raw_model.state_dict(), optimizer.state_dict()
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(raw_model, options=options)
-    osd = get_optimizer_state_dict(raw_model, optimizer, options=options)
-    if not master_process:
-        return {}, {}
-    index = {name: i for i, name in enumerate(param_names)}
-    return model_sd, {'state': {index[n]: v for n, v in osd['state'].items()},
-                      'param_groups': [dict(g, params=[index[n] for n in g['params']]) for g in osd['param_groups']]}
+    model_sd = get_model_state_dict(raw_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    osd = optimizer.state_dict()  # one process's indices; the parameter-shaped state (exp_avg, ...) gathered whole
+    whole = lambda v, p: (DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(),
+                                             run_check=False).full_tensor().cpu() if v.dim() > 0 else v.cpu())
+    osd['state'] = {i: {k: whole(v, dtensors[i]) for k, v in st.items()} for i, st in osd['state'].items()}
+    return (model_sd, osd) if master_process else ({}, {})
 
 
 if checkpoint is not None:
-    if sharded:  # every rank passes the full state; each keeps its shard
+    if sharded:  # every rank has the full state; each keeps its shard of the parameter-shaped tensors
         osd = checkpoint['optimizer']
-        set_optimizer_state_dict(model, optimizer, {
-            'state': {param_names[i]: v for i, v in osd['state'].items()},
-            'param_groups': [dict(g, params=[param_names[i] for i in g['params']]) for g in osd['param_groups']]},
-            options=StateDictOptions(full_state_dict=True))
+        part = lambda v, p: (distribute_tensor(v.to(device), p.device_mesh, p.placements, src_data_rank=None).to_local()
+                             if v.dim() > 0 else v)
+        optimizer.load_state_dict(dict(osd, state={i: {k: part(v, dtensors[i]) for k, v in st.items()}
+                                                   for i, st in osd['state'].items()}))
     else:
         optimizer.load_state_dict(checkpoint['optimizer'])
     # the loaded param groups carry the old hyperparameters; this run's config wins (lr is set every step)
@@ -667,6 +692,8 @@ while True:
     for micro_step in range(gradient_accumulation_steps):
         if sharded:
             raw_model.set_requires_gradient_sync(micro_step == gradient_accumulation_steps - 1)
+            if not fsdp_per_block:  # keep the gathered weights between micro-steps: one all-gather a step
+                raw_model.set_reshard_after_backward(micro_step == gradient_accumulation_steps - 1)
         elif ddp:
             model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
         with ctx:
@@ -677,10 +704,15 @@ while True:
         X, Y = fetch(train_loader)
         scaler.scale(loss).backward()
         step_loss += loss.detach()
+    if sharded:  # each shard's gradient is its DTensor gradient's local part
+        with torch.no_grad():
+            for p, sh in zip(dtensors, shards):
+                sh.grad = None if p.grad is None else p.grad.to_local()
     scaler.unscale_(optimizer)  # a no-op without the fp16 scaler
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)  # inf: measure, do not clip
-    if isinstance(grad_norm, DTensor):  # FSDP: the norm over every rank's shards
-        grad_norm = grad_norm.full_tensor()
+    if sharded:
+        grad_norm = clip_shards()
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)  # inf: measure, not clip
     # every step, before the weights change: a non-finite loss or gradient norm stops the run (one CPU-GPU sync).
     # With fp16 the scaler skips inf/nan gradients by design; 16 skips in a row (the scale / 65536) mean divergence.
     # the stop signal rides on the same sync: under torchrun the ranks get it at different moments, and the largest
@@ -704,6 +736,8 @@ while True:
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
+    if sharded:
+        raw_model.zero_grad(set_to_none=True)  # the DTensors' gradients (the shards' were their local parts)
 
     dt = time.time() - t0
     time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
