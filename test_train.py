@@ -314,6 +314,7 @@ def train_settings_error(tmp_path, *args, script='train.py'):
     (['--kernels=chunked'], "kernels='chunked' must be one of 'auto', 'torch', 'recurrent', 'triton'"),
     (['--stop_at_val_acc=1.5'], r'stop_at_val_acc=1.5 must be an accuracy in \[0, 1\]'),
     (['--compile_mode=fast'], "compile_mode='fast' is not one of torch.compile's modes: default, reduce-overhead"),
+    (['--fsdp_per_block=True'], "fsdp_per_block=True shapes FSDP's units: it needs --fsdp=True"),
 ])
 def test_settings_that_cannot_train_are_refused(tmp_path, args, msg):
     """Each used to train nonsense (0 layers, constant or nan loss, exit 0) or crash raw (NameError,

@@ -176,6 +176,8 @@ def check_settings():
                             f"{context_parallel} pieces of >= 4 tokens (a multiple of {2 * context_parallel})")
         if fsdp:
             raise UserError("context_parallel > 1 runs under DDP (each rank a full replica), not with fsdp=True")
+    if fsdp_per_block and not fsdp:
+        raise UserError("fsdp_per_block=True shapes FSDP's units: it needs --fsdp=True")
     if compile_mode not in COMPILE_MODES:
         raise UserError(f"compile_mode={compile_mode!r} is not one of torch.compile's modes: {', '.join(COMPILE_MODES)}")
     GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=vocab_size,
