@@ -61,8 +61,9 @@ train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, 12 sequences × 2 m
 FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus. 'cp': batch 1, 30 steps, data 'pystdlib_long'
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
 by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
---context_parallel=n for each n of --gpus at the longest that fit one GPU and at n times it; the losses of the 1-GPU
-and the CP runs at the same context (same data, same init) are compared step by step.
+--context_parallel=n for each n of --gpus at each --cp_multiples of the longest that fit one GPU (default 1 and n;
+a multiple above n runs with --activation_checkpointing=True, as one GPU's memory per rank would not hold it); the
+losses of the 1-GPU and the CP runs at the same context (same data, same init) are compared step by step.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -1393,7 +1394,7 @@ def long_rows_dataset():
     return "pystdlib_long"
 
 
-def multi_gpu_bench(parts, gpus, cp_context, steps=30):
+def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
     """--multi_gpu: the tables of README's 'Several GPUs' (see the module docstring)."""
     print(f"device {torch.cuda.get_device_name()} x {torch.cuda.device_count()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
@@ -1432,13 +1433,17 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30):
         one = fit[-1]
         T1 = one["T"]
         # over n GPUs: at the one-GPU context (the speed-up) and at n times it (what n GPUs add)
-        cps = [train_run(n, common + [f"--block_size={T}", f"--context_parallel={n}"], steps, f"CP{n}-T{T}")
-               for n in gpus for T in (T1, n * T1)]
+        cps = []
+        for n in gpus:
+            for m in [n if m == "n" else int(m) for m in cp_multiples]:
+                ac = ["--activation_checkpointing=True"] if m > n else []
+                cps.append(train_run(n, common + [f"--block_size={m * T1}", f"--context_parallel={n}"] + ac, steps,
+                                     f"CP{n}-T{m * T1}" + ("-AC" if ac else "")))
         print(f"| layout | GPUs | context | tokens/s | × 1 GPU | peak GiB per GPU | ÷ 1 GPU's peak |")
         print("|---|---|---|---|---|---|---|")
         for r in single + cps:
             n, T = r["nproc"], r["T"]
-            name = "1 GPU" if n == 1 else f"CP over {n}"
+            name = "1 GPU" if n == 1 else f"CP over {n}" + (", recompute" if r["tag"].endswith("-AC") else "")
             if "tokens_s" not in r:
                 print(f"| {name} | {n} | {T:,} | {r.get('error')} | | | |")
                 continue
@@ -1586,6 +1591,8 @@ def main():
     ap.add_argument("--gpus", default="2", help="--multi_gpu: GPU counts of the multi-GPU runs, e.g. 2 or 2,4,8")
     ap.add_argument("--cp_context", type=int, default=98304, help="--multi_gpu cp: the context expected to be the "
                     "longest one GPU trains at batch 1 (also tried: it + 16,384)")
+    ap.add_argument("--cp_multiples", default="1,n", help="--multi_gpu cp: contexts of the CP runs as multiples of "
+                    "the longest that fit one GPU ('n': the GPU count); above n with activation checkpointing")
     ap.add_argument("--documents", action="store_true",
                     help="--train: every mixer also with documents=True (EOTs in its tokens): a row '+docs', ÷ off")
     ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
@@ -1639,7 +1646,8 @@ def main():
         print("CELL " + json.dumps(cell), flush=True)
         return
     if args.multi_gpu:
-        res = multi_gpu_bench(args.multi_gpu.split(","), [int(n) for n in args.gpus.split(",")], args.cp_context)
+        res = multi_gpu_bench(args.multi_gpu.split(","), [int(n) for n in args.gpus.split(",")], args.cp_context,
+                              cp_multiples=args.cp_multiples.split(","))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import context_parallel
 import kernels
@@ -859,6 +860,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.cp = None  # context parallelism (set_context_parallel)
+        self.recompute = False  # activation checkpointing while training (train.py's activation_checkpointing)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
@@ -922,8 +924,12 @@ class GPT(nn.Module):
             raise ValueError("a model training with context parallelism cannot decode: set_context_parallel(None) first")
         docs = self.documents(idx) if self.config.documents and caches is None else None
         x = self.transformer.drop(self.transformer.wte(idx))
+        recompute = self.recompute and caches is None and torch.is_grad_enabled()
         for i, block in enumerate(self.transformer.h):
-            x = block(x, None if caches is None else caches[i], docs)
+            if recompute:  # keep only the block's input; its activations are recomputed in the backward
+                x = torch.utils.checkpoint.checkpoint(block, x, None, docs, use_reentrant=False)
+            else:
+                x = block(x, None if caches is None else caches[i], docs)
         x = self.transformer.ln_f(x)
         if caches is not None and torch.is_tensor(caches[0].get('pos')):
             caches[0]['pos'] += idx.size(1)  # static caches: one position tensor shared by every layer
@@ -933,10 +939,22 @@ class GPT(nn.Module):
             return self.lm_head(x[:, -1:, :]), None  # generation needs only the next-token logits
         return self.lm_head(x), None
 
+    LOSS_CHUNK = 8192  # tokens per piece of the output layer and loss under recompute
+
     def loss_head(self, x, targets):
         """(logits, loss) from the final norm's output x: the output layer and the mean cross-entropy (-1 targets
         ignored; under context parallelism this rank's share, context_parallel.loss). A method of its own so that
-        train.py can compile it apart from the blocks under FSDP."""
+        train.py can compile it apart from the blocks under FSDP. With self.recompute while training, the logits
+        come back None: they are made LOSS_CHUNK tokens at a time and recomputed in the backward, so that the
+        [tokens, vocab] logits (and their gradient) never exist whole, which at long contexts outweighs the blocks."""
+        if self.recompute and torch.is_grad_enabled() and targets.numel() > self.LOSS_CHUNK:
+            xs, ts = x.flatten(0, 1).split(self.LOSS_CHUNK), targets.flatten().split(self.LOSS_CHUNK)
+            total = sum(torch.utils.checkpoint.checkpoint(self._loss_sum, a, b, use_reentrant=False)
+                        for a, b in zip(xs, ts))
+            count = (targets != -1).sum().float()
+            if self.cp is not None:  # this rank's share (context_parallel.loss)
+                return None, total * self.cp.size / self.cp.total(count)
+            return None, total / count
         logits = self.lm_head(x)
         if self.cp is not None:
             loss = context_parallel.loss(self.cp, logits, targets)
@@ -945,6 +963,10 @@ class GPT(nn.Module):
         # detached: the gradient flows through the loss; a differentiable logits output would make the backward
         # start from a zero-filled [B, T, V] gradient for it (bf16: 32,768 tokens × 50,304 × 2 B = 3.3 GB)
         return logits.detach(), loss
+
+    def _loss_sum(self, x, targets):
+        """The summed cross-entropy of tokens x [n, C] (loss_head's pieces)."""
+        return F.cross_entropy(self.lm_head(x).float(), targets, ignore_index=-1, reduction='sum')
 
     def documents(self, idx):
         """Where the documents of the rows idx [B, T] start, for every layer of one forward (config.documents). A

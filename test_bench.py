@@ -250,7 +250,7 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
         if nproc == 1 and T == 8192 + 16384:
             return dict(tag=tag, nproc=1, T=T, losses={}, error='CUDA out of memory')
         tokens = {(1, False): 200.0, (2, False): 380.0, (1, True): 180.0, (2, True): 300.0}.get((nproc, fsdp), 150.0 * nproc)
-        r = dict(tag=tag, nproc=nproc, T=T, tokens_s=tokens, quartiles=(tokens - 5, tokens + 5),
+        r = dict(tag=tag, nproc=nproc, T=T, overrides=overrides, tokens_s=tokens, quartiles=(tokens - 5, tokens + 5),
                  peak_gib=(12.0 if fsdp else 10.0) / nproc, losses={i: 5.0 - 0.01 * i + 0.003 * (nproc > 1) for i in range(9)})
         runs[tag] = r
         return r
@@ -259,7 +259,7 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     monkeypatch.setattr(bench, 'long_rows_dataset', lambda: 'pystdlib_long')
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    res = bench.multi_gpu_bench(['dp', 'cp'], [2], 8192, steps=9)
+    res = bench.multi_gpu_bench(['dp', 'cp'], [2], 8192, steps=9, cp_multiples=['1', 'n', '4'])
     out = capsys.readouterr().out
     rows = {tuple(c.strip() for c in line.strip('|').split('|')[:3]): [c.strip() for c in line.strip('|').split('|')]
             for line in out.splitlines() if line.startswith('| ') and 'layout' not in line}
@@ -271,4 +271,6 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     assert cp[3:7] == ['380', f"{380 / 200:.2f}", '5.0', f"{5.0 / 10.0:.2f}"]  # against one GPU at 8,192
     assert ('CP over 2', '2', '16,384') in rows  # twice the longest context that fit one GPU
     assert 'largest difference 0.0030' in out
-    assert [r['T'] for r in res['cp']['cp']] == [8192, 16384]
+    assert [r['T'] for r in res['cp']['cp']] == [8192, 16384, 32768]
+    assert ('CP over 2, recompute', '2', '32,768') in rows  # past n times: with activation checkpointing
+    assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, False, True]

@@ -43,6 +43,29 @@ def test_forward_shapes_and_loss_at_init(mixer):
     assert logits.shape == (2, 37, 97) and loss is None
 
 
+@pytest.mark.parametrize('mixer, documents', [('kda*3,softmax', False), ('kda,softmax', True),
+                                              ('mamba2,gdn,retnet,gla,deltanet,softmax,kda,kda', False)])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(mixer, documents):
+    """model.recompute (train.py's activation_checkpointing): blocks recomputed in the backward, the output layer and
+    loss made LOSS_CHUNK tokens at a time (here 16 of the 2 × 37 tokens, the last piece short, some targets ignored):
+    the same loss and gradients as the plain forward, in fp32."""
+    model = make(mixer, n_layer=8, documents=documents, eot_token=3).train()
+    idx, targets = torch.randint(0, 97, (2, 37)), torch.randint(0, 97, (2, 37))
+    idx[:, [5, 20]] = 3  # documents start there
+    targets[0, :3] = -1
+    grads = []
+    for recompute in (False, True):
+        model.recompute, model.LOSS_CHUNK = recompute, 16
+        model.zero_grad()
+        logits, loss = model(idx, targets)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        assert (logits is None) == recompute
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-6, atol=0)
+    for a, b in zip(grads[1][1], grads[0][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize('mixer', PATTERNS)
 @pytest.mark.parametrize('prefix', [1, 5, 20])
 def test_prefill_then_decode_equals_full_forward(mixer, prefix):

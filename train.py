@@ -130,6 +130,10 @@ fsdp_per_block = False          # with fsdp: each block its own unit, its weight
 context_parallel = 1            # under torchrun: split each row's sequence over this many consecutive ranks (2 pieces of
                                 # block_size / 2N tokens each: context_parallel.py), for contexts one GPU cannot hold;
                                 # data parallel (DDP) over the world_size / N groups. Same losses, same checkpoints
+activation_checkpointing = False  # keep each block's input only and recompute its activations in the backward, and
+                                # make the output layer + loss 8,192 tokens at a time (GPT.loss_head): far less memory
+                                # at long contexts (with context_parallel: longer sequences), for about a third more
+                                # compute
 # system
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
@@ -409,6 +413,7 @@ n_params, mixers = model.get_num_params(), model.mixers
 model.to(device)
 if cp is not None:
     model.set_context_parallel(cp)
+model.recompute = activation_checkpointing
 sharded = ddp and fsdp
 if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
