@@ -168,7 +168,7 @@ def short_conv(cp, x, weight, bias=None, norm=0, path='auto', doc_pos=None, spli
 # Softmax attention over the whole sequence's keys
 
 # On CUDA the two parts run on cuDNN's attention: the kernel F.scaled_dot_product_attention picks for the one-GPU
-# model's causal softmax on Hopper; PyTorch's FA2 ran the same blocks at ≈ 0.65 of that rate (notes/perf.md, issue 43).
+# model's causal softmax on Hopper; PyTorch's FA2 runs the same blocks markedly slower (notes/perf.md, issue 43).
 CUDNN = True
 
 
@@ -203,9 +203,8 @@ class PrefixCausalAttention(torch.autograd.Function):
     and causally over their own piece's (k, v [B, h, L, d]): two flash calls merged by their log-sum-exps,
     o = Σ_j exp(lse_j − lse)·o_j, lse = log Σ_j exp(lse_j). The backward runs flash's backward on each part with the
     MERGED o and lse (its softmax weights exp(s − lse) and rowsum(dO ∘ O) are then the whole row's), as ring
-    attention does; dq is the sum of the parts'. As fast as one SDPA call with a lower-right causal mask over P + L
-    keys, and the CP run of the 124M hybrid at 98,304 tokens held 36.8 GiB per GPU with it against 41.6 with that
-    mask (notes/perf.md, issue 43)."""
+    attention does; dq is the sum of the parts'. Less memory than one SDPA call with a lower-right causal mask over
+    P + L keys, and on cuDNN faster than it (that mask runs on FA2): notes/perf.md, issue 43."""
 
     @staticmethod
     def forward(ctx, q, k_pre, v_pre, k, v):
