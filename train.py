@@ -454,7 +454,7 @@ if sharded:
     # DTensors themselves cost the host ~5x DDP's optimizer step, per op and tensor (notes/perf.md, issue 43). Each
     # step hands the local gradients over; checkpoints gather and split the state (full_state, below).
     dtensors = [p for g in optimizer.param_groups for p in g['params']]
-    with torch.no_grad():  # to_local() without autograd is the DTensor's own local tensor (a leaf)
+    with torch.no_grad():  # to_local() without autograd: a leaf on the DTensor's own memory
         optimizer = torch.optim.AdamW([dict(g, params=[p.to_local() for p in g['params']]) for g in optimizer.param_groups],
                                       fused=optimizer.defaults.get('fused'))
     shards = [p for g in optimizer.param_groups for p in g['params']]
