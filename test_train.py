@@ -101,6 +101,22 @@ def test_ddp_two_processes_gloo(pystdlib, tmp_path, torchrun_train):
         torch.testing.assert_close(ddp[k], single[k], rtol=1e-4, atol=1e-6)
 
 
+def test_activation_checkpointing_trains_as_without(pystdlib, tmp_path):
+    """--activation_checkpointing=True (recomputed blocks; the loss in pieces when a micro-step holds more than
+    GPT.LOSS_CHUNK tokens): the header says so, and the losses of 3 steps and the final weights are those of the run
+    without it."""
+    from checkpoint import load_checkpoint
+    args = TINY + ['--mixer=kda,softmax', '--head_dim=16', '--max_iters=3', '--eval_interval=3']
+    a = run(args + ['--activation_checkpointing=True', f'--out_dir={tmp_path}/ac'])
+    b = run(args + [f'--out_dir={tmp_path}/plain'])
+    assert 'activations recomputed' in a.stdout and 'activations recomputed' not in b.stdout
+    la, lb = iter_losses(a.stdout), iter_losses(b.stdout)
+    assert sorted(la) == [0, 1, 2] and all(abs(la[i] - lb[i]) < 1e-5 for i in la), (la, lb)
+    wa, wb = (load_checkpoint(f'{tmp_path}/{d}/ckpt.pt')['model'] for d in ('ac', 'plain'))
+    for k in wb:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-7)
+
+
 def test_fsdp_two_processes_gloo_matches_one_and_resumes_across_rank_counts(pystdlib, tmp_path, torchrun_train):
     """--fsdp=True shards the model over 2 ranks (as one unit, and with --fsdp_per_block=True per block). 2 ranks × 2
     micro-steps with clipped gradients must give the weights and the optimizer state of 1 process × 4 micro-steps (the

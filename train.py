@@ -621,6 +621,7 @@ print0(f"model: {' '.join(mixers)} ({n_layer} layers × {n_embd}), {n_params / 1
 print0(f"data: {dataset}, {gradient_accumulation_steps} grad accum × {dp_world} ranks × {batch_size} batch × "
        f"{block_size} context = {tokens_per_iter:,} tokens per step, " +
        (f"each sequence split over {context_parallel} ranks, " if context_parallel > 1 else "") +
+       ("activations recomputed, " if raw_model.recompute else "") +
        (f"steps {iter_num:,} to {max_iters:,}" if iter_num else f"{max_iters:,} steps"))
 print0(f"out_dir: {out_dir} (its log.txt has the full config)")
 if decay_lr and max_iters < lr_decay_iters and not eval_only:  # a short run that would end at a high learning rate
