@@ -916,10 +916,11 @@ class GPT(nn.Module):
         return None
 
     def forward(self, idx, targets=None, caches=None):
-        """idx [B, T] → logits [B, T, V] (and the mean cross-entropy if targets is given; -1 targets
-        are ignored; the logits then come back detached). With caches (a list from new_caches), only the last position's logits are
-        returned and the caches advance by T tokens. config.documents: each document of a row is its own sequence
-        (see documents); not with caches: a prompt, and what is decoded after it, is one document."""
+        """idx [B, T] → logits [B, T, V] (and the mean cross-entropy if targets is given; -1 targets are ignored; the
+        logits then come back detached, or None while training with self.recompute: loss_head). With caches (a list
+        from new_caches), only the last position's logits are returned and the caches advance by T tokens.
+        config.documents: each document of a row is its own sequence (see documents); not with caches: a prompt, and
+        what is decoded after it, is one document."""
         if self.cp is not None and caches is not None:
             raise ValueError("a model training with context parallelism cannot decode: set_context_parallel(None) first")
         docs = self.documents(idx) if self.config.documents and caches is None else None
