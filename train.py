@@ -746,6 +746,8 @@ while True:
     optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
     if sharded:
         raw_model.zero_grad(set_to_none=True)  # the DTensors' gradients (the shards' were their local parts)
+        if not fsdp_per_block:  # gather the new weights now, while the ranks are in step after the sync above, not
+            raw_model.unshard(async_op=True)  # at the next forward, where each rank's host arrives when it does
 
     dt = time.time() - t0
     time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)

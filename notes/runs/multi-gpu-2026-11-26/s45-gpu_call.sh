@@ -101,11 +101,14 @@ for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
 PY
 }
 samp() { timeout 90 python3 sample.py --out_dir=/tmp/ckpt-layouts --num_samples=1 --max_new_tokens=48 --start="def main():" 2>&1 | grep -v Warn | tee $OUT/sample.txt | tail -8; }
-prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) for DDP and FSDP on 2 GPUs: notes/runs/multi-gpu-2026-11-26/s45-prof_train.py
-  for f in "" "--fsdp=True"; do
-    PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof${f:+-fsdp} timeout ${PROF_SECS:-200} python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
-      notes/runs/multi-gpu-2026-11-26/s45-prof_train.py config/kda_hybrid.py --dataset=pystdlib --block_size=1024 --batch_size=12 --gradient_accumulation_steps=4 \
-      --max_iters=30 --eval_interval=1000000 --eval_iters=1 --log_interval=1 --wandb_log=False --out_dir=/tmp/prof$f $f 2>&1 |
+prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: DDP, FSDP as in session 44
+  # (train_s44.py, carried), FSDP with the all-gather issued after the optimizer step (train.py): notes/runs/multi-gpu-2026-11-26/s45-prof_train.py
+  for v in "train.py:" "train_s44.py:--fsdp=True" "train.py:--fsdp=True"; do
+    t=${v%%:*}; f=${v#*:}; echo "-- $t $f"
+    PROF_TRAIN=$t PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof-${t%.py}${f:+-fsdp} timeout ${PROF_SECS:-200} \
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 notes/runs/multi-gpu-2026-11-26/s45-prof_train.py config/kda_hybrid.py \
+      --dataset=pystdlib --block_size=1024 --batch_size=12 --gradient_accumulation_steps=4 --max_iters=30 \
+      --eval_interval=1000000 --eval_iters=1 --log_interval=1 --wandb_log=False --out_dir=/tmp/prof-${t%.py}$f $f 2>&1 |
       grep -v "^W[0-9][0-9][0-9][0-9] \|Warning" | grep -E "^== rank|step wall|GPU per step|ms/step|^iter (25|29)/|Error" ; cleanup
   done
 }

@@ -2,6 +2,8 @@
 
     torchrun --standalone --nproc_per_node=2 prof_train.py config/kda_hybrid.py --fsdp=True ...   (train.py's args)
 
+(PROF_TRAIN=path/to/a/copy/of/train.py, relative to the repository root, profiles that copy instead.)
+
 The profiler steps at every optimizer step (a global post-hook), so steps PROF_AFTER .. PROF_AFTER + PROF_STEPS - 1
 are recorded whole. Each rank prints, per recorded step: its wall time, the GPU's busy time (the union of all kernel
 intervals on every stream), the time in NCCL kernels and outside them, the GPU's idle time, kernels launched; then
@@ -91,7 +93,7 @@ register_optimizer_step_post_hook(on_step)
 prof.start()
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here) if os.path.exists(os.path.join(os.path.dirname(here), "train.py")) else os.getcwd()
-sys.argv = [os.path.join(root, "train.py")] + sys.argv[1:]
+sys.argv = [os.path.join(root, os.environ.get("PROF_TRAIN", "train.py"))] + sys.argv[1:]  # PROF_TRAIN: another copy
 sys.path.insert(0, root)
 runpy.run_path(sys.argv[0], run_name="__main__")
 prof.stop()
