@@ -103,6 +103,7 @@ PY
 samp() { timeout 90 python3 sample.py --out_dir=/tmp/ckpt-layouts --num_samples=1 --max_new_tokens=48 --start="def main():" 2>&1 | grep -v Warn | tee $OUT/sample.txt | tail -8; }
 prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: DDP, FSDP as in session 44
   # (train_s44.py, carried), FSDP with the all-gather issued after the optimizer step (train.py): notes/runs/multi-gpu-2026-11-26/s45-prof_train.py
+  cp scratch/train_s44.py train_s44.py  # (train.py reads data beside itself)
   for v in "train.py:" "train_s44.py:--fsdp=True" "train.py:--fsdp=True"; do
     t=${v%%:*}; f=${v#*:}; echo "-- $t $f"
     PROF_TRAIN=$t PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof-${t%.py}${f:+-fsdp} timeout ${PROF_SECS:-200} \
