@@ -57,8 +57,9 @@ positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = it
 
 --multi_gpu: config/kda_hybrid.py trained by train.py itself under torchrun on the pystdlib shards (median tokens/s of
 the steps after the first third, with their quartiles; peak = the largest max_memory_allocated over ranks, from
-train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, 60 steps, DDP then
-FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus. 'cp': batch 1, 30 steps, data 'pystdlib_long'
+train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, 60 steps, DDP and
+FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus; the two side by side (GPUs 0..n-1 and n..2n-1)
+where the host has 2n GPUs, else one after the other. 'cp': batch 1, 30 steps, data 'pystdlib_long'
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
 by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
 --context_parallel=n for each n of --gpus at each --cp_multiples of the longest that fit one GPU (default 1 and n;
@@ -1402,11 +1403,16 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
     results = {}
     if "dp" in parts:
         rows = []
-        for n in [1] + gpus:  # DDP and FSDP one after the other at each GPU count (this host's speed drifts)
-            for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
-                r = train_run(n, flag + ["--block_size=1024", "--batch_size=12",
-                                         f"--gradient_accumulation_steps={2 * n}"], 2 * steps, f"{layout}-{n}")
-                rows.append((layout, n, r))
+        for n in [1] + gpus:  # DDP and FSDP at each GPU count in the same minutes (this host's speed drifts): side by
+            # side on GPUs 0..n-1 and n..2n-1 where the host has 2n, else one after the other
+            layouts = (("DDP", []), ("FSDP", ["--fsdp=True"]))
+            side = 2 * n <= torch.cuda.device_count()
+            run = lambda i, layout, flag: train_run(
+                n, flag + ["--block_size=1024", "--batch_size=12", f"--gradient_accumulation_steps={2 * n}"], 2 * steps,
+                f"{layout}-{n}", gpus=",".join(str(i * n + g) for g in range(n)) if side else None)
+            with ThreadPoolExecutor(2 if side else 1) as pool:
+                done = list(pool.map(lambda x: run(x[0], *x[1]), enumerate(layouts)))
+            rows += [(layout, n, r) for (layout, _), r in zip(layouts, done)]
         rows.sort(key=lambda x: x[0] != "DDP")
         print("| layout | GPUs | tokens/s (quartiles of the steps) | per GPU | per GPU ÷ 1 GPU | ÷ DDP | peak GiB per GPU |")
         print("|---|---|---|---|---|---|---|")

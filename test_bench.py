@@ -252,7 +252,7 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
         tokens = {(1, False): 200.0, (2, False): 380.0, (1, True): 180.0, (2, True): 300.0}.get((nproc, fsdp), 150.0 * nproc)
         r = dict(tag=tag, nproc=nproc, T=T, overrides=overrides, tokens_s=tokens, quartiles=(tokens - 5, tokens + 5),
                  peak_gib=(12.0 if fsdp else 10.0) / nproc, losses={i: 5.0 - 0.01 * i + 0.003 * (nproc > 1) for i in range(9)})
-        runs[tag] = r
+        runs[tag] = dict(r, gpus=gpus)
         return r
 
     monkeypatch.setattr(bench, 'train_run', train_run)
@@ -272,5 +272,7 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     assert ('CP over 2', '2', '16,384') in rows  # twice the longest context that fit one GPU
     assert 'largest difference 0.0030' in out
     assert [r['T'] for r in res['cp']['cp']] == [8192, 16384, 32768]
+    # 2 GPUs here: DDP and FSDP on 1 GPU ran side by side, on 2 one after the other
+    assert [runs[t]['gpus'] for t in ('DDP-1', 'FSDP-1', 'DDP-2', 'FSDP-2')] == ['0', '1', None, None]
     assert ('CP over 2, recompute', '2', '32,768') in rows  # past n times: with activation checkpointing
     assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, False, True]
