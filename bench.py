@@ -63,8 +63,9 @@ where the host has 2n GPUs, else one after the other. 'cp': batch 1, 30 steps, d
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
 by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
 --context_parallel=n for each n of --gpus at each --cp_multiples of the longest that fit one GPU (default 1 and n;
-a multiple above n runs with --activation_checkpointing=True, as one GPU's memory per rank would not hold it); the
-losses of the 1-GPU and the CP runs at the same context (same data, same init) are compared step by step.
+a multiple of n or more runs with --activation_checkpointing=True: each rank would hold as many tokens as the one GPU
+did, plus CP's own tensors, which ran out of memory at 2 × 98,304 over 2 H100s); the losses of the 1-GPU and the CP
+runs at the same context (same data, same init) are compared step by step.
 
 fla on a machine without internet: pip download --no-deps -d .whl fla-core==0.6.0 (pure Python; needs einops), then
     pip install --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python bench.py
@@ -1442,7 +1443,7 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
         cps = []
         for n in gpus:
             for m in [n if m == "n" else int(m) for m in cp_multiples]:
-                ac = ["--activation_checkpointing=True"] if m > n else []
+                ac = ["--activation_checkpointing=True"] if m >= n else []
                 cps.append(train_run(n, common + [f"--block_size={m * T1}", f"--context_parallel={n}"] + ac, steps,
                                      f"CP{n}-T{m * T1}" + ("-AC" if ac else "")))
         print(f"| layout | GPUs | context | tokens/s | × 1 GPU | peak GiB per GPU | ÷ 1 GPU's peak |")

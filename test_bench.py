@@ -269,10 +269,10 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     assert rows[('1 GPU', '1', '24,576')][3] == 'CUDA out of memory'
     cp = rows[('CP over 2', '2', '8,192')]
     assert cp[3:7] == ['380', f"{380 / 200:.2f}", '5.0', f"{5.0 / 10.0:.2f}"]  # against one GPU at 8,192
-    assert ('CP over 2', '2', '16,384') in rows  # twice the longest context that fit one GPU
+    assert ('CP over 2, recompute', '2', '16,384') in rows  # twice the longest context that fit one GPU
     assert 'largest difference 0.0030' in out
     assert [r['T'] for r in res['cp']['cp']] == [8192, 16384, 32768]
     # 2 GPUs here: DDP and FSDP on 1 GPU ran side by side, on 2 one after the other
     assert [runs[t]['gpus'] for t in ('DDP-1', 'FSDP-1', 'DDP-2', 'FSDP-2')] == ['0', '1', None, None]
-    assert ('CP over 2, recompute', '2', '32,768') in rows  # past n times: with activation checkpointing
-    assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, False, True]
+    assert ('CP over 2, recompute', '2', '32,768') in rows  # n times or more: with activation checkpointing
+    assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, True, True]
