@@ -20,7 +20,9 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import GPT, GPTConfig, MIXERS  # noqa: E402
 
-T = 88          # 4 × 22 and 8 × 11 tokens (2 pieces a rank): no piece, and not T, a multiple of the chunk sizes
+T = int(os.environ.get('CP_TEST_T', 88))  # 4 × 22 and 8 × 11 tokens (2 pieces a rank): no piece, and not T, a
+# multiple of the chunk sizes. CP_TEST_T=176 CP_TEST_WORLDS=8 runs the comparison over 8 ranks (16 pieces of 11)
+WORLDS = [int(w) for w in os.environ.get('CP_TEST_WORLDS', '2,4').split(',')]
 B, V, EOT = 2, 97, 5
 MODELS = [m for m in MIXERS] + ['kda,softmax', 'mamba2,gdn,retnet,gla']
 
@@ -83,7 +85,7 @@ def rank_main(rank, world, cases, out, device):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('world', [2, 4])
+@pytest.mark.parametrize('world', WORLDS)
 def test_split_sequences_match_one_process(world):
     device = device_for(world)
     references = {(m, d): reference(m, d, device) for m in MODELS for d in (False, True)}

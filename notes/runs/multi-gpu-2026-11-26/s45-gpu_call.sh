@@ -1,5 +1,6 @@
 #!/bin/bash
-# one device call (sessions 43-45): env, then the steps named in $@
+# one device call (sessions 43-45; session 44 used the same steps before ckpt got its timeouts and pair, dp4, samp, prof
+# were added): env, then the steps named in $@
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export TIKTOKEN_CACHE_DIR=$PWD/scratch/tiktoken PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
