@@ -1408,12 +1408,12 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
             # side on GPUs 0..n-1 and n..2n-1 where the host has 2n, else one after the other
             layouts = (("DDP", []), ("FSDP", ["--fsdp=True"]))
             side = 2 * n <= torch.cuda.device_count()
-            run = lambda i, layout, flag: train_run(
-                n, flag + ["--block_size=1024", "--batch_size=12", f"--gradient_accumulation_steps={2 * n}"], 2 * steps,
-                f"{layout}-{n}", gpus=",".join(str(i * n + g) for g in range(n)) if side else None)
+            def run(i, n=n):  # layout i (on GPUs i*n .. i*n+n-1 when side by side)
+                layout, flag = layouts[i]
+                return train_run(n, flag + ["--block_size=1024", "--batch_size=12", f"--gradient_accumulation_steps={2 * n}"],
+                                 2 * steps, f"{layout}-{n}", gpus=",".join(str(i * n + g) for g in range(n)) if side else None)
             with ThreadPoolExecutor(2 if side else 1) as pool:
-                done = list(pool.map(lambda x: run(x[0], *x[1]), enumerate(layouts)))
-            rows += [(layout, n, r) for (layout, _), r in zip(layouts, done)]
+                rows += [(layouts[i][0], n, r) for i, r in enumerate(pool.map(run, range(len(layouts))))]
         rows.sort(key=lambda x: x[0] != "DDP")
         print("| layout | GPUs | tokens/s (quartiles of the steps) | per GPU | per GPU ÷ 1 GPU | ÷ DDP | peak GiB per GPU |")
         print("|---|---|---|---|---|---|---|")
