@@ -1410,8 +1410,9 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
             side = 2 * n <= torch.cuda.device_count()
             def run(i, n=n):  # layout i (on GPUs i*n .. i*n+n-1 when side by side)
                 layout, flag = layouts[i]
-                return train_run(n, flag + ["--block_size=1024", "--batch_size=12", f"--gradient_accumulation_steps={2 * n}"],
-                                 2 * steps, f"{layout}-{n}", gpus=",".join(str(i * n + g) for g in range(n)) if side else None)
+                gpus_i = ",".join(str(i * n + g) for g in range(n)) if side else None
+                return train_run(n, flag + ["--block_size=1024", "--batch_size=12",
+                                            f"--gradient_accumulation_steps={2 * n}"], 2 * steps, f"{layout}-{n}", gpus_i)
             with ThreadPoolExecutor(2 if side else 1) as pool:
                 rows += [(layouts[i][0], n, r) for i, r in enumerate(pool.map(run, range(len(layouts))))]
         rows.sort(key=lambda x: x[0] != "DDP")
