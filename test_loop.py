@@ -125,10 +125,12 @@ def test_output_header_iter_lines_eta_and_eval_time(pystdlib, tmp_path):
 def test_short_run_is_evaluated_saved_and_noticed_with_bars_on_a_terminal(pystdlib, tmp_path):
     """max_iters below eval_interval and lr_decay_iters: one notice line each, and the run's last step is evaluated and
     saved (ckpt.pt holds that step's weights and its val loss), so sample.py has a model. On a terminal, the evals and
-    the steps between two iter lines get a progress bar (they take over a second here)."""
+    the steps between two iter lines get a progress bar (at batch 8 each takes 4-7 s on this CPU: the bar shows
+    after 1 s, and at batch 4, ~2 s here, the last eval once took under a second in CI)."""
     out = tmp_path / 'out'
     code, stdout, terminal = run_on_a_terminal(TINY + [f'--out_dir={out}', '--max_iters=24', '--lr_decay_iters=30',
-                                                       '--eval_interval=100', '--eval_iters=20', '--log_interval=20'])
+                                                       '--eval_interval=100', '--eval_iters=20', '--log_interval=20',
+                                                       '--batch_size=8'])
     assert code == 0, stdout[-2000:] + terminal[-2000:]
     lr = 3e-4 + 0.5 * (1 + math.cos(math.pi * (23 - 2) / (30 - 2))) * (3e-3 - 3e-4)  # TINY's cosine at the last step
     assert (f"notice: max_iters=24 < lr_decay_iters=30: the run ends at lr {lr:.2e}, not min_lr 3.00e-04 "
