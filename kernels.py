@@ -280,6 +280,12 @@ def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
 # pass; `python bench.py --ptxas` reports registers and spills of every launch offline. No entry changes a result
 # beyond rounding, except the inverse's precision, which the tests' tolerances cover.
 TUNING = {
+    # Both families: 'keep' has the forward hand the backward what it would otherwise recompute (the delta rule's W,
+    # state snapshots h[c] and Delta, and KDA's Kd, Qg: its _wy_fwd and state pass run once, not twice), at the
+    # cost of holding them from the forward to the backward: at Dk = Dv = d, per token, head and layer d (d / 64 + 2)
+    # values, and 2 d more for KDA (9 KB a token in each KDA layer of the 124M hybrid, in bf16). Only where autograd
+    # will call the backward (grad enabled, an input requiring grad). No result changes.
+    'keep': False,
     # Delta rule (section 4). The sequential state passes (_state_fwd, _state_bwd), one program per (V-tile, b, h)
     # walking every chunk: V-tile 'v' (halved down to 'min_v' while the programs do not cover the SMs: small B*H,
     # e.g. 2 x 16 heads at T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate
@@ -1002,15 +1008,17 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd
 def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, q_ptr, P_ptr, o_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr):
+                      HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
+                      SNAPSHOTS: tl.constexpr):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
     # output's rows rather than K and Q. DECAYED (KDA): k_ptr holds Kd = K exp(G_n - G) and q_ptr Qg = Q exp(G) (from
     # _wy_fwd), and only G_n is read from G.
-    # OUTPUT (the forward): O = scale (Qg S + P_qk Delta) formed here from the state in registers, and neither the
-    # snapshots h nor Delta are written (the pass is bound by bandwidth, and h is its largest write: [Dk, Dv] per
-    # chunk, twice a [C, Dk] tile at C = 64). Without it (the backward's recompute): h[c] and Delta stored.
+    # OUTPUT (the forward): O = scale (Qg S + P_qk Delta) formed here from the state in registers. SNAPSHOTS: the
+    # chunk-start states h[c] and Delta stored for the backward (h is the pass's largest write: [Dk, Dv] per chunk,
+    # twice a [C, Dk] tile at C = 64, and the pass is bound by bandwidth): in the backward's recompute (without
+    # OUTPUT), or in the forward too where TUNING['keep'] has the backward reuse them instead of recomputing.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1028,7 +1036,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
-        if not OUTPUT:
+        if SNAPSHOTS:
             tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         if DECAYED:
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
@@ -1039,7 +1047,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
         # when the state already predicts v: docs/mixers.md §7 item 8)
         d = uu - _dot(ww, S, PREC)
-        if not OUTPUT:
+        if SNAPSHOTS:
             tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
         if OUTPUT:
             qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
@@ -1669,10 +1677,11 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=TUNING['inverse']['warps'])
     return P, A
 
-def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0):
+def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0, keep=False):
     """W, U from A, then the sequential pass. The forward (P = P_qk given): -> the output O (v's dtype), formed in the
-    pass, and the final state (fp32; None unless asked for). The backward's recompute (P None): -> W, the state
-    snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
+    pass, the final state (fp32; None unless asked for) and, with keep, what the backward reads (below; else None).
+    The backward's recompute (P None): -> W, the state snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n -
+    G), Qg = Q exp(G) (k's dtype; else None)."""
     B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
@@ -1683,18 +1692,24 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H, DK, DV,
                                 DG, C, GATE, prec, decayed, num_warps=_warps(DK, DV))
     output = P is not None
-    vn = torch.empty_like(v)  # the output in the forward, Delta in the recompute
-    h = vn if output else torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype)
+    snapshots = not output or keep
+    o = torch.empty_like(v) if output else None
+    vn = torch.empty_like(v) if snapshots else None  # Delta
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype) if snapshots else None
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
+    any_ = o if output else vn  # any pointer, in place of an absent tensor
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
     if output:
         nw = TUNING['state']['out_warps']
-    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h, vn, h0 if h0 is not None else h,
-                                         ht if ht is not None else h, qg if decayed else q, P if output else h,
-                                         vn, scale, T, NT, H, DK, DV, BS, DG, C, GATE, prec,
-                                         h0 is not None, ht is not None, decayed, output, num_warps=nw,
-                                         num_stages=TUNING['state']['stages'])
-    return (vn, ht) if output else (w, h, vn, kd, qg)
+    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h if snapshots else any_,
+                                         vn if snapshots else any_, h0 if h0 is not None else any_,
+                                         ht if ht is not None else any_, qg if decayed else q,
+                                         P if output else any_, o if output else any_, scale, T, NT, H, DK, DV, BS,
+                                         DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
+                                         snapshots, num_warps=nw, num_stages=TUNING['state']['stages'])
+    if not output:
+        return w, h, vn, kd, qg
+    return o, ht, ((w, h, vn, kd, qg) if keep else None)
 
 def _bounded(GATE, A_log, lower_bound):
     """Whether KDA's Gram kernels take their bounded form (BOUNDED): only for the bounded gate formed in the kernels
@@ -1710,13 +1725,16 @@ def _gate_launch(g, H, DG):
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                     scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
                     A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
-                    lower_bound: Optional[float] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    lower_bound: Optional[float] = None, keep: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for),
     G fp32 [B,T,H,DG] (chunk-local cumsum of g, saved for the backward; empty for DeltaNet), and P_qk, A
     [B,T,H,C] (saved for the backward; bf16 for bf16 inputs, else fp32). A_log given: g is the gate's input u and the
     log-decay -exp(A_log) softplus(u + dt_bias) is formed inside the cumsum kernel; with lower_bound lb also given,
-    the bounded lb sigmoid(exp(A_log) (u + dt_bias)), and KDA's Grams take their bounded form (BOUNDED)."""
+    the bounded lb sigmoid(exp(A_log) (u + dt_bias)), and KDA's Grams take their bounded form (BOUNDED).
+    keep: also W, the snapshots h [B,NT,H,Dk,Dv], Delta and KDA's Kd, Qg (k's and v's dtypes), which the backward
+    then reads instead of recomputing them; empty tensors otherwise (and Kd, Qg always but for KDA)."""
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = _gate_kind(g, k)
@@ -1732,18 +1750,26 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if GATE != GATE_NONE else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG, _bounded(GATE, A_log, lower_bound))
-    o, ht = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG, P, scale)
-    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A
+    o, ht, kept = _states(q, k, v, beta, Gp, A, h0, output_final_state, GATE, DG, P, scale, keep=keep)
+    kept = [x if x is not None else torch.empty(0, device=k.device, dtype=k.dtype) for x in (kept or [None] * 5)]
+    return (o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32)), G, P, A, *kept)
 
 @_delta_rule_fwd.register_fake
-def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None, lower_bound=None):
+def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt_bias=None, lower_bound=None,
+      keep=False):
     B, T, H, DK = k.shape
+    DV = v.shape[-1]
     GATE, DG = _gate_kind(g, k)
-    ht = q.new_empty((B, H, DK, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    ht = q.new_empty((B, H, DK, DV) if output_final_state else (0,), dtype=torch.float32)
     G = q.new_empty((B, T, H, DG) if GATE != GATE_NONE else (0,), dtype=torch.float32)
     idt = _storage(_meta(q, k, v)[-1])
     PA = (B, T, H, TRITON_CHUNK)
-    return v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt)
+    def kept(shape, like, channel=False):  # as _delta_rule_fwd's: absent ones empty, in k's dtype
+        there = keep and (GATE == GATE_CHANNEL or not channel)
+        return like.new_empty(shape if there else (0,), dtype=like.dtype if there else k.dtype)
+    return (v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt), kept(k.shape, k),
+            kept((B, triton.cdiv(T, TRITON_CHUNK), H, DK, DV), k), kept(v.shape, v), kept(k.shape, k, True),
+            kept(k.shape, k, True))
 
 @torch.library.custom_op("kernels::decay_gate_bwd", mutates_args=())
 def _decay_gate_bwd(u: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor,
@@ -1773,11 +1799,14 @@ def _(u, A_log, dt_bias, dg, lower_bound=None):
 def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: Optional[torch.Tensor],
                     P: torch.Tensor, A: torch.Tensor,
                     initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float,
-                    bounded: bool = False
+                    bounded: bool = False, w: Optional[torch.Tensor] = None, h: Optional[torch.Tensor] = None,
+                    vn: Optional[torch.Tensor] = None, kd: Optional[torch.Tensor] = None,
+                    qg: Optional[torch.Tensor] = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
     d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet); P, A the
-    forward's P_qk and (I + L)^-1. bounded: G is that of the bounded gate (KDA's _grads_bwd then takes BOUNDED)."""
+    forward's P_qk and (I + L)^-1. bounded: G is that of the bounded gate (KDA's _grads_bwd then takes BOUNDED).
+    w, h, vn (Delta), kd, qg: the forward's, when it kept them (TUNING['keep']); else (None) they are recomputed."""
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = ((int(GATE_NONE), 1) if G is None else (int(GATE_SCALAR), 1) if G.shape[-1] == 1
@@ -1787,7 +1816,8 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     idt = _storage(prec)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
-    w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
+    if h is None:  # the forward did not keep them
+        w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)
     dh = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=idt)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
@@ -1831,36 +1861,39 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
 
 @_delta_rule_bwd.register_fake
-def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale, bounded=False):
+def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale, bounded=False, w=None, h=None, vn=None, kd=None, qg=None):
     f32 = torch.float32
     dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
 
 def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lower_bound = inputs
+    q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lower_bound, keep = inputs
     # autograd would otherwise fill zero gradients for G, P, A (a pass over KDA's fp32 G and the two [B, T, H, C])
     ctx.set_materialize_grads(False)
     gate = (g, A_log, dt_bias) if A_log is not None else (None, None, None)  # the gate's inputs, for its backward
+    kda = g is not None and _gate_kind(g, k)[0] == GATE_CHANNEL
+    # W, h, Delta (and KDA's Kd, Qg) when the forward kept them: the backward reads them instead of recomputing
+    kept = [*output[5:8], *(output[8:10] if kda else (None, None))] if keep else [None] * 5
     ctx.save_for_backward(q, k, v, beta, output[2] if g is not None else None, output[3], output[4], initial_state,
-                          *gate)
+                          *gate, *kept)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.g_dtype = None if g is None else g.dtype
     ctx.lower_bound = lower_bound if A_log is not None else None
     ctx.bounded = g is not None and _bounded(_gate_kind(g, k)[0], A_log, lower_bound)
 
 def _delta_rule_backward(ctx, do, dht, *_):
-    q, k, v, beta, G, P, A, h0, u, A_log, dt_bias = ctx.saved_tensors
+    q, k, v, beta, G, P, A, h0, u, A_log, dt_bias, *kept = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     if do is None:  # only the final state was used
         do = torch.zeros_like(v)
-    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded)
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded, *kept)
     dA = ddt = None
     if A_log is not None:  # g was the gate's input u
         dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg, ctx.lower_bound)
         dA, ddt = dA.to(A_log.dtype), ddt.to(dt_bias.dtype)
     return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
-            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt, None)
+            None if h0 is None else dh0.to(h0.dtype), None, dA, ddt, None, None)
 
 _delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
@@ -1875,7 +1908,10 @@ def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, out
         _fail("delta_rule", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     lb = None if lower_bound is None else float(lower_bound)
-    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lb)[:2]
+    # keep the backward's inputs from the forward only where there will be a backward
+    keep = bool(TUNING['keep']) and torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state, A_log, dt_bias))
+    o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lb, keep)[:2]
     return o, (ht if output_final_state else None)
 
 # ---- 4.6 the decode step: S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q -----------------

@@ -740,6 +740,39 @@ def test_triton_bounded_gate_scalar():
     compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, F32, True, 7, f"T={T} gdn bounded",
                          lower_bound=-3.0)
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16] if CUDA else [F32], ids=_id)
+@pytest.mark.parametrize("case", ["deltanet", "gdn", "kda", "kda-gate-in-kernels"])
+def test_triton_keep_equals_the_recompute(case, dtype, monkeypatch):
+    # TUNING['keep']: the backward reads the forward's W, h[c], Delta (and KDA's Kd, Qg) instead of recomputing them.
+    # Same outputs, final state and gradients as the recompute (bitwise in the interpreter; on the GPU the forward's
+    # pass may tile differently, so to rounding), and the W/U + state pass (_states) runs once per forward and
+    # backward instead of twice (so keep is not silently ignored); without grad nothing is kept.
+    B, T, nh, D = (2, 130, 3, 64) if CUDA else (1, 65, 2, 16)
+    if case == "kda-gate-in-kernels":
+        x, kw = bounded_inputs(B, T, nh, D, "kda", "mixed", dtype), dict(lower_bound=-5.0)
+    else:
+        x, kw = triton_inputs(B, T, nh, D, D, {"deltanet": "none", "gdn": "gdn"}.get(case, case), "mild", dtype), {}
+    calls = []
+    states = kernels._states
+    monkeypatch.setattr(kernels, "_states", lambda *a, **k: calls.append(k.get("keep")) or states(*a, **k))
+    results = {}
+    for keep in (False, True):
+        monkeypatch.setitem(kernels.TUNING, "keep", keep)
+        calls.clear()
+        results[keep] = run(kernels.delta_rule_triton, x, **kw)
+        assert len(calls) == (1 if keep else 2), (keep, calls)
+    (o0, S0, g0), (o1, S1, g1) = results[False], results[True]
+    pairs = [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]
+    for name, a, b in pairs:
+        if CUDA:
+            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
+        else:
+            assert torch.equal(a, b), name
+    calls.clear()
+    with torch.no_grad():
+        kernels.delta_rule_triton(**x, output_final_state=True, **kw)
+    assert calls == [False]
+
 @pytest.mark.skipif(not CUDA, reason="CPU: the fp64 reference checks both Gram paths (interpreter time)")
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=_id)
 def test_triton_bounded_grams_equal_the_dyadic_ones(dtype):
@@ -869,16 +902,18 @@ def test_triton_causality(gate):
     x = triton_inputs(B, T, nh, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.delta_rule_triton, x, triton_inputs(B, T, nh, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("path", ["torch", "triton", "triton gate_fn"])
-def test_compile_fullgraph(path):
+@pytest.mark.parametrize("path", ["torch", "triton", "triton gate_fn", "triton keep", "triton gate_fn keep"])
+def test_compile_fullgraph(path, monkeypatch):
     # torch.compile(fullgraph=True) through the public call, forward and backward, equals eager: any graph break
     # (e.g. inside the custom ops, or the log line) fails here. CPU: aot_eager (tracing, fake shapes, the autograd
-    # formula; no C compiler needed); GPU: inductor. 'gate_fn': the gate formed in the kernels (A_log, dt_bias).
+    # formula; no C compiler needed); GPU: inductor. 'gate_fn': the gate formed in the kernels (A_log, dt_bias);
+    # 'keep': TUNING['keep'] (the forward's extra outputs, saved for the backward).
     if path == "torch" and CUDA:
         pytest.skip("the chunked torch path is checked on CPU")
+    monkeypatch.setitem(kernels.TUNING, "keep", "keep" in path)
     x = triton_inputs(1, 70, 2, 16, 32, "kda", "mild", F32, seed=5)
     x = {n: t.to(DEV) for n, t in x.items()} if path != "torch" else {n: t.cpu() for n, t in x.items()}
-    gate_fn = path == "triton gate_fn"
+    gate_fn = "gate_fn" in path
     if gate_fn:
         x |= dict(A_log=torch.rand(2, device=DEV), dt_bias=torch.randn(2, 16, device=DEV) - 3)
     names = list(x)
@@ -1052,6 +1087,21 @@ def test_linear_attn_ssd_torch_paths(path):
         kernels.linear_attn(**x, dt=dt, path=path)
     with pytest.raises(ValueError, match="dt must be"):
         kernels.linear_attn(**x, dt=dt[:, :, :2], D=D, path=path)
+
+@pytest.mark.parametrize("gate", ["none", "gdn", "kda"])
+def test_delta_rule_ops_fake_functions(gate):
+    # the fake (shape) functions of kernels::delta_rule_fwd (with keep: its ten outputs) and kernels::delta_rule_bwd
+    # (with the kept tensors) give the real outputs' shapes and dtypes, here with v in another dtype than q and k
+    x = triton_inputs(1, 70, 2, 16, 32, gate, "mild", F32)
+    g = x["g"]
+    fwd = (x["q"], x["k"], x["v"].double(), x["beta"], g, 0.25, x["initial_state"], True, None, None, None, True)
+    torch.library.opcheck(torch.ops.kernels.delta_rule_fwd.default, fwd, test_utils=("test_faketensor",))
+    out = torch.ops.kernels.delta_rule_fwd(*fwd)
+    kept = [t if t.numel() else None for t in out[5:]]
+    assert [t is not None for t in kept] == [True] * 3 + [gate == "kda"] * 2
+    bwd = (x["q"], x["k"], x["v"].double(), x["beta"], out[2] if g is not None else None, out[3], out[4],
+           x["initial_state"], torch.randn_like(out[0]), None, 0.25, False, *kept)
+    torch.library.opcheck(torch.ops.kernels.delta_rule_bwd.default, bwd, test_utils=("test_faketensor",))
 
 @pytest.mark.parametrize("hpg", [1, 2])
 def test_linear_attn_triton_grad_dtypes(hpg):
