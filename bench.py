@@ -29,6 +29,9 @@ category per mixer and context.
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
     python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
+    python bench.py --train --contexts 1024,4096 --keep off on   # each linear mixer with and without kernels.TUNING
+                                               # ['keep'] (the backward reads the forward's states); the kernel
+                                               # table takes one setting: python bench.py --keep on
     python bench.py --multi_gpu dp,cp --gpus 2   # train.py itself under torchrun (see --multi_gpu below)
     python bench.py --tiles delta --jobs 8     # kernels.TUNING's candidates (TILE_CANDIDATES) for the delta rule, each
                                                # checked against the fp64 reference in its own process, then timed
@@ -1208,7 +1211,7 @@ def train_model_config(mixer, T, tiny=False, documents=False):
     return GPTConfig(**args)
 
 
-def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False, mode="default"):
+def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False, mode="default", keep=False):
     """One (mixer, T) cell, in its own process: build the model, torch.compile it on CUDA (eager on CPU), then train
     on fixed random tokens with train.py's step (bf16 autocast and TF32 on CUDA, fp32 on CPU; forward, backward,
     clip_grad_norm_ at 1.0, the finiteness check of loss and gradient norm, which syncs, fused AdamW, zero_grad),
@@ -1217,11 +1220,12 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     then PROFILE_STEPS under torch.profiler (CUDA only): GPU ms per step by kernel_category. -> dict for the JSON
     line. documents: GPTConfig.documents on, and an EOT at random positions (one in DOC_LEN) of the tokens. mode:
     torch.compile's mode; under CUDA graphs ('reduce-overhead', 'max-autotune') the gradients stay allocated between
-    steps, as train.py keeps them."""
+    steps, as train.py keeps them. keep: kernels.TUNING['keep'] (the backward reads the forward's states)."""
     from model import GPT
     cuda = device.startswith("cuda")
     B = max(1, tokens // T)
-    out = dict(mixer=mixer, T=T, B=B, documents=documents, mode=mode)
+    kernels.TUNING['keep'] = keep
+    out = dict(mixer=mixer, T=T, B=B, documents=documents, mode=mode, keep=keep)
     torch.backends.cuda.matmul.allow_tf32 = True  # as train.py
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
@@ -1325,18 +1329,18 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     return out
 
 
-def run_cell(mixer, T, args, warm, documents=False, mode="default"):
+def run_cell(mixer, T, args, warm, documents=False, mode="default", keep=False):
     """Run train_cell in a fresh `python bench.py --train_cell` process -> its dict, or {'error': first line}.
     Also keeps the 'kernels: ...' lines (which path each mixer took) of its output."""
     cmd = [sys.executable, os.path.abspath(__file__), "--train_cell", mixer, str(T), "--tokens", str(args.tokens),
            "--steps", str(args.steps), "--device", args.device] + ["--tiny"] * args.tiny + ["--warm"] * warm + [
-           "--documents"] * documents + ["--compile_mode", mode]
+           "--documents"] * documents + ["--compile_mode", mode, "--keep", "on" if keep else "off"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = p.stdout.splitlines()
     cell = next((json.loads(s[5:]) for s in reversed(lines) if s.startswith("CELL ")), None)
     if cell is None:  # died without a word (a crash, killed for memory): the last line it wrote to stderr
         err = [s for s in p.stderr.splitlines() if s.strip()]
-        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents, mode=mode,
+        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents, mode=mode, keep=keep,
                     error=err[-1] if err else f"exit code {p.returncode}")
     cell["paths"] = sorted({s for s in lines if s.startswith("kernels: ")})
     return cell
@@ -1474,19 +1478,22 @@ def train_bench(args, mixers, contexts):
     the GPU) is measured anyway. Phase 2 (measure): each cell alone, one after the other. Then the table."""
     mixers = ["softmax"] + [m for m in mixers if m != "softmax"]  # every row is a ratio to softmax at its T
     modes = args.compile_mode
-    cells = [(m, T, d, mode) for mode in modes for T in contexts for m in mixers
-             for d in ((False, True) if args.documents else (False,))]
+    keeps = [k == "on" for k in args.keep]  # softmax (no linear-mixer kernels) runs in the first setting only
+    cells = [(m, T, d, mode, keep) for mode in modes for T in contexts for keep in keeps for m in mixers
+             for d in ((False, True) if args.documents else (False,)) if m != "softmax" or keep == keeps[0]]
     label = lambda r: (r["mixer"] + (" +docs" if r.get("documents") else "")
-                       + (f" [{r['mode']}]" if len(modes) > 1 else ""))
+                       + (f" [{r['mode']}]" if len(modes) > 1 else "")
+                       + (f" [keep {'on' if r.get('keep') else 'off'}]" if len(keeps) > 1 and r["mixer"] != "softmax"
+                          else ""))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        for w in pool.map(lambda c: run_cell(c[0], c[1], args, True, c[2], c[3]), cells):
+        for w in pool.map(lambda c: run_cell(c[0], c[1], args, True, c[2], c[3], c[4]), cells):
             status = f"error: {w['error']}" if "error" in w else f"{WARM_STEPS} steps in {w['warm_s']:.0f} s, compiling included"
             print(f"warm {label(w)} T={w['T']} B={w['B']}: {status} ({time.perf_counter() - t0:.0f} s in)",
                   flush=True)
     results = []
-    for m, T, d, mode in cells:
-        r = run_cell(m, T, args, False, d, mode)
+    for m, T, d, mode, keep in cells:
+        r = run_cell(m, T, args, False, d, mode, keep)
         status = f"error: {r['error']}" if "error" in r else f"{r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s"
         print(f"measure {label(r)} T={T} B={r['B']}: {status} ({time.perf_counter() - t0:.0f} s in)", flush=True)
         results.append(r)
@@ -1498,11 +1505,12 @@ def train_bench(args, mixers, contexts):
     # every ratio is to the cell of the same context and compile mode
     soft = {(r["T"], r["mode"]): r for r in results
             if r["mixer"] == "softmax" and not r.get("documents") and "error" not in r}
-    off = {(r["mixer"], r["T"], r["mode"]): r for r in results if not r.get("documents") and "error" not in r}
+    key = lambda r: (r["mixer"], r["T"], r["mode"], r.get("keep"))
+    off = {key(r): r for r in results if not r.get("documents") and "error" not in r}
     for r in results:
         s = soft.get((r["T"], r["mode"]))
-        if r.get("documents") and "error" not in r and (r["mixer"], r["T"], r["mode"]) in off:
-            r["x_off"] = r["tokens_per_s"] / off[r["mixer"], r["T"], r["mode"]]["tokens_per_s"]  # documents on ÷ off
+        if r.get("documents") and "error" not in r and key(r) in off:
+            r["x_off"] = r["tokens_per_s"] / off[key(r)]["tokens_per_s"]  # documents on ÷ off
         if "error" not in r and s:
             r["x_softmax"] = r["tokens_per_s"] / s["tokens_per_s"]
             if outside(r) is not None:
@@ -1512,7 +1520,8 @@ def train_bench(args, mixers, contexts):
     print(f"\ndevice {device_name}, torch {torch.__version__}, triton {triton.__version__}")
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
     print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps, torch.compile mode "
-          f"{' / '.join(modes)}; categories: GPU ms per step from the kernels of {PROFILE_STEPS} profiled steps "
+          f"{' / '.join(modes)}, kernels.TUNING['keep'] {' / '.join(args.keep)}"
+          f"; categories: GPU ms per step from the kernels of {PROFILE_STEPS} profiled steps "
           f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; idle: the profiled steps' wall time when no kernel ran, per step, and its share; ms − busy: the median step less the profiled kernels' busy time; the profiler's tracing inflates the first and can make the second negative)\n")
     f = lambda x, spec: "" if x is None else format(x, spec)
     docs = args.documents  # one more column: ÷ off
@@ -1546,7 +1555,7 @@ def train_bench(args, mixers, contexts):
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=device_name, torch=torch.__version__, triton=triton.__version__,
-                           command=sys.argv, tokens=args.tokens, steps=args.steps, compile_modes=modes,
+                           command=sys.argv, tokens=args.tokens, steps=args.steps, compile_modes=modes, keep=args.keep,
                            cells=results), fh, indent=1)
         print(f"\nwrote {args.json}")
 
@@ -1610,9 +1619,16 @@ def main():
     ap.add_argument("--kda_gate", choices=KDA_GATES, default="given",
                     help="the kernel table's KDA gate: log-decays given (default), or formed in the kernels from "
                          f"its input, unbounded or bounded at {SAFE_BOUND} (model.py's kda_gate_bound; fla's safe_gate)")
+    ap.add_argument("--keep", nargs="+", choices=("off", "on"), default=["on" if kernels.TUNING["keep"] else "off"],
+                    help="kernels.TUNING['keep'] (the backward reads the forward's states instead of recomputing "
+                         "them); --train takes both ('off on': each linear mixer's rows in both settings), the other "
+                         "runs one")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
+    if len(args.keep) > 1 and not args.train:
+        sys.exit("--keep takes one setting except with --train: run the kernel table once per setting")
+    kernels.TUNING["keep"] = args.keep[0] == "on"
     global TIMING, KDA_GATE
     TIMING, KDA_GATE = args.timing, args.kda_gate
     variants = [v for v in args.variants.split(",") if v]
@@ -1645,12 +1661,12 @@ def main():
         mixer, T = args.train_cell[0], int(args.train_cell[1])
         try:
             cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm, args.documents,
-                              args.compile_mode[0])
+                              args.compile_mode[0], args.keep[0] == "on")
         except Exception as e:  # noqa: BLE001 (out of memory, a compile error: the table reports it)
             import traceback
             traceback.print_exc()
             cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=args.documents,
-                        mode=args.compile_mode[0], error=first_line(e, 200))
+                        mode=args.compile_mode[0], keep=args.keep[0] == "on", error=first_line(e, 200))
         print("CELL " + json.dumps(cell), flush=True)
         return
     if args.multi_gpu:

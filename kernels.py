@@ -2123,13 +2123,14 @@ def _la_decay(gm, gh, n, C: tl.constexpr, GATE: tl.constexpr):
 def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_ptr, D_ptr, o_ptr, scale, T, NT, H, HK,
                          DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                          GATE: tl.constexpr, PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                         SSD: tl.constexpr = 0, OUTPUT: tl.constexpr = 0):
+                         SSD: tl.constexpr = 0, OUTPUT: tl.constexpr = 0, SNAPSHOTS: tl.constexpr = 1):
     # One program per (V-tile, K-tile, b, h) walks the chunks in order with its [BK, BV] state tile in fp32 registers.
     # A scalar decay scales whole rows and columns alike, so the key tiles of the state never mix (the delta rule's
     # W S would couple them): where whole rows leave SMs idle, key tiles of 64 multiply the programs of this
     # sequential pass (_la_state_tiles).
     # OUTPUT (whole Dk rows, BK = DK): the forward's output too, chunk by chunk from the state in registers
-    # (_la_output_fwd's equations), and no snapshots h[c]: one kernel, no h written or read back.
+    # (_la_output_fwd's equations), one kernel, and the snapshots h[c] written only with SNAPSHOTS (TUNING['keep']:
+    # for the backward, which otherwise recomputes them).
     iv, ik = tl.program_id(0), tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
@@ -2148,7 +2149,7 @@ def _la_state_fwd_kernel(k_ptr, v_ptr, g_ptr, dt_ptr, h_ptr, h0_ptr, ht_ptr, q_p
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h                   # [C] int64 token-head index of v, G
         tokk = (b * T + t) * HK + hk                # ... and of q, k
-        if not OUTPUT:
+        if SNAPSHOTS:
             tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
@@ -2614,17 +2615,18 @@ def _la_state_tiles(B, H, DK, DV, device):
 
 def _la_states(k, v, gp, dtp, h0, GATE, SSD, h_dtype, output_final_state, prec, out=None):
     """The sequential pass: chunk-start snapshots h[c] [B, NT, H, Dk, Dv] in h_dtype, final state fp32 (or None).
-    out (q, D, o, scale): the fused forward (whole Dk rows), which writes o instead of h (then h is None)."""
+    out (q, D, o, scale): the fused forward (whole Dk rows), which writes o, and h only if h_dtype is given (else h
+    is None)."""
     B, T, H, HK, DK, DV, NT, _, _, _ = _la_meta(k, k, v)
     BK, BV = _la_state_tiles(B, H, DK, DV, k.device)
-    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype) if out is None else None
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=h_dtype) if h_dtype is not None else None
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     q, D, o, scale = out if out is not None else (k, k, k, 1.0)
     hp = h if h is not None else o
     _la_state_fwd_kernel[(DV // BV, DK // BK, B * H)](k, v, gp, dtp, hp, h0 if h0 is not None else hp,
                                                       ht if ht is not None else hp, q, D, o, scale, T, NT, H, HK,
                                                       DK, DV, BK, BV, TRITON_CHUNK, GATE, prec, h0 is not None,
-                                                      ht is not None, SSD, int(out is not None),
+                                                      ht is not None, SSD, int(out is not None), int(h is not None),
                                                       num_warps=_la_cfg('fused_warps' if out is not None
                                                                         else 'state_warps', DK),
                                                       num_stages=_la_cfg('fused_stages' if out is not None
@@ -2639,39 +2641,44 @@ def _la_gate_ptrs(g, dt, D, k):
 @torch.library.custom_op("kernels::linear_attn_fwd", mutates_args=())
 def _linear_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], scale: float,
                      initial_state: Optional[torch.Tensor], output_final_state: bool, dt: Optional[torch.Tensor],
-                     D: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for). dt [B,T,H] and D [H]
-    (Mamba2's SSD, both or neither): the value is dt·v and the output gains D·v."""
+                     D: Optional[torch.Tensor], keep: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for), and with keep the
+    snapshots h[c] [B,NT,H,Dk,Dv] (_storage's dtype) for the backward, which otherwise recomputes them (else empty).
+    dt [B,T,H] and D [H] (Mamba2's SSD, both or neither): the value is dt·v and the output gains D·v."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
     GATE, SSD = _decay_kind(g), int(dt is not None)
     gp, dtp, Dp = _la_gate_ptrs(g, dt, D, k)  # the raw gates (the kernels sum them)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     o = torch.empty_like(v)
+    empty = lambda dtype: torch.empty(0, device=k.device, dtype=dtype)
     if GATE in TUNING['scalar']['fused_fwd'] and _la_state_tiles(B, H, DK, DV, k.device)[0] == DK:  # whole rows cover SMs
-        _, ht = _la_states(k, v, gp, dtp, h0, GATE, SSD, None, output_final_state, prec, out=(q, Dp, o, scale))
-        return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
+        h, ht = _la_states(k, v, gp, dtp, h0, GATE, SSD, _storage(prec) if keep else None, output_final_state, prec,
+                           out=(q, Dp, o, scale))
+        return o, (ht if ht is not None else empty(torch.float32)), (h if keep else empty(_storage(prec)))
     h, ht = _la_states(k, v, gp, dtp, h0, GATE, SSD, _storage(prec), output_final_state, prec)
     _la_output_fwd_kernel[(DV // BV, NT, B * H)](q, k, v, gp, dtp, Dp, h, o, scale, T, NT, H, HK, DK, DV, BK, BV,
                                                   TRITON_CHUNK, GATE, prec, SSD, num_warps=_la_cfg('out_warps', DK),
                                                   num_stages=_la_cfg('out_stages', DK))
-    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
+    return o, (ht if ht is not None else empty(torch.float32)), (h if keep else empty(h.dtype))
 
 @_linear_attn_fwd.register_fake
-def _(q, k, v, g, scale, initial_state, output_final_state, dt, D):
+def _(q, k, v, g, scale, initial_state, output_final_state, dt, D, keep=False):
     B, T, H, DV = v.shape
     ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
-    return v.new_empty(v.shape), ht
+    h = q.new_empty((B, triton.cdiv(T, TRITON_CHUNK), H, q.shape[-1], DV) if keep else (0,),
+                    dtype=_storage(_la_meta(q, k, v)[-1]))
+    return v.new_empty(v.shape), ht, h
 
 @torch.library.custom_op("kernels::linear_attn_bwd", mutates_args=())
 def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                      initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float,
-                     dt: Optional[torch.Tensor], D: Optional[torch.Tensor]
+                     dt: Optional[torch.Tensor], D: Optional[torch.Tensor], h: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                 torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H] (empty unless g is per token), d initial_state
     fp32 (empty without one), d dt fp32 [B,T,H] and dD fp32 [H] (empty without them). g: the forward's gate, per
-    token [B,T,H] or the constant [H], or None."""
+    token [B,T,H] or the constant [H], or None. h: the forward's snapshots (TUNING['keep']), else recomputed."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     B, T, H, HK, DK, DV, NT, BK, BV, prec = _la_meta(q, k, v)
     GATE, SSD = _decay_kind(g), int(dt is not None)
@@ -2679,7 +2686,8 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     # h[c] recomputed, and dh[c], in the dots' storage dtype (bf16 for bf16 inputs: both are only ever dot operands,
     # which _dot rounds to bf16 anyway, and rowsum(h * dh) for dg)
-    h, _ = _la_states(k, v, gp, dtp, h0, GATE, SSD, _storage(prec), False, prec)
+    if h is None:
+        h, _ = _la_states(k, v, gp, dtp, h0, GATE, SSD, _storage(prec), False, prec)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if h0 is not None else None
     if dht is not None:
@@ -2714,7 +2722,7 @@ def _linear_attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optio
     return dq, dk, dv, dg, (dh0 if dh0 is not None else empty()), ddt, dD
 
 @_linear_attn_bwd.register_fake
-def _(q, k, v, g, initial_state, do, dht, scale, dt, D):
+def _(q, k, v, g, initial_state, do, dht, scale, dt, D, h=None):
     f32 = torch.float32
     dg = q.new_empty(v.shape[:3] if _decay_kind(g) == GATE_SCALAR else (0,), dtype=f32)
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
@@ -2723,20 +2731,23 @@ def _(q, k, v, g, initial_state, do, dht, scale, dt, D):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dg, dh0, ddt, dD
 
 def _linear_attn_setup(ctx, inputs, output):
-    q, k, v, g, scale, initial_state, output_final_state, dt, D = inputs
-    ctx.save_for_backward(q, k, v, g, initial_state, dt, D)
+    q, k, v, g, scale, initial_state, output_final_state, dt, D, keep = inputs
+    ctx.set_materialize_grads(False)  # no zero gradient formed for h
+    ctx.save_for_backward(q, k, v, g, initial_state, dt, D, output[2] if keep else None)
     ctx.scale, ctx.output_final_state = scale, output_final_state
     ctx.dtypes = [None if x is None else x.dtype for x in (g, dt, D)]
 
-def _linear_attn_backward(ctx, do, dht):
-    q, k, v, g, h0, dt, D = ctx.saved_tensors
+def _linear_attn_backward(ctx, do, dht, _):
+    q, k, v, g, h0, dt, D, h = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
-    dq, dk, dv, dg, dh0, ddt, dD = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale, dt, D)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(v)
+    dq, dk, dv, dg, dh0, ddt, dD = _linear_attn_bwd(q, k, v, g, h0, do, dht, ctx.scale, dt, D, h)
     g_dt, dt_dt, D_dt = ctx.dtypes
     # a constant [H] gate is not differentiated (as in linear_attn_recurrent)
     return (dq, dk, dv, dg.to(g_dt) if _decay_kind(g) == GATE_SCALAR else None, None,
             None if h0 is None else dh0.to(h0.dtype), None,
-            None if dt is None else ddt.to(dt_dt), None if D is None else dD.to(D_dt))
+            None if dt is None else ddt.to(dt_dt), None if D is None else dD.to(D_dt), None)
 
 _linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
 
@@ -2845,7 +2856,9 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
     if g is not None and g.dim() == 4:  # GLA's per-key-channel gate (dt, D refused by the check above)
         o, ht = _gla_fwd(q, k, v, g, scale, initial_state, output_final_state)
     else:
-        o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D)
+        keep = bool(TUNING['keep']) and torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, v, g, initial_state, dt, D))
+        o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D, keep)[:2]
     return o, (ht if output_final_state else None)
 
 # ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ------------------

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -106,7 +107,7 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
              ('softmax', 4096): dict(ms=100.0, tokens_per_s=300.0, gpu_ms=90.0, categories=cats(0.0, 30.0, 60.0))}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default'):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
         calls.append((mixer, T, warm))
         r = dict(mixer=mixer, T=T, B=args.tokens // T, paths=[], device_name='test GPU', mfu=None, peak_mib=1.0,
                  mode=mode)
@@ -114,7 +115,7 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=2, device='cuda', tiny=False, json=str(tmp_path / 'r.json'),
-                              documents=False, compile_mode=['default'])
+                              documents=False, compile_mode=['default'], keep=['off'])
     bench.train_bench(args, ['kda'], [1024, 4096])
     assert [c for c in calls if not c[2]] == [('softmax', 1024, False), ('kda', 1024, False), ('softmax', 4096, False),
                                              ('kda', 4096, False)]
@@ -134,7 +135,7 @@ def test_train_table_documents_column(monkeypatch, capsys):
     speed = {('softmax', False): 300.0, ('softmax', True): 240.0, ('kda', False): 200.0, ('kda', True): 190.0}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default'):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
         calls.append((mixer, documents))
         r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
                  mode=mode)
@@ -142,7 +143,7 @@ def test_train_table_documents_column(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=True,
-                              compile_mode=['default'])
+                              compile_mode=['default'], keep=['off'])
     bench.train_bench(args, ['kda'], [1024])
     assert calls[4:] == [('softmax', False), ('softmax', True), ('kda', False), ('kda', True)]
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
@@ -158,7 +159,7 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
     speed = {('softmax', 'default'): 300.0, ('kda', 'default'): 150.0, ('softmax', 'reduce-overhead'): 400.0,
              ('kda', 'reduce-overhead'): 300.0}
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default'):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
         r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
                  mode=mode)
         return dict(r, warm_s=1.0) if warm else dict(r, ms=10.0, tokens_per_s=speed[mixer, mode], idle_ms=0.5,
@@ -166,7 +167,7 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
-                              compile_mode=['default', 'reduce-overhead'])
+                              compile_mode=['default', 'reduce-overhead'], keep=['off'])
     bench.train_bench(args, ['kda'], [1024])
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
             if s.startswith('|')]
@@ -176,6 +177,35 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
     assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '1.00', '0.75']
     assert rows[3][head.index('idle ms')] == '0.50' and rows[3][head.index('idle %')] == '2.5'
 
+
+
+def test_train_table_keep_settings(monkeypatch, capsys):
+    """--keep off on: each linear mixer's rows in both settings of kernels.TUNING['keep'] (labelled), softmax once (its
+    model has no linear-mixer kernels); every row divided by that softmax row; each cell's process gets its setting."""
+    speed = {('kda', False): 150.0, ('kda', True): 165.0}
+    calls, run_cell = [], bench.run_cell
+
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
+        calls.append((mixer, keep))
+        r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
+                 mode=mode, keep=keep)
+        return dict(r, warm_s=1.0) if warm else dict(r, ms=10.0, tokens_per_s=300.0 if mixer == 'softmax'
+                                                       else speed[mixer, keep])
+
+    monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
+    args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
+                              compile_mode=['default'], keep=['off', 'on'])
+    bench.train_bench(args, ['kda'], [1024])
+    assert calls[3:] == [('softmax', False), ('kda', False), ('kda', True)]
+    rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
+            if s.startswith('|')]
+    assert [r[0] for r in rows[2:]] == ['softmax', 'kda [keep off]', 'kda [keep on]']
+    assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '0.55']
+    cmd = []
+    monkeypatch.setattr(bench.subprocess, 'run', lambda c, **kw: cmd.append(c) or types.SimpleNamespace(
+        stdout='CELL {"mixer": "kda"}', stderr='', returncode=0))
+    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, keep=True)
+    assert cmd[0][-2:] == ['--keep', 'on']
 
 # -----------------------------------------------------------------------------
 # --tiles and --ptxas (kernels.TUNING's candidates; offline compiles)

@@ -975,6 +975,41 @@ def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
     x["initial_state"] = rnd(B, nh, dk, dv).to(DEV)
     return x
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16] if CUDA else [F32], ids=_id)
+@pytest.mark.parametrize("case", ["none", "retnet", "mamba2", "mamba2-ssd"])
+def test_linear_attn_keep_equals_the_recompute(case, dtype, monkeypatch):
+    # TUNING['keep'] for the scalar decay: the backward reads the forward's snapshots h[c] (the fused forward, none and
+    # retnet here, writes them besides O; the per-token gate's forward has them anyway) instead of recomputing them:
+    # the same outputs and gradients as the recompute, the state pass (_la_states) once per forward and backward
+    # instead of twice, and nothing kept without grad
+    B, T, D = (2, 130, 64) if CUDA else (1, 65, 16)
+    gate = case.split("-")[0]
+    x = la_triton_inputs(B, T, 4, 2 if gate == "mamba2" else 1, D, D, gate, "mild", dtype)
+    kw = {}
+    if case == "mamba2-ssd":
+        gen = torch.Generator().manual_seed(3)
+        kw = dict(dt=F.softplus(torch.randn(B, T, 4, generator=gen)).to(DEV), D=torch.rand(4, generator=gen).to(DEV))
+    calls = []
+    states = kernels._la_states
+    monkeypatch.setattr(kernels, "_la_states", lambda *a, **k: calls.append(a[7] is not None) or states(*a, **k))
+    results = {}
+    for keep in (False, True):
+        monkeypatch.setitem(kernels.TUNING, "keep", keep)
+        calls.clear()
+        results[keep] = run(kernels.linear_attn_triton, x | kw)
+        assert len(calls) == (1 if keep else 2), (keep, calls)
+    (o0, S0, g0), (o1, S1, g1) = results[False], results[True]
+    for name, a, b in [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]:
+        if CUDA:
+            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
+        else:
+            assert torch.equal(a, b), name
+    fused = gate in ("none", "retnet")
+    calls.clear()
+    with torch.no_grad():
+        kernels.linear_attn_triton(**x, **kw, output_final_state=True)
+    assert calls == [not fused]  # (the per-token gate's forward writes h for its output kernel)
+
 def la_triton_check(T, dk, dv, dtype, gate, strength, with_state=True, seed=0, B=None, hpg=None):
     B, nh = B or (2 if CUDA else 1), 4
     hpg = hpg or {"none": 1, "retnet": 1, "mamba2": 4 if strength != "strong" else 2, "gla": 1}[gate]  # 1 group; 2 of 2
@@ -1146,11 +1181,13 @@ def test_linear_attn_triton_causality(gate):
     x = la_triton_inputs(B, T, nh, 2, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.linear_attn_triton, x, la_triton_inputs(B, T, nh, 2, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("gate", ["retnet", "mamba2", "gla"])
-def test_linear_attn_triton_compile(gate):
+@pytest.mark.parametrize("gate", ["retnet", "mamba2", "gla", "retnet keep", "mamba2 keep"])
+def test_linear_attn_triton_compile(gate, monkeypatch):
     # the public calls on the Triton path under torch.compile(fullgraph=True) == eager: chunked forward and backward
     # (custom ops with their autograd formula), then a decode step (a mutating custom op); GLA at a shorter T (its
-    # kernels are slow in the interpreter)
+    # kernels are slow in the interpreter); 'keep': TUNING['keep'] (the snapshots as a third output, saved)
+    monkeypatch.setitem(kernels.TUNING, "keep", "keep" in gate)
+    gate = gate.split()[0]
     x = la_triton_inputs(1, 70, 4, 2, 16, 32, gate, "mild", F32, seed=5) if gate != "gla" else \
         la_triton_inputs(1, 20, 2, 2, 16, 32, gate, "mild", F32, seed=5)
     names = [n for n, t in x.items() if differentiable(n, t)]
