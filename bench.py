@@ -1027,8 +1027,9 @@ def record_launches(D, dtypes, H=4):
     (with and without the norm, bias, documents), forward, backward and step. kernels.py's Triton kernels are replaced
     by LaunchRecorders while they run, so nothing is computed (the calls only allocate by shape) -> the unique
     launches. CPU tensors on the Triton path: needs TRITON_INTERPRET=1. One SM on CPU: the state passes take the tiles
-    of a large B*H."""
+    of a large B*H. Both settings of kernels.TUNING['keep'] (its forwards store the states too)."""
     out = []
+    keep = kernels.TUNING['keep']
     found = {n: k for n, k in vars(kernels).items()
              if n.endswith("_kernel") and isinstance(k, triton.runtime.jit.KernelInterface)}
     for n, k in found.items():
@@ -1036,7 +1037,7 @@ def record_launches(D, dtypes, H=4):
     try:
         T = 65
         rnd = lambda *s, dtype=torch.float32: torch.randn(*s, dtype=dtype, requires_grad=True)
-        for dtype in dtypes:
+        for dtype, kernels.TUNING['keep'] in itertools.product(dtypes, (False, True)):
             for gate, fn in itertools.product((None, "gdn", "kda"), (False, True)):
                 if fn and gate is None:
                     continue
@@ -1069,6 +1070,7 @@ def record_launches(D, dtypes, H=4):
                 kernels.short_conv_step(x.detach()[:, 0], torch.zeros(2, 3, 64, dtype=dtype), rnd(64, 4).detach(),
                                         None, norm=norm, path="triton")
     finally:
+        kernels.TUNING['keep'] = keep
         for n, k in found.items():
             setattr(kernels, n, k)
     unique = {json.dumps(launch, sort_keys=True): launch for launch in out}
@@ -1104,7 +1106,8 @@ def ptxas_report(name, sig, constexprs, warps, stages):
     return int(regs.group(1)), int(spill.group(1)) if spill else 0, k.metadata.shared // 1024
 
 
-PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SSD", "NORM", "POS", "L", "BD", "AHEAD")
+PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SNAPSHOTS", "SSD", "NORM", "POS", "L", "BD",
+              "AHEAD")
 
 
 def ptxas(D, dtypes, only):
