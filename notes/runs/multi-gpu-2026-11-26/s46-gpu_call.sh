@@ -1,6 +1,5 @@
 #!/bin/bash
-# one device call (sessions 43-45; session 44 used the same steps before ckpt got its timeouts and pair, dp4, samp, prof
-# were added): env, then the steps named in $@
+# one device call (sessions 43-46): env, then the steps named in $@
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export TIKTOKEN_CACHE_DIR=$PWD/scratch/tiktoken PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -103,16 +102,31 @@ PY
 }
 samp() { timeout 90 python3 sample.py --out_dir=/tmp/ckpt-layouts --num_samples=1 --max_new_tokens=48 --start="def main():" 2>&1 | grep -v Warn | tee $OUT/sample.txt | tail -8; }
 prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: DDP, FSDP as in session 44
-  # (train_s44.py, carried), FSDP with the all-gather issued after the optimizer step (train.py): notes/runs/multi-gpu-2026-11-26/s45-prof_train.py
+  # (train_s44.py, carried), FSDP with the all-gather issued after the optimizer step (train.py): scratch/prof_train.py
   cp scratch/train_s44.py train_s44.py  # (train.py reads data beside itself)
   for v in "train.py:" "train_s44.py:--fsdp=True" "train.py:--fsdp=True"; do
     t=${v%%:*}; f=${v#*:}; echo "-- $t $f"
     PROF_TRAIN=$t PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof-${t%.py}${f:+-fsdp} timeout ${PROF_SECS:-200} \
-      python3 -m torch.distributed.run --standalone --nproc_per_node=2 notes/runs/multi-gpu-2026-11-26/s45-prof_train.py config/kda_hybrid.py \
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 scratch/prof_train.py config/kda_hybrid.py \
       --dataset=pystdlib --block_size=1024 --batch_size=12 --gradient_accumulation_steps=4 --max_iters=30 \
       --eval_interval=1000000 --eval_iters=1 --log_interval=1 --wandb_log=False --out_dir=/tmp/prof-${t%.py}$f $f 2>&1 |
       grep -v "^W[0-9][0-9][0-9][0-9] \|Warning" | grep -E "^== rank|step wall|GPU per step|ms/step|^iter (25|29)/|Error" ; cleanup
   done
+}
+keeptest() {  # issue 41, TUNING['keep'] on the GPU: its tests first, then every kernel test (session 46's prediction)
+  timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake" 2>&1 | tee $OUT/keeptest.txt | tail -4
+  timeout ${KA_SECS:-300} python3 -m pytest -q -n 8 test_kernels.py 2>&1 | tee $OUT/kerneltests.txt | tail -4
+}
+keepbench() {  # the kernel table in both settings (fla in the first run only: its compile is slow), then the scalar decay
+  timeout ${KB_SECS:-280} python3 bench.py --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-off.txt
+  PYTHONPATH= timeout ${KB_SECS:-280} python3 bench.py --keep on --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-on.txt
+}
+keepscalar() { for k in off on; do PYTHONPATH= timeout 200 python3 bench.py --keep $k --variants retnet,mamba2 2>&1 | grep -v Warn | tee $OUT/bench-scalar-keep-$k.txt; done; }
+keeptrain() {  # the models, both settings side by side
+  local mix="${MIX:-softmax kda*3,softmax kda}"; set -f  # (no globbing of 'kda*3,softmax')
+  timeout ${KTR_SECS:-560} python3 bench.py --train --contexts ${CTX:-1024,4096} --mixers $mix --keep off on \
+    --jobs 3 --json $OUT/train-keep.json 2>&1 | grep -v Warn | tee $OUT/train-keep.txt | grep -E "^\||^measure|^device"
+  set +f
 }
 cleanup() { pkill -9 -f "[t]rain\.py"; pkill -9 -f "[t]orch\.distributed\.run"; sleep 2; }
 cleanup  # a warm machine may hold the previous call's orphans (session 44, call C)
