@@ -281,10 +281,11 @@ def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
 # beyond rounding, except the inverse's precision, which the tests' tolerances cover.
 TUNING = {
     # Both families: 'keep' has the forward hand the backward what it would otherwise recompute (the delta rule's W,
-    # state snapshots h[c] and Delta, and KDA's Kd, Qg: its _wy_fwd and state pass run once, not twice), at the
-    # cost of holding them from the forward to the backward: at Dk = Dv = d, per token, head and layer d (d / 64 + 2)
-    # values, and 2 d more for KDA (9 KB a token in each KDA layer of the 124M hybrid, in bf16). Only where autograd
-    # will call the backward (grad enabled, an input requiring grad). No result changes.
+    # state snapshots h[c] and Delta, and KDA's Kd, Qg: its _wy_fwd and state pass run once, not twice; the scalar
+    # decay's and GLA's h[c]), at the cost of holding them from the forward to the backward: for the delta rule at
+    # Dk = Dv = d, per token, head and layer d (d / 64 + 2) values, and 2 d more for KDA (9 KB a token in each KDA
+    # layer of the 124M hybrid, in bf16); h[c] alone d² / 64 (GLA's chunks of 16: d² / 16). Only where autograd will
+    # call the backward (grad enabled, an input requiring grad). No result changes.
     'keep': False,
     # Delta rule (section 4). The sequential state passes (_state_fwd, _state_bwd), one program per (V-tile, b, h)
     # walking every chunk: V-tile 'v' (halved down to 'min_v' while the programs do not cover the SMs: small B*H,
@@ -675,9 +676,9 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 #   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (with S, in the same pass)
 # Kernels: _chunk_cumsum (G; with A_log, dt_bias it also forms GDN's / KDA's gate), _grams_block (P_qk, L; KDA's
 # per-channel Gram), _inverse (A in place of L), _wy_fwd (W, U; KDA also Kd, Qg), _state_fwd (O; in the backward's
-# recompute the snapshots h[c] = S and Delta instead).
-# TODO (speed): KDA's backward per-chunk gradients (_grads_bwd) are half of its forward+backward time, the forward's
-# _wy_fwd writes four [B, T, H, D] tensors, and the backward recomputes W, h and Delta (notes/perf.md 2026-11-26 (x)).
+# recompute the snapshots h[c] = S and Delta instead; with TUNING['keep'] both in the forward).
+# TODO (speed): KDA's backward per-chunk gradients (_grads_bwd) are half of its forward+backward time, and the
+# forward's _wy_fwd writes four [B, T, H, D] tensors (notes/perf.md 2026-11-26 (x)).
 
 # The decayed Gram products within a chunk, and KDA's per-channel gate in them (the dyadic split).
 #
@@ -1068,7 +1069,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 
 # ---- 4.4 Triton backward -------------------------------------------------------------------------------------------
 
-# Triton backward (docs/mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels)
+# Triton backward (docs/mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels
+# or, with TUNING['keep'], kept too)
 #
 # _state_bwd, reverse over chunks, dS' = gradient of the state after the chunk (d final_state last):
 #   dDelta = scale P_qk^T dO + Kd dS'                 Kd = K * exp(G_n - G)
@@ -1623,7 +1625,8 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 
 # Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_block) -> A (_inverse) -> W, U
 # (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
-# state; the backward (kernels::delta_rule_bwd) recomputes W, h, Delta (_wy_fwd, _state_fwd), then runs _state_bwd
+# state, and with TUNING['keep'] W, h, Delta (KDA: Kd, Qg); the backward (kernels::delta_rule_bwd) recomputes
+# those that were not kept (_wy_fwd, _state_fwd), then runs _state_bwd
 # (reverse over chunks) and the per-chunk gradients: _wy_grads_bwd (DeltaNet; GDN at Dk > 64), _wy_grads_bwd_phased
 # (GDN at Dk <= 64), or _wy_bwd and _grads_bwd (KDA); with A_log, dt_bias also kernels::decay_gate_bwd (the gate's
 # own backward). They are torch.library custom ops with fake (shape) functions and the backward registered as the
@@ -2276,9 +2279,11 @@ def _gla_intra(qq, dM, k_ptr, g_ptr, x0, xk0, n, H, HK, rows, ck, DK: tl.constex
 @triton.jit(do_not_specialize=["T", "NT", "H", "HK"])
 def _gla_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, ht_ptr, h_ptr, o_ptr, scale, T, NT, H, HK,
                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                    PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, OUTPUT: tl.constexpr):
+                    PREC: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, OUTPUT: tl.constexpr,
+                    SNAPSHOTS: tl.constexpr):
     # One program per (V-tile, key tile, b, h). OUTPUT: o_ptr [NK, B, T, H, Dv] gets this key tile's share of O
-    # (o itself when NK = 1); else h_ptr [B, NT, H, Dk, Dv] the chunk-start states (the backward's recompute).
+    # (o itself when NK = 1). SNAPSHOTS: h_ptr [B, NT, H, Dk, Dv] the chunk-start states (the backward's recompute,
+    # or the forward with TUNING['keep']).
     iv, ik = tl.program_id(0), tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
@@ -2299,7 +2304,7 @@ def _gla_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, ht_ptr, h_ptr, o_ptr, sc
         xk0 = (b * T + c * C) * HK + hk             # ... and of q, k
         tok = x0 + rows * H
         tokk = xk0 + rows * HK
-        if not OUTPUT:
+        if SNAPSHOTS:
             tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         kk = tl.load(k_ptr + tokk[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
         vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
@@ -2579,7 +2584,8 @@ def _gla_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dht_ptr, dh0_ptr,
 # from _la_state_fwd alone (OUTPUT, see TUNING['scalar']). Saved: q, k, v, g (per token or the constant [H] gate), dt, D and
 # the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] (bf16 for bf16 inputs), then runs
 # _la_state_bwd (reverse over chunks), _la_dv_bwd (with SSD also dx, dΔ, dD) and _la_dqkg_bwd. Recompute rather
-# than store: h[c] would be 2x q's size at Dk = Dv = 128, and the recompute is one state pass.
+# than store by default: h[c] is 2x q's size at Dk = Dv = 128, and the recompute is one state pass; TUNING['keep']
+# saves the forward's h[c] instead.
 
 def _decay_kind(g):
     """GATE_NONE (no gate), GATE_SCALAR (a gate per token, [B,T,H] or a step's [B,H]: Mamba2) or GATE_CONST (a constant
@@ -2752,8 +2758,9 @@ def _linear_attn_backward(ctx, do, dht, _):
 _linear_attn_fwd.register_autograd(_linear_attn_backward, setup_context=_linear_attn_setup)
 
 # GLA (g [B, T, H, Dk]) as its own pair of custom ops. Forward (kernels::gla_fwd): _gla_fwd with OUTPUT, O's shares
-# over key tiles summed here when Dk has more than one. Saved: q, k, v, g and the initial state; the backward
-# (kernels::gla_bwd) recomputes the chunk-start states h[c] (_gla_fwd without OUTPUT; _storage's dtype), then runs
+# over key tiles summed here when Dk has more than one. Saved: q, k, v, g and the initial state (TUNING['keep']: and
+# h[c]); the backward (kernels::gla_bwd) recomputes the chunk-start states h[c] (_gla_fwd without OUTPUT;
+# _storage's dtype) unless kept, then runs
 # _gla_bwd, reverse over chunks, and sums its per-tile shares: dv over key tiles, dq, dk, dg over V-tiles (and dq, dk
 # over the heads of a q/k group). h[c] is Dk*Dv/16 values per token and head (8x q's at Dk = Dv = 128).
 
@@ -2763,8 +2770,10 @@ def _gla_tiles(DK, DV):
 
 @torch.library.custom_op("kernels::gla_fwd", mutates_args=())
 def _gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
-             initial_state: Optional[torch.Tensor], output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for); g [B,T,H,Dk]."""
+             initial_state: Optional[torch.Tensor], output_final_state: bool, keep: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> o [B,T,H,Dv] (v's dtype), final state fp32 [B,H,Dk,Dv] (empty unless asked for), and with keep the
+    chunk-start states h[c] [B,NT,H,Dk,Dv] (_storage's dtype) for the backward (else empty); g [B,T,H,Dk]."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, T, H, HK, DK, DV, _, _, _, prec = _la_meta(q, k, v)
     BK, BV = _gla_tiles(DK, DV)
@@ -2774,35 +2783,43 @@ def _gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     # one share of O per key tile (fp32, summed below), or O itself
     o = torch.empty_like(v) if NK == 1 else torch.empty(NK, B, T, H, DV, device=k.device, dtype=torch.float32)
-    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else o, ht if ht is not None else o, o, o,
-                                     scale, T, triton.cdiv(T, GLA_CHUNK), H, HK, DK, DV, BK, BV, GLA_CHUNK, prec,
-                                     h0 is not None, ht is not None, 1, num_warps=TUNING['gla']['fwd_warps'],
+    NT = triton.cdiv(T, GLA_CHUNK)
+    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=_storage(prec)) if keep else None
+    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else o, ht if ht is not None else o,
+                                     h if keep else o, o, scale, T, NT, H, HK, DK, DV, BK, BV, GLA_CHUNK, prec,
+                                     h0 is not None, ht is not None, 1, keep, num_warps=TUNING['gla']['fwd_warps'],
                                      num_stages=TUNING['gla']['fwd_stages'])
     if NK > 1:
         o = o.sum(0).to(v.dtype)
-    return o, (ht if ht is not None else torch.empty(0, device=k.device, dtype=torch.float32))
+    empty = lambda dtype: torch.empty(0, device=k.device, dtype=dtype)
+    return o, (ht if ht is not None else empty(torch.float32)), (h if keep else empty(_storage(prec)))
 
 @_gla_fwd.register_fake
-def _(q, k, v, g, scale, initial_state, output_final_state):
+def _(q, k, v, g, scale, initial_state, output_final_state, keep=False):
     B, T, H, DV = v.shape
     ht = q.new_empty((B, H, q.shape[-1], DV) if output_final_state else (0,), dtype=torch.float32)
-    return v.new_empty(v.shape), ht
+    h = q.new_empty((B, triton.cdiv(T, GLA_CHUNK), H, q.shape[-1], DV) if keep else (0,),
+                    dtype=_storage(_la_meta(q, k, v)[-1]))
+    return v.new_empty(v.shape), ht, h
 
 @torch.library.custom_op("kernels::gla_bwd", mutates_args=())
 def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-             initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H,Dk], d initial_state fp32 (empty without one)."""
+             initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float,
+             h: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                        torch.Tensor]:
+    """-> dq, dk, dv (the inputs' dtypes and shapes), dg fp32 [B,T,H,Dk], d initial_state fp32 (empty without one).
+    h: the forward's chunk-start states (TUNING['keep']), else recomputed here."""
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     B, T, H, HK, DK, DV, _, _, _, prec = _la_meta(q, k, v)
     BK, BV = _gla_tiles(DK, DV)
     NK, NV, NT = DK // BK, DV // BV, triton.cdiv(T, GLA_CHUNK)
     gp = g.float().contiguous()
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=_storage(prec))
-    _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else h, h, h, h, scale, T, NT, H, HK, DK, DV,
-                                     BK, BV, GLA_CHUNK, prec, h0 is not None, False, 0,
-                                     num_warps=TUNING['gla']['fwd_warps'], num_stages=TUNING['gla']['fwd_stages'])
+    if h is None:
+        h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=_storage(prec))
+        _gla_fwd_kernel[(NV, NK, B * H)](q, k, v, gp, h0 if h0 is not None else h, h, h, h, scale, T, NT, H, HK, DK,
+                                         DV, BK, BV, GLA_CHUNK, prec, h0 is not None, False, 0, 1,
+                                         num_warps=TUNING['gla']['fwd_warps'], num_stages=TUNING['gla']['fwd_stages'])
     f32, t = dict(device=k.device, dtype=torch.float32), TUNING['gla']
     # per-tile shares (fp32), or the gradients themselves where there is one share per token and head
     whole = NV == 1 and HK == H
@@ -2827,21 +2844,24 @@ def _gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     return dq, dk, dv, dg, (dh0 if dh0 is not None else torch.empty(0, **f32))
 
 @_gla_bwd.register_fake
-def _(q, k, v, g, initial_state, do, dht, scale):
+def _(q, k, v, g, initial_state, do, dht, scale, h=None):
     f32 = torch.float32
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape, dtype=f32), dh0
 
 def _gla_setup(ctx, inputs, output):
-    q, k, v, g, scale, initial_state, output_final_state = inputs
-    ctx.save_for_backward(q, k, v, g, initial_state)
+    q, k, v, g, scale, initial_state, output_final_state, keep = inputs
+    ctx.set_materialize_grads(False)  # no zero gradient formed for h
+    ctx.save_for_backward(q, k, v, g, initial_state, output[2] if keep else None)
     ctx.scale, ctx.output_final_state = scale, output_final_state
 
-def _gla_backward(ctx, do, dht):
-    q, k, v, g, h0 = ctx.saved_tensors
+def _gla_backward(ctx, do, dht, _):
+    q, k, v, g, h0, h = ctx.saved_tensors
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
-    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, do, dht, ctx.scale)
-    return dq, dk, dv, dg.to(g.dtype), None, None if h0 is None else dh0.to(h0.dtype), None
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(v)
+    dq, dk, dv, dg, dh0 = _gla_bwd(q, k, v, g, h0, do, dht, ctx.scale, h)
+    return dq, dk, dv, dg.to(g.dtype), None, None if h0 is None else dh0.to(h0.dtype), None, None
 
 _gla_fwd.register_autograd(_gla_backward, setup_context=_gla_setup)
 
@@ -2853,11 +2873,12 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
     if why:
         _fail("linear_attn", why)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    # keep the backward's snapshots from the forward only where there will be a backward
+    keep = bool(TUNING['keep']) and torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, initial_state, dt, D))
     if g is not None and g.dim() == 4:  # GLA's per-key-channel gate (dt, D refused by the check above)
-        o, ht = _gla_fwd(q, k, v, g, scale, initial_state, output_final_state)
+        o, ht = _gla_fwd(q, k, v, g, scale, initial_state, output_final_state, keep)[:2]
     else:
-        keep = bool(TUNING['keep']) and torch.is_grad_enabled() and any(
-            x is not None and x.requires_grad for x in (q, k, v, g, initial_state, dt, D))
         o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D, keep)[:2]
     return o, (ht if output_final_state else None)
 

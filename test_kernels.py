@@ -976,22 +976,30 @@ def la_triton_inputs(B, T, nh, hpg, dk, dv, gate, strength, dtype, seed=0):
     return x
 
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16] if CUDA else [F32], ids=_id)
-@pytest.mark.parametrize("case", ["none", "retnet", "mamba2", "mamba2-ssd"])
+@pytest.mark.parametrize("case", ["none", "retnet", "mamba2", "mamba2-ssd", "gla"])
 def test_linear_attn_keep_equals_the_recompute(case, dtype, monkeypatch):
-    # TUNING['keep'] for the scalar decay: the backward reads the forward's snapshots h[c] (the fused forward, none and
-    # retnet here, writes them besides O; the per-token gate's forward has them anyway) instead of recomputing them:
-    # the same outputs and gradients as the recompute, the state pass (_la_states) once per forward and backward
-    # instead of twice, and nothing kept without grad
-    B, T, D = (2, 130, 64) if CUDA else (1, 65, 16)
+    # TUNING['keep'] for the scalar decay and GLA: the backward reads the forward's snapshots h[c] (the fused forward,
+    # none and retnet here, and GLA's write them besides O; the per-token gate's forward has them anyway) instead of
+    # recomputing them: the same outputs and gradients as the recompute, the state pass (_la_states; GLA's
+    # _gla_fwd_kernel) once per forward and backward instead of twice, and nothing kept without grad
+    B, T, D = (2, 130, 64) if CUDA else (1, 65 if case != "gla" else 20, 16)
     gate = case.split("-")[0]
-    x = la_triton_inputs(B, T, 4, 2 if gate == "mamba2" else 1, D, D, gate, "mild", dtype)
+    x = la_triton_inputs(B, T, 4, 2 if gate in ("mamba2", "gla") else 1, D, D, gate, "mild", dtype)
     kw = {}
     if case == "mamba2-ssd":
         gen = torch.Generator().manual_seed(3)
         kw = dict(dt=F.softplus(torch.randn(B, T, 4, generator=gen)).to(DEV), D=torch.rand(4, generator=gen).to(DEV))
     calls = []
-    states = kernels._la_states
-    monkeypatch.setattr(kernels, "_la_states", lambda *a, **k: calls.append(a[7] is not None) or states(*a, **k))
+    if gate == "gla":  # its forward kernel, launched with SNAPSHOTS (its last constexpr) or not
+        class Count:
+            def __init__(self, kernel):
+                self.kernel = kernel
+            def __getitem__(self, grid):
+                return lambda *a, **k: calls.append(bool(a[-1])) or self.kernel[grid](*a, **k)
+        monkeypatch.setattr(kernels, "_gla_fwd_kernel", Count(kernels._gla_fwd_kernel))
+    else:
+        states = kernels._la_states
+        monkeypatch.setattr(kernels, "_la_states", lambda *a, **k: calls.append(a[7] is not None) or states(*a, **k))
     results = {}
     for keep in (False, True):
         monkeypatch.setitem(kernels.TUNING, "keep", keep)
@@ -1004,7 +1012,7 @@ def test_linear_attn_keep_equals_the_recompute(case, dtype, monkeypatch):
             assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
         else:
             assert torch.equal(a, b), name
-    fused = gate in ("none", "retnet")
+    fused = gate in ("none", "retnet", "gla")
     calls.clear()
     with torch.no_grad():
         kernels.linear_attn_triton(**x, **kw, output_final_state=True)
@@ -1181,7 +1189,7 @@ def test_linear_attn_triton_causality(gate):
     x = la_triton_inputs(B, T, nh, 2, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.linear_attn_triton, x, la_triton_inputs(B, T, nh, 2, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("gate", ["retnet", "mamba2", "gla", "retnet keep", "mamba2 keep"])
+@pytest.mark.parametrize("gate", ["retnet", "mamba2", "gla", "retnet keep", "mamba2 keep", "gla keep"])
 def test_linear_attn_triton_compile(gate, monkeypatch):
     # the public calls on the Triton path under torch.compile(fullgraph=True) == eager: chunked forward and backward
     # (custom ops with their autograd formula), then a decode step (a mutating custom op); GLA at a shorter T (its
