@@ -95,9 +95,9 @@ GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (l
 # Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
 # faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks).
 TRITON_CHUNK = 64
-# KDA's Gram backward rescales rows by exp(G_r - G_ref) and exp(G_ref - G_i) about one reference row per group of rows
-# where |G_r - G_ref| <= EXP_SPAN for all of them: e^60 ~ 1e26 leaves fp32's and bf16's range (e^88) room for the
-# products and the 64-term sums of the dots.
+# KDA's Gram backward rescales rows by exp(G_r - G_ref) and exp(G_ref - G_i) about one reference per group of rows
+# and key channel where |G_r - G_ref| <= EXP_SPAN for all of them: e^60 ~ 1e26 leaves fp32's and bf16's range (e^88)
+# room for the products and the 64-term sums of the dots.
 EXP_SPAN = tl.constexpr(60.0)
 
 # =====================================================================================================================
@@ -1132,10 +1132,10 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, lb,
     tl.store(part_ptr + part + H * DG, tl.sum(du, 0), mask=cd < DG)                 # ddt_bias's
 
 @triton.jit
-def _grams_bwd_groups(dP, dL, beta, q, k, Gm, G0, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
+def _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
                       PREC: tl.constexpr):
-    # _grams_bwd's pairs i < r inside each group of S rows, about the group's first row (the chunk's when whole)
-    nu = tl.where(whole, G0, nu16)
+    # _grams_bwd's pairs i < r inside each group of S rows, about the group's reference (the chunk's when whole)
+    nu = tl.where(whole, nuC, nu16)
     eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))       # exp(G_r - G_ref), 0 on padded rows
     ed = tl.exp(tl.where(valid, nu - Gm, float('-inf')))       # exp(G_ref - G_i)
     same = ((r // S) == (i // S)) & (i < r)
@@ -1165,15 +1165,19 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
     # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
     #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
     #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
-    # KDA (GATE_CHANNEL): exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about a reference row ref, so
-    # that the pair sums become dots of rescaled rows. Groups of S rows share one reference, their first row, when
-    # every |G_r - G_ref| in them is at most EXP_SPAN (the factors stay in fp32's and bf16's range): S = C (the whole
-    # chunk: four dots) when that holds for the chunk, else S = 16 when it holds for every 16-row group, else S = 1.
+    # KDA (GATE_CHANNEL): exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about any reference G_ref per key
+    # channel, so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the midpoint
+    # of each channel's G over the group ((G at its first row + G at its last) / 2: G is a cumsum of log-decays <= 0,
+    # so half the group's span lies on either side), when every |G_r - G_ref| in them is at most EXP_SPAN (the
+    # factors stay in fp32's and bf16's range; both factors can exceed 1, but only pairs i <= r are ever multiplied,
+    # the others are zeros of dP and dL): S = C (the whole chunk: four dots) when that holds for the chunk (a span of
+    # up to 2 EXP_SPAN), else S = 16 when it holds for every 16-row group, else S = 1.
     # The pairs in different groups go by dyadic levels (pairs in different halves of a 2s-row block, about the left
     # half's last row: both exps of a number <= 0 whatever the gate), levels log2(S) .. log2(C) - 1, four dots each.
-    # So a gate that decays by at most EXP_SPAN over a chunk costs one level, an unbounded one six (-1000 entries).
-    # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, see "The bounded gate" in 4.3): S = C or 16, with
-    # no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in different groups).
+    # So a gate that decays by at most 2 EXP_SPAN over a chunk costs one level, an unbounded one six (-1000 entries).
+    # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, so at most 37.5 about the midpoint; see "The
+    # bounded gate" in 4.3): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for
+    # the pairs in different groups).
     # DeltaNet (GATE_NONE): plain dots. GDN's gradient kernels form these terms themselves (_wy_grads_bwd,
     # _wy_grads_bwd_phased).
     r = tl.arange(0, C)[:, None]
@@ -1185,21 +1189,24 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
         dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
         dq += dPd * k
         dk += dPd * q
-        # the group size S: the chunk's first row, then each 16-row group's first row as the reference
-        G0 = tl.load(g_ptr + cols)
-        nu16 = tl.load(g_ptr + (r // 16 * 16) * sg + cols)
-        whole = tl.max(tl.where(valid, tl.abs(Gm - G0), 0.)) <= EXP_SPAN
+        # the group size S: the chunk's midpoint, then each 16-row group's as the reference (rows past n - 1 read
+        # row n - 1: a padded group's reference is never used)
+        nuC = (tl.load(g_ptr + cols) + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
+        top = r // 16 * 16
+        nu16 = (tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
+                + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
+        whole = tl.max(tl.where(valid, tl.abs(Gm - nuC), 0.)) <= EXP_SPAN
         if BOUNDED:  # every 16-row group is in range (the bound): the group dots always, no S = 1
             S = tl.where(whole, C, 16)
             first = tl.where(whole, LOG2C, 4)                          # the first dyadic level still needed
-            dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, G0, nu16, whole, valid, S, r, i,
+            dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i,
                                                   dq, dk, dG, dbeta, PREC)
         else:
             by16 = tl.max(tl.where(valid, tl.abs(Gm - nu16), 0.)) <= EXP_SPAN
             S = tl.where(whole, C, tl.where(by16, 16, 1))
             first = tl.where(whole, LOG2C, tl.where(by16, 4, 0))       # the first dyadic level still needed
             if S > 1:  # the pairs inside a group, about its first row
-                dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, G0, nu16, whole, valid, S, r, i,
+                dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i,
                                                       dq, dk, dG, dbeta, PREC)
         for lvl in range(first, LOG2C):  # the pairs in different groups, by dyadic levels
             s = 1 << lvl  # half-block size of this level

@@ -518,8 +518,10 @@ TRITON_TOL = {  # name -> (bf16, fp32)
 def triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed=0):
     """gate 'none' | 'gdn' [B,T,H] | 'kda' [B,T,H,Dk]; strength 'zero' | 'mild' | 'strong' (<= -5, a tenth at -1000)
     | 'medium' (KDA: mild, but every 8th key channel in [-4, -2], as fast channels of a trained gate: a chunk decays by
-    more than kernels.EXP_SPAN, 16 rows by less, so the Gram backward takes its 16-row groups). On DEV, in dtype; the
-    initial state stays fp32."""
+    more than 2 kernels.EXP_SPAN, 16 rows by less, so the Gram backward takes its 16-row groups) | 'wide' (KDA: mild,
+    but every 8th key channel in [-1.8, -1], as the 124M model's initial gate's fastest: a chunk decays by more than
+    EXP_SPAN but at most 2 EXP_SPAN, so the Gram backward takes the whole chunk about its midpoint, where a reference
+    at its first row would not fit). On DEV, in dtype; the initial state stays fp32."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=gen)
     x = dict(q=F.normalize(rnd(B, T, nh, dk), dim=-1), k=F.normalize(rnd(B, T, nh, dk), dim=-1),
@@ -528,10 +530,12 @@ def triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed=0):
         shape = (B, T, nh) if gate == "gdn" else (B, T, nh, dk)
         if strength == "zero":
             x["g"] = torch.zeros(shape)
-        elif strength in ("mild", "medium"):
+        elif strength in ("mild", "medium", "wide"):
             x["g"] = F.logsigmoid(rnd(*shape)) / 16
             if strength == "medium":
                 x["g"][..., ::8] = -2 - 2 * torch.rand(x["g"][..., ::8].shape, generator=gen)
+            if strength == "wide":
+                x["g"][..., ::8] = -1 - 0.8 * torch.rand(x["g"][..., ::8].shape, generator=gen)
         else:
             g = -5 - 5 * torch.rand(shape, generator=gen)
             x["g"] = torch.where(torch.rand(shape, generator=gen) < 0.1, -1000.0, g)
@@ -577,7 +581,7 @@ def compare_to_reference(tri_fn, ref_fn, x, dtype, with_state=True, seed=0, labe
     assert not bad, f"errors over tolerance: {bad}"
 
 TRITON_GATES = [("none", "-"), ("gdn", "zero"), ("gdn", "mild"), ("gdn", "strong"),
-                ("kda", "zero"), ("kda", "mild"), ("kda", "medium"), ("kda", "strong")]
+                ("kda", "zero"), ("kda", "mild"), ("kda", "medium"), ("kda", "wide"), ("kda", "strong")]
 if CUDA:  # bf16 over the whole matrix; fp32 (IEEE dots) at two lengths
     TRITON_CASES = ([(T, D, torch.bfloat16, gate, st) for T in (1, 63, 64, 65, 1000, 4096) for D in (64, 128)
                      for gate, st in TRITON_GATES]
@@ -586,10 +590,28 @@ else:  # interpreter: a few seconds per case
     TRITON_CASES = ([(T, 16, F32, "kda", "mild") for T in (1, 63, 64, 65, 130)]
                     + [(T, 16, F32, gate, "mild") for T in (1, 64, 130) for gate in ("none", "gdn")]
                     + [(100, 16, F32, gate, st) for gate, st in TRITON_GATES if st in ("zero", "strong")]
-                    + [(130, 16, F32, "kda", "medium")]
+                    + [(130, 16, F32, "kda", "medium"), (130, 16, F32, "kda", "wide")]
                     + [(65, 32, torch.bfloat16, "none", "-"), (65, 32, torch.bfloat16, "gdn", "mild"),
                        (65, 128, torch.bfloat16, "kda", "strong"),  # Dk = 128: four key tiles of 32 in the backward
                        (65, 64, F32, "gdn", "mild")])  # two key tiles: GDN's per-tile dg and dbeta partial sums
+
+@pytest.mark.parametrize("strength", ["mild", "wide", "medium"])
+def test_kda_gate_regimes_take_their_gram_backward_tier(strength):
+    # what each regime is for, by the spans of G (chunk-local cumsum of g) over the full chunks of T = 130: 'mild' the
+    # whole chunk about its first row; 'wide' the whole chunk only about its midpoint (span in (EXP_SPAN, 2 EXP_SPAN]);
+    # 'medium' no whole chunk, but every 16-row group (each within EXP_SPAN of its first row)
+    g = triton_inputs(1, 130, 2, 16, 16, "kda", strength, F32)["g"].cpu().double()[:, :128]
+    G = g.view(1, 2, 64, 2, 16).cumsum(2)                     # [B, chunk, row, H, Dk]
+    span = (G[:, :, 0] - G[:, :, -1]).amax().item()           # the largest decay over a chunk (rows 1..63)
+    G16 = G.view(1, 2, 4, 16, 2, 16)
+    span16 = (G16[:, :, :, 0] - G16[:, :, :, -1]).amax().item()
+    limit = kernels.EXP_SPAN.value
+    if strength == "mild":
+        assert span <= limit
+    elif strength == "wide":
+        assert limit < span <= 2 * limit
+    else:
+        assert span > 2 * limit and span16 <= limit
 
 def _id(v):  # readable ids, so that -k bfloat16 / -k float32 / -k kda select
     return str(v).replace("torch.", "") if isinstance(v, torch.dtype) else None
