@@ -29,9 +29,9 @@ category per mixer and context.
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
     python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
-    python bench.py --train --contexts 1024,4096 --keep off on   # each linear mixer with and without kernels.TUNING
-                                               # ['keep'] (the backward reads the forward's states); the kernel
-                                               # table takes one setting: python bench.py --keep on
+    python bench.py --train --contexts 1024,4096 --tuning default keep mid   # each linear mixer under each of
+                                               # TUNING_PRESETS (settings of kernels.TUNING); the kernel table
+                                               # takes one: python bench.py --tuning keep
     python bench.py --multi_gpu dp,cp --gpus 2   # train.py itself under torchrun (see --multi_gpu below)
     python bench.py --tiles delta --jobs 8     # kernels.TUNING's candidates (TILE_CANDIDATES) for the delta rule, each
                                                # checked against the fp64 reference in its own process, then timed
@@ -767,6 +767,7 @@ TILE_CANDIDATES = {
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
+        "kda_grads mid": {"kda_grads": dict(mid=True)},
         "grams kda_k 32": {"grams": dict(kda_k=32)},
         "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
         "grams k 128": {"grams": dict(k=128)},
@@ -800,10 +801,20 @@ TILE_CANDIDATES = {
 TILE_TOL = {"o": (5e-3, 1e-4), "y": (1e-2, 2e-5), "ht": (5e-3, 1e-4), "beta": (2e-2, 1e-3), "g": (2e-2, 1e-3)}
 TILE_TOL_GRAD = (8e-3, 1e-4)  # every other input's gradient
 
+# --tuning: named settings of kernels.TUNING that change what the kernels do, not only their tiles, measured side by
+# side with --train (each cell's process applies its preset) or one per kernel-table run
+TUNING_PRESETS = {
+    "default": {},
+    "keep": {"keep": True},                                   # the backward reads the forward's states
+    "mid": {"kda_grads": {"mid": True}},                      # KDA's Gram backward about the groups' midpoints
+    "keep+mid": {"keep": True, "kda_grads": {"mid": True}},
+}
+
 
 class tuned:
-    """with tuned(overrides): kernels.TUNING with overrides {entry: {key: value}} applied, restored afterwards; a key
-    that TUNING does not have is an error (a candidate that names a setting kernels.py no longer has)."""
+    """with tuned(overrides): kernels.TUNING with overrides {entry: {key: value}} (or {entry: value} for a plain
+    entry such as 'keep') applied, restored afterwards; a key that TUNING does not have is an error (a candidate that
+    names a setting kernels.py no longer has)."""
 
     def __init__(self, overrides):
         self.overrides = overrides
@@ -811,6 +822,9 @@ class tuned:
     def __enter__(self):
         self.saved = {e: kernels.TUNING[e] for e in self.overrides}
         for entry, kv in self.overrides.items():
+            if not isinstance(kernels.TUNING[entry], dict):
+                kernels.TUNING[entry] = kv
+                continue
             unknown = set(kv) - set(kernels.TUNING[entry])
             if unknown:
                 raise KeyError(f"kernels.TUNING[{entry!r}] has no {sorted(unknown)}")
@@ -1027,9 +1041,8 @@ def record_launches(D, dtypes, H=4):
     (with and without the norm, bias, documents), forward, backward and step. kernels.py's Triton kernels are replaced
     by LaunchRecorders while they run, so nothing is computed (the calls only allocate by shape) -> the unique
     launches. CPU tensors on the Triton path: needs TRITON_INTERPRET=1. One SM on CPU: the state passes take the tiles
-    of a large B*H. Both settings of kernels.TUNING['keep'] (its forwards store the states too)."""
+    of a large B*H. Under TUNING_PRESETS 'default' and 'keep+mid' (kernels they compile differently)."""
     out = []
-    keep = kernels.TUNING['keep']
     found = {n: k for n, k in vars(kernels).items()
              if n.endswith("_kernel") and isinstance(k, triton.runtime.jit.KernelInterface)}
     for n, k in found.items():
@@ -1037,40 +1050,40 @@ def record_launches(D, dtypes, H=4):
     try:
         T = 65
         rnd = lambda *s, dtype=torch.float32: torch.randn(*s, dtype=dtype, requires_grad=True)
-        for dtype, kernels.TUNING['keep'] in itertools.product(dtypes, (False, True)):
-            for gate, fn in itertools.product((None, "gdn", "kda"), (False, True)):
-                if fn and gate is None:
-                    continue
-                g = None if gate is None else rnd(*((1, T, H) if gate == "gdn" else (1, T, H, D)))
-                gate_fn = dict(A_log=rnd(H), dt_bias=rnd(*g.shape[2:])) if fn else {}
-                o, ht = kernels.delta_rule_triton(rnd(1, T, H, D, dtype=dtype), rnd(1, T, H, D, dtype=dtype),
-                                                  rnd(1, T, H, D, dtype=dtype), rnd(1, T, H, dtype=dtype), g,
-                                                  initial_state=rnd(1, H, D, D), output_final_state=True, **gate_fn)
-                (o.float().sum() + ht.sum()).backward()
-                gs = None if g is None else g.detach()[:, 0]
-                kernels.delta_rule_step_triton(*(torch.zeros(1, H, D, dtype=dtype) for _ in "qkv"),
-                                               torch.zeros(1, H, dtype=dtype), gs, torch.zeros(1, H, D, D))
-            for gate in (None, "retnet", "mamba2", "gla"):
-                hk = 1 if gate in ("mamba2", "gla") else H
-                g = {None: None, "retnet": torch.full((H,), -0.1), "mamba2": -rnd(1, T, H).detach().abs(),
-                     "gla": -rnd(1, T, H, D).detach().abs()}[gate]
-                ssd = dict(dt=rnd(1, T, H), D=rnd(H)) if gate == "mamba2" else {}
-                o, ht = kernels.linear_attn_triton(rnd(1, T, hk, D, dtype=dtype), rnd(1, T, hk, D, dtype=dtype),
-                                                   rnd(1, T, H, D, dtype=dtype), g, initial_state=rnd(1, H, D, D),
-                                                   output_final_state=True, **ssd)
-                (o.float().sum() + ht.sum()).backward()
-                gs = None if g is None else (g if g.dim() == 1 else g[:, 0])
-                kernels.linear_attn_step_triton(torch.zeros(1, hk, D, dtype=dtype), torch.zeros(1, hk, D, dtype=dtype),
-                                                torch.zeros(1, H, D, dtype=dtype), gs, torch.zeros(1, H, D, D))
-            for norm, bias, pos in ((0, False, False), (16, True, False), (0, True, True)):
-                x = rnd(2, T, 64, dtype=dtype)
-                doc_pos = torch.zeros(2, T, dtype=torch.uint8) if pos else None
-                kernels.short_conv(x, rnd(64, 4), rnd(64) if bias else None, norm=norm, path="triton",
-                                   doc_pos=doc_pos).float().sum().backward()
-                kernels.short_conv_step(x.detach()[:, 0], torch.zeros(2, 3, 64, dtype=dtype), rnd(64, 4).detach(),
-                                        None, norm=norm, path="triton")
+        for dtype, preset in itertools.product(dtypes, ("default", "keep+mid")):
+            with tuned(TUNING_PRESETS[preset]):
+                for gate, fn in itertools.product((None, "gdn", "kda"), (False, True)):
+                    if fn and gate is None:
+                        continue
+                    g = None if gate is None else rnd(*((1, T, H) if gate == "gdn" else (1, T, H, D)))
+                    gate_fn = dict(A_log=rnd(H), dt_bias=rnd(*g.shape[2:])) if fn else {}
+                    o, ht = kernels.delta_rule_triton(rnd(1, T, H, D, dtype=dtype), rnd(1, T, H, D, dtype=dtype),
+                                                      rnd(1, T, H, D, dtype=dtype), rnd(1, T, H, dtype=dtype), g,
+                                                      initial_state=rnd(1, H, D, D), output_final_state=True, **gate_fn)
+                    (o.float().sum() + ht.sum()).backward()
+                    gs = None if g is None else g.detach()[:, 0]
+                    kernels.delta_rule_step_triton(*(torch.zeros(1, H, D, dtype=dtype) for _ in "qkv"),
+                                                   torch.zeros(1, H, dtype=dtype), gs, torch.zeros(1, H, D, D))
+                for gate in (None, "retnet", "mamba2", "gla"):
+                    hk = 1 if gate in ("mamba2", "gla") else H
+                    g = {None: None, "retnet": torch.full((H,), -0.1), "mamba2": -rnd(1, T, H).detach().abs(),
+                         "gla": -rnd(1, T, H, D).detach().abs()}[gate]
+                    ssd = dict(dt=rnd(1, T, H), D=rnd(H)) if gate == "mamba2" else {}
+                    o, ht = kernels.linear_attn_triton(rnd(1, T, hk, D, dtype=dtype), rnd(1, T, hk, D, dtype=dtype),
+                                                       rnd(1, T, H, D, dtype=dtype), g, initial_state=rnd(1, H, D, D),
+                                                       output_final_state=True, **ssd)
+                    (o.float().sum() + ht.sum()).backward()
+                    gs = None if g is None else (g if g.dim() == 1 else g[:, 0])
+                    z = lambda *shape: torch.zeros(*shape, dtype=dtype)
+                    kernels.linear_attn_step_triton(z(1, hk, D), z(1, hk, D), z(1, H, D), gs, torch.zeros(1, H, D, D))
+                for norm, bias, pos in ((0, False, False), (16, True, False), (0, True, True)):
+                    x = rnd(2, T, 64, dtype=dtype)
+                    doc_pos = torch.zeros(2, T, dtype=torch.uint8) if pos else None
+                    kernels.short_conv(x, rnd(64, 4), rnd(64) if bias else None, norm=norm, path="triton",
+                                       doc_pos=doc_pos).float().sum().backward()
+                    kernels.short_conv_step(x.detach()[:, 0], torch.zeros(2, 3, 64, dtype=dtype), rnd(64, 4).detach(),
+                                            None, norm=norm, path="triton")
     finally:
-        kernels.TUNING['keep'] = keep
         for n, k in found.items():
             setattr(kernels, n, k)
     unique = {json.dumps(launch, sort_keys=True): launch for launch in out}
@@ -1214,7 +1227,8 @@ def train_model_config(mixer, T, tiny=False, documents=False):
     return GPTConfig(**args)
 
 
-def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False, mode="default", keep=False):
+def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, documents=False, mode="default",
+               tuning="default"):
     """One (mixer, T) cell, in its own process: build the model, torch.compile it on CUDA (eager on CPU), then train
     on fixed random tokens with train.py's step (bf16 autocast and TF32 on CUDA, fp32 on CPU; forward, backward,
     clip_grad_norm_ at 1.0, the finiteness check of loss and gradient norm, which syncs, fused AdamW, zero_grad),
@@ -1223,12 +1237,12 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     then PROFILE_STEPS under torch.profiler (CUDA only): GPU ms per step by kernel_category. -> dict for the JSON
     line. documents: GPTConfig.documents on, and an EOT at random positions (one in DOC_LEN) of the tokens. mode:
     torch.compile's mode; under CUDA graphs ('reduce-overhead', 'max-autotune') the gradients stay allocated between
-    steps, as train.py keeps them. keep: kernels.TUNING['keep'] (the backward reads the forward's states)."""
+    steps, as train.py keeps them. tuning: a TUNING_PRESETS name, applied to kernels.TUNING for this process."""
     from model import GPT
     cuda = device.startswith("cuda")
     B = max(1, tokens // T)
-    kernels.TUNING['keep'] = keep
-    out = dict(mixer=mixer, T=T, B=B, documents=documents, mode=mode, keep=keep)
+    tuned(TUNING_PRESETS[tuning]).__enter__()  # (this process only)
+    out = dict(mixer=mixer, T=T, B=B, documents=documents, mode=mode, tuning=tuning)
     torch.backends.cuda.matmul.allow_tf32 = True  # as train.py
     torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
@@ -1332,18 +1346,18 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
     return out
 
 
-def run_cell(mixer, T, args, warm, documents=False, mode="default", keep=False):
+def run_cell(mixer, T, args, warm, documents=False, mode="default", tuning="default"):
     """Run train_cell in a fresh `python bench.py --train_cell` process -> its dict, or {'error': first line}.
     Also keeps the 'kernels: ...' lines (which path each mixer took) of its output."""
     cmd = [sys.executable, os.path.abspath(__file__), "--train_cell", mixer, str(T), "--tokens", str(args.tokens),
            "--steps", str(args.steps), "--device", args.device] + ["--tiny"] * args.tiny + ["--warm"] * warm + [
-           "--documents"] * documents + ["--compile_mode", mode, "--keep", "on" if keep else "off"]
+           "--documents"] * documents + ["--compile_mode", mode, "--tuning", tuning]
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = p.stdout.splitlines()
     cell = next((json.loads(s[5:]) for s in reversed(lines) if s.startswith("CELL ")), None)
     if cell is None:  # died without a word (a crash, killed for memory): the last line it wrote to stderr
         err = [s for s in p.stderr.splitlines() if s.strip()]
-        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents, mode=mode, keep=keep,
+        cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=documents, mode=mode, tuning=tuning,
                     error=err[-1] if err else f"exit code {p.returncode}")
     cell["paths"] = sorted({s for s in lines if s.startswith("kernels: ")})
     return cell
@@ -1481,13 +1495,12 @@ def train_bench(args, mixers, contexts):
     the GPU) is measured anyway. Phase 2 (measure): each cell alone, one after the other. Then the table."""
     mixers = ["softmax"] + [m for m in mixers if m != "softmax"]  # every row is a ratio to softmax at its T
     modes = args.compile_mode
-    keeps = [k == "on" for k in args.keep]  # softmax (no linear-mixer kernels) runs in the first setting only
-    cells = [(m, T, d, mode, keep) for mode in modes for T in contexts for keep in keeps for m in mixers
-             for d in ((False, True) if args.documents else (False,)) if m != "softmax" or keep == keeps[0]]
+    presets = args.tuning  # softmax (no linear-mixer kernels) runs under the first preset only
+    cells = [(m, T, d, mode, p) for mode in modes for T in contexts for p in presets for m in mixers
+             for d in ((False, True) if args.documents else (False,)) if m != "softmax" or p == presets[0]]
     label = lambda r: (r["mixer"] + (" +docs" if r.get("documents") else "")
                        + (f" [{r['mode']}]" if len(modes) > 1 else "")
-                       + (f" [keep {'on' if r.get('keep') else 'off'}]" if len(keeps) > 1 and r["mixer"] != "softmax"
-                          else ""))
+                       + (f" [{r.get('tuning')}]" if len(presets) > 1 and r["mixer"] != "softmax" else ""))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
         for w in pool.map(lambda c: run_cell(c[0], c[1], args, True, c[2], c[3], c[4]), cells):
@@ -1495,8 +1508,8 @@ def train_bench(args, mixers, contexts):
             print(f"warm {label(w)} T={w['T']} B={w['B']}: {status} ({time.perf_counter() - t0:.0f} s in)",
                   flush=True)
     results = []
-    for m, T, d, mode, keep in cells:
-        r = run_cell(m, T, args, False, d, mode, keep)
+    for m, T, d, mode, p in cells:
+        r = run_cell(m, T, args, False, d, mode, p)
         status = f"error: {r['error']}" if "error" in r else f"{r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tokens/s"
         print(f"measure {label(r)} T={T} B={r['B']}: {status} ({time.perf_counter() - t0:.0f} s in)", flush=True)
         results.append(r)
@@ -1508,7 +1521,7 @@ def train_bench(args, mixers, contexts):
     # every ratio is to the cell of the same context and compile mode
     soft = {(r["T"], r["mode"]): r for r in results
             if r["mixer"] == "softmax" and not r.get("documents") and "error" not in r}
-    key = lambda r: (r["mixer"], r["T"], r["mode"], r.get("keep"))
+    key = lambda r: (r["mixer"], r["T"], r["mode"], r.get("tuning"))
     off = {key(r): r for r in results if not r.get("documents") and "error" not in r}
     for r in results:
         s = soft.get((r["T"], r["mode"]))
@@ -1523,7 +1536,7 @@ def train_bench(args, mixers, contexts):
     print(f"\ndevice {device_name}, torch {torch.__version__}, triton {triton.__version__}")
     print("command: python " + " ".join(shlex.quote(a) for a in sys.argv))
     print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps, torch.compile mode "
-          f"{' / '.join(modes)}, kernels.TUNING['keep'] {' / '.join(args.keep)}"
+          f"{' / '.join(modes)}, kernels.TUNING preset {' / '.join(presets)}"
           f"; categories: GPU ms per step from the kernels of {PROFILE_STEPS} profiled steps "
           f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; idle: the profiled steps' wall time when no kernel ran, per step, and its share; ms − busy: the median step less the profiled kernels' busy time; the profiler's tracing inflates the first and can make the second negative)\n")
     f = lambda x, spec: "" if x is None else format(x, spec)
@@ -1558,7 +1571,7 @@ def train_bench(args, mixers, contexts):
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=device_name, torch=torch.__version__, triton=triton.__version__,
-                           command=sys.argv, tokens=args.tokens, steps=args.steps, compile_modes=modes, keep=args.keep,
+                           command=sys.argv, tokens=args.tokens, steps=args.steps, compile_modes=modes, tuning=presets,
                            cells=results), fh, indent=1)
         print(f"\nwrote {args.json}")
 
@@ -1622,16 +1635,16 @@ def main():
     ap.add_argument("--kda_gate", choices=KDA_GATES, default="given",
                     help="the kernel table's KDA gate: log-decays given (default), or formed in the kernels from "
                          f"its input, unbounded or bounded at {SAFE_BOUND} (model.py's kda_gate_bound; fla's safe_gate)")
-    ap.add_argument("--keep", nargs="+", choices=("off", "on"), default=["on" if kernels.TUNING["keep"] else "off"],
-                    help="kernels.TUNING['keep'] (the backward reads the forward's states instead of recomputing "
-                         "them); --train takes both ('off on': each linear mixer's rows in both settings), the other "
-                         "runs one")
+    ap.add_argument("--tuning", nargs="+", choices=tuple(TUNING_PRESETS), default=["default"],
+                    help="settings of kernels.TUNING by name (TUNING_PRESETS): --train takes several (each linear "
+                         "mixer's rows under each), the other runs one")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ",".join(VARIANTS + SCALAR_VARIANTS))
     args = ap.parse_args()
-    if len(args.keep) > 1 and not args.train:
-        sys.exit("--keep takes one setting except with --train: run the kernel table once per setting")
-    kernels.TUNING["keep"] = args.keep[0] == "on"
+    if len(args.tuning) > 1 and not args.train:
+        sys.exit("--tuning takes one preset except with --train: run the kernel table once per preset")
+    if not args.train:
+        tuned(TUNING_PRESETS[args.tuning[0]]).__enter__()  # for the whole run
     global TIMING, KDA_GATE
     TIMING, KDA_GATE = args.timing, args.kda_gate
     variants = [v for v in args.variants.split(",") if v]
@@ -1664,12 +1677,12 @@ def main():
         mixer, T = args.train_cell[0], int(args.train_cell[1])
         try:
             cell = train_cell(mixer, T, args.tokens, args.steps, device, args.tiny, args.warm, args.documents,
-                              args.compile_mode[0], args.keep[0] == "on")
+                              args.compile_mode[0], args.tuning[0])
         except Exception as e:  # noqa: BLE001 (out of memory, a compile error: the table reports it)
             import traceback
             traceback.print_exc()
             cell = dict(mixer=mixer, T=T, B=max(1, args.tokens // T), documents=args.documents,
-                        mode=args.compile_mode[0], keep=args.keep[0] == "on", error=first_line(e, 200))
+                        mode=args.compile_mode[0], tuning=args.tuning[0], error=first_line(e, 200))
         print("CELL " + json.dumps(cell), flush=True)
         return
     if args.multi_gpu:

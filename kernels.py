@@ -308,8 +308,9 @@ TUNING = {
     'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}),
     # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
-    # bytes offline).
-    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8),
+    # bytes offline); 'mid': the Gram backward's references at each group's midpoint of G, which takes whole chunks
+    # up to twice the decay (_grams_bwd; off until measured on the GPU: notes/perf.md 2026-11-26 (46)).
+    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, mid=False),
     # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
     'step': dict(v=32),
     # Scalar decay (section 5). The sequential passes (_la_state_fwd, _la_state_bwd), one program per (V-tile, key
@@ -1159,25 +1160,27 @@ def _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, 
 
 @triton.jit
 def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
-               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr,
+               MID: tl.constexpr = False):
     # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
     # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
     # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
     #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
     #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
     # KDA (GATE_CHANNEL): exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about any reference G_ref per key
-    # channel, so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the midpoint
-    # of each channel's G over the group ((G at its first row + G at its last) / 2: G is a cumsum of log-decays <= 0,
-    # so half the group's span lies on either side), when every |G_r - G_ref| in them is at most EXP_SPAN (the
-    # factors stay in fp32's and bf16's range; both factors can exceed 1, but only pairs i <= r are ever multiplied,
-    # the others are zeros of dP and dL): S = C (the whole chunk: four dots) when that holds for the chunk (a span of
-    # up to 2 EXP_SPAN), else S = 16 when it holds for every 16-row group, else S = 1.
+    # channel, so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the group's
+    # first row, or with MID (TUNING['kda_grads']['mid']) the midpoint of each channel's G over the group ((G at its
+    # first row + G at its last) / 2: G is a cumsum of log-decays <= 0, so half the group's span lies on either
+    # side; both factors can then exceed 1, but only pairs i <= r are ever multiplied, the others are zeros of dP and
+    # dL), when every |G_r - G_ref| in them is at most EXP_SPAN (the factors stay in fp32's and bf16's range): S = C
+    # (the whole chunk: four dots) when that holds for the chunk (a span of up to EXP_SPAN, 2 EXP_SPAN with MID),
+    # else S = 16 when it holds for every 16-row group, else S = 1.
     # The pairs in different groups go by dyadic levels (pairs in different halves of a 2s-row block, about the left
     # half's last row: both exps of a number <= 0 whatever the gate), levels log2(S) .. log2(C) - 1, four dots each.
-    # So a gate that decays by at most 2 EXP_SPAN over a chunk costs one level, an unbounded one six (-1000 entries).
-    # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, so at most 37.5 about the midpoint; see "The
-    # bounded gate" in 4.3): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for
-    # the pairs in different groups).
+    # So a gate that decays by at most EXP_SPAN (MID: 2 EXP_SPAN) over a chunk costs one level, an unbounded one six.
+    # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, 37.5 about the midpoint; see "The bounded gate" in
+    # 4.3): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in
+    # different groups).
     # DeltaNet (GATE_NONE): plain dots. GDN's gradient kernels form these terms themselves (_wy_grads_bwd,
     # _wy_grads_bwd_phased).
     r = tl.arange(0, C)[:, None]
@@ -1189,12 +1192,14 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
         dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
         dq += dPd * k
         dk += dPd * q
-        # the group size S: the chunk's midpoint, then each 16-row group's as the reference (rows past n - 1 read
-        # row n - 1: a padded group's reference is never used)
-        nuC = (tl.load(g_ptr + cols) + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
+        # the group size S: the chunk's reference, then each 16-row group's (rows past n - 1 read row n - 1: a padded
+        # group's reference is never used)
         top = r // 16 * 16
-        nu16 = (tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
-                + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
+        nuC = tl.load(g_ptr + cols)
+        nu16 = tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
+        if MID:
+            nuC = (nuC + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
+            nu16 = (nu16 + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
         whole = tl.max(tl.where(valid, tl.abs(Gm - nuC), 0.)) <= EXP_SPAN
         if BOUNDED:  # every 16-row group is in range (the bound): the group dots always, no S = 1
             S = tl.where(whole, C, 16)
@@ -1570,9 +1575,10 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
                       dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr,
-                      BOUNDED: tl.constexpr):
+                      BOUNDED: tl.constexpr, MID: tl.constexpr):
     # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
-    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row.
+    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row. MID: its
+    # references at the groups' midpoints (TUNING['kda_grads']['mid']).
     # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
@@ -1618,7 +1624,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
-                                   GATE_CHANNEL, C, BK, LOG2C, PREC, BOUNDED)
+                                   GATE_CHANNEL, C, BK, LOG2C, PREC, BOUNDED, MID)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
@@ -1866,7 +1872,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, kda['wy_v']),
                                 C, prec, num_warps=kda['wy_warps'], num_stages=1)
     _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
-                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded),
+                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded), bool(kda['mid']),
                                        num_warps=kda['warps'], num_stages=1)
     return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
 

@@ -107,7 +107,7 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
              ('softmax', 4096): dict(ms=100.0, tokens_per_s=300.0, gpu_ms=90.0, categories=cats(0.0, 30.0, 60.0))}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', tuning='default'):
         calls.append((mixer, T, warm))
         r = dict(mixer=mixer, T=T, B=args.tokens // T, paths=[], device_name='test GPU', mfu=None, peak_mib=1.0,
                  mode=mode)
@@ -115,7 +115,7 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=2, device='cuda', tiny=False, json=str(tmp_path / 'r.json'),
-                              documents=False, compile_mode=['default'], keep=['off'])
+                              documents=False, compile_mode=['default'], tuning=['default'])
     bench.train_bench(args, ['kda'], [1024, 4096])
     assert [c for c in calls if not c[2]] == [('softmax', 1024, False), ('kda', 1024, False), ('softmax', 4096, False),
                                              ('kda', 4096, False)]
@@ -135,7 +135,7 @@ def test_train_table_documents_column(monkeypatch, capsys):
     speed = {('softmax', False): 300.0, ('softmax', True): 240.0, ('kda', False): 200.0, ('kda', True): 190.0}
     calls = []
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', tuning='default'):
         calls.append((mixer, documents))
         r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
                  mode=mode)
@@ -143,7 +143,7 @@ def test_train_table_documents_column(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=True,
-                              compile_mode=['default'], keep=['off'])
+                              compile_mode=['default'], tuning=['default'])
     bench.train_bench(args, ['kda'], [1024])
     assert calls[4:] == [('softmax', False), ('softmax', True), ('kda', False), ('kda', True)]
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
@@ -159,7 +159,7 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
     speed = {('softmax', 'default'): 300.0, ('kda', 'default'): 150.0, ('softmax', 'reduce-overhead'): 400.0,
              ('kda', 'reduce-overhead'): 300.0}
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', tuning='default'):
         r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
                  mode=mode)
         return dict(r, warm_s=1.0) if warm else dict(r, ms=10.0, tokens_per_s=speed[mixer, mode], idle_ms=0.5,
@@ -167,7 +167,7 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
-                              compile_mode=['default', 'reduce-overhead'], keep=['off'])
+                              compile_mode=['default', 'reduce-overhead'], tuning=['default'])
     bench.train_bench(args, ['kda'], [1024])
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
             if s.startswith('|')]
@@ -179,33 +179,39 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
 
 
 
-def test_train_table_keep_settings(monkeypatch, capsys):
-    """--keep off on: each linear mixer's rows in both settings of kernels.TUNING['keep'] (labelled), softmax once (its
-    model has no linear-mixer kernels); every row divided by that softmax row; each cell's process gets its setting."""
-    speed = {('kda', False): 150.0, ('kda', True): 165.0}
+def test_train_table_tuning_presets(monkeypatch, capsys):
+    """--tuning default keep: each linear mixer's rows under both presets of kernels.TUNING (labelled), softmax once
+    (its model has no linear-mixer kernels); every row divided by that softmax row; each cell's process gets its
+    preset, and a preset applies its settings to kernels.TUNING (and restores them)."""
+    speed = {('kda', 'default'): 150.0, ('kda', 'keep'): 165.0}
     calls, run_cell = [], bench.run_cell
 
-    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', keep=False):
-        calls.append((mixer, keep))
+    def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', tuning='default'):
+        calls.append((mixer, tuning))
         r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
-                 mode=mode, keep=keep)
+                 mode=mode, tuning=tuning)
         return dict(r, warm_s=1.0) if warm else dict(r, ms=10.0, tokens_per_s=300.0 if mixer == 'softmax'
-                                                       else speed[mixer, keep])
+                                                       else speed[mixer, tuning])
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
-                              compile_mode=['default'], keep=['off', 'on'])
+                              compile_mode=['default'], tuning=['default', 'keep'])
     bench.train_bench(args, ['kda'], [1024])
-    assert calls[3:] == [('softmax', False), ('kda', False), ('kda', True)]
+    assert calls[3:] == [('softmax', 'default'), ('kda', 'default'), ('kda', 'keep')]
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
             if s.startswith('|')]
-    assert [r[0] for r in rows[2:]] == ['softmax', 'kda [keep off]', 'kda [keep on]']
+    assert [r[0] for r in rows[2:]] == ['softmax', 'kda [default]', 'kda [keep]']
     assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '0.55']
     cmd = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda c, **kw: cmd.append(c) or types.SimpleNamespace(
         stdout='CELL {"mixer": "kda"}', stderr='', returncode=0))
-    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, keep=True)
-    assert cmd[0][-2:] == ['--keep', 'on']
+    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, tuning='keep+mid')
+    assert cmd[0][-2:] == ['--tuning', 'keep+mid']
+    before = (kernels.TUNING['keep'], dict(kernels.TUNING['kda_grads']))
+    with bench.tuned(bench.TUNING_PRESETS['keep+mid']):
+        assert kernels.TUNING['keep'] is True and kernels.TUNING['kda_grads']['mid'] is True
+        assert kernels.TUNING['kda_grads']['k'] == before[1]['k']  # the entry's other keys kept
+    assert (kernels.TUNING['keep'], kernels.TUNING['kda_grads']) == before
 
 # -----------------------------------------------------------------------------
 # --tiles and --ptxas (kernels.TUNING's candidates; offline compiles)

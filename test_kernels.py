@@ -621,6 +621,20 @@ def test_triton_vs_reference(T, D, dtype, gate, strength):
     B, nh = (2, 2) if CUDA else (1, 2)
     triton_check(B, T, nh, D, D if CUDA else min(2 * D, 64), gate, strength, dtype)
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32] if CUDA else [F32], ids=_id)
+@pytest.mark.parametrize("strength", ["mild", "wide", "medium", "strong", "bounded"])
+def test_triton_kda_midpoint_references(strength, dtype, monkeypatch):
+    # TUNING['kda_grads']['mid']: the Gram backward about each group's midpoint of G (whole chunks up to a span of
+    # 2 EXP_SPAN: 'wide' takes them, 'medium' the 16-row groups, 'strong' the dyadic levels), against the fp64 reference
+    monkeypatch.setitem(kernels.TUNING["kda_grads"], "mid", True)
+    B, nh, T, D = (2, 2, 1000, 128) if CUDA else (1, 2, 130, 16)
+    if strength == "bounded":
+        x = bounded_inputs(B, T, nh, D, "kda", "strong", dtype)
+        compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, dtype, True, 7,
+                             f"T={T} kda bounded strong, mid", lower_bound=-5.0)
+    else:
+        triton_check(B, T, nh, D, D if CUDA else 32, "kda", strength, dtype)
+
 @pytest.mark.parametrize("gate,strength", [("gdn", "mild"), ("kda", "strong")])
 def test_triton_without_state(gate, strength):
     # no initial state, no final state: the HAS_H0 / STORE_HT / HAS_DHT = False specialisations
