@@ -29,7 +29,7 @@ category per mixer and context.
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
     python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
-    python bench.py --train --contexts 1024,4096 --tuning default keep mid   # each linear mixer under each of
+    python bench.py --train --contexts 1024,4096 --tuning default all   # each linear mixer under each of
                                                # TUNING_PRESETS (settings of kernels.TUNING); the kernel table
                                                # takes one: python bench.py --tuning keep
     python bench.py --multi_gpu dp,cp --gpus 2   # train.py itself under torchrun (see --multi_gpu below)
@@ -768,6 +768,7 @@ TILE_CANDIDATES = {
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
         "kda_grads mid": {"kda_grads": dict(mid=True)},
+        "kda_grads gate": {"kda_grads": dict(gate=True)},
         "grams kda_k 32": {"grams": dict(kda_k=32)},
         "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
         "grams k 128": {"grams": dict(k=128)},
@@ -807,7 +808,8 @@ TUNING_PRESETS = {
     "default": {},
     "keep": {"keep": True},                                   # the backward reads the forward's states
     "mid": {"kda_grads": {"mid": True}},                      # KDA's Gram backward about the groups' midpoints
-    "keep+mid": {"keep": True, "kda_grads": {"mid": True}},
+    "gate": {"kda_grads": {"gate": True}},                    # KDA's gate backward inside _grads_bwd
+    "all": {"keep": True, "kda_grads": {"mid": True, "gate": True}},
 }
 
 
@@ -1041,7 +1043,7 @@ def record_launches(D, dtypes, H=4):
     (with and without the norm, bias, documents), forward, backward and step. kernels.py's Triton kernels are replaced
     by LaunchRecorders while they run, so nothing is computed (the calls only allocate by shape) -> the unique
     launches. CPU tensors on the Triton path: needs TRITON_INTERPRET=1. One SM on CPU: the state passes take the tiles
-    of a large B*H. Under TUNING_PRESETS 'default' and 'keep+mid' (kernels they compile differently)."""
+    of a large B*H. Under TUNING_PRESETS 'default' and 'all' (kernels they compile differently)."""
     out = []
     found = {n: k for n, k in vars(kernels).items()
              if n.endswith("_kernel") and isinstance(k, triton.runtime.jit.KernelInterface)}
@@ -1050,7 +1052,7 @@ def record_launches(D, dtypes, H=4):
     try:
         T = 65
         rnd = lambda *s, dtype=torch.float32: torch.randn(*s, dtype=dtype, requires_grad=True)
-        for dtype, preset in itertools.product(dtypes, ("default", "keep+mid")):
+        for dtype, preset in itertools.product(dtypes, ("default", "all")):
             with tuned(TUNING_PRESETS[preset]):
                 for gate, fn in itertools.product((None, "gdn", "kda"), (False, True)):
                     if fn and gate is None:
@@ -1119,8 +1121,8 @@ def ptxas_report(name, sig, constexprs, warps, stages):
     return int(regs.group(1)), int(spill.group(1)) if spill else 0, k.metadata.shared // 1024
 
 
-PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SNAPSHOTS", "SSD", "NORM", "POS", "L", "BD",
-              "AHEAD")
+PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SNAPSHOTS", "BOUNDED", "MID", "GATE_BWD",
+              "SSD", "NORM", "POS", "L", "BD", "AHEAD")
 
 
 def ptxas(D, dtypes, only):

@@ -310,7 +310,9 @@ TUNING = {
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
     # bytes offline); 'mid': the Gram backward's references at each group's midpoint of G, which takes whole chunks
     # up to twice the decay (_grams_bwd; off until measured on the GPU: notes/perf.md 2026-11-26 (46)).
-    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, mid=False),
+    # 'gate': the backward of the gate formed in the kernels (A_log, dt_bias) inside _grads_bwd, from dg in registers,
+    # instead of kernels::decay_gate_bwd's pass over dg (fp32) and u (off until measured on the GPU).
+    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, mid=False, gate=False),
     # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
     'step': dict(v=32),
     # Scalar decay (section 5). The sequential passes (_la_state_fwd, _la_state_bwd), one program per (V-tile, key
@@ -1116,11 +1118,19 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, lb,
     cd = tl.arange(0, BD)
     offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
     mask = (t < T)[:, None] & (cd < DG)[None, :]
-    col = h * DG + cd
-    x = tl.load(u_ptr + offs, mask=mask, other=0.).to(tl.float32) \
-        + tl.load(bias_ptr + col, mask=cd < DG, other=0.).to(tl.float32)[None, :]
-    a = tl.exp(tl.load(A_ptr + col // AG, mask=cd < DG, other=0.).to(tl.float32))[None, :]
     dg = tl.load(dg_ptr + offs, mask=mask, other=0.)
+    _gate_fn_bwd(u_ptr, A_ptr, bias_ptr, du_ptr, part_ptr, lb, dg, offs, mask, h * DG + cd, cd < DG,
+                 (c * (tl.num_programs(1) // H) + b) * 2 * H * DG, H * DG, AG, BOUNDED)
+
+@triton.jit
+def _gate_fn_bwd(u_ptr, A_ptr, bias_ptr, du_ptr, part_ptr, lb, dg, offs, mask, col, cmask, row, HD, AG: tl.constexpr,
+                 BOUNDED: tl.constexpr):
+    # du and the partial sums of dA_log, ddt_bias of one [rows, cols] tile of the gate (the formulas above), from dg
+    # (0 on masked rows): du stored at offs (u's dtype), the column sums at part_ptr + row + col (dA's) and + HD
+    # (ddt_bias's). Shared by _decay_gate_bwd_kernel and, with TUNING['kda_grads']['gate'], _grads_bwd_kernel.
+    x = tl.load(u_ptr + offs, mask=mask, other=0.).to(tl.float32) \
+        + tl.load(bias_ptr + col, mask=cmask, other=0.).to(tl.float32)[None, :]
+    a = tl.exp(tl.load(A_ptr + col // AG, mask=cmask, other=0.).to(tl.float32))[None, :]
     if BOUNDED:
         du = lb * a * tl.sigmoid(a * x) * tl.sigmoid(-a * x) * dg
         dA = tl.sum(du * x, 0)
@@ -1128,9 +1138,8 @@ def _decay_gate_bwd_kernel(u_ptr, A_ptr, bias_ptr, dg_ptr, du_ptr, part_ptr, lb,
         du = -a * tl.sigmoid(x) * dg
         dA = tl.sum(-a * _softplus(x) * dg, 0)
     tl.store(du_ptr + offs, du.to(du_ptr.dtype.element_ty), mask=mask)
-    part = (c * (tl.num_programs(1) // H) + b) * 2 * H * DG + col             # row (c, b) of the partial sums
-    tl.store(part_ptr + part, dA, mask=cd < DG)                                     # dA's
-    tl.store(part_ptr + part + H * DG, tl.sum(du, 0), mask=cd < DG)                 # ddt_bias's
+    tl.store(part_ptr + row + col, dA, mask=cmask)                                  # dA's
+    tl.store(part_ptr + row + HD + col, tl.sum(du, 0), mask=cmask)                  # ddt_bias's
 
 @triton.jit
 def _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
@@ -1575,10 +1584,13 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
                       dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr,
-                      BOUNDED: tl.constexpr, MID: tl.constexpr):
+                      BOUNDED: tl.constexpr, MID: tl.constexpr, u_ptr, A_ptr, bias_ptr, part_ptr, lb,
+                      AG: tl.constexpr, GATE_BWD: tl.constexpr):
     # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
     # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row. MID: its
-    # references at the groups' midpoints (TUNING['kda_grads']['mid']).
+    # references at the groups' midpoints (TUNING['kda_grads']['mid']). GATE_BWD (TUNING['kda_grads']['gate'], the gate
+    # formed in the kernels from u, A_log, dt_bias): the gate's backward here, from dg in registers: du (u's dtype,
+    # at dg_ptr) and dA_log's, ddt_bias's partial sums per (chunk, b), as _decay_gate_bwd_kernel would from dg.
     # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
@@ -1632,7 +1644,13 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     tl.store(dbeta_ptr + part + tok, dbeta, mask=valid)
     dG += tl.where(r2 == n - 1, dGn, 0.)                                 # G_n is row n-1 of the cumsum
     dg = tl.cumsum(dG, axis=0, reverse=True)
-    tl.store(dg_ptr + tok[:, None] * DK + ck[None, :], dg, mask=valid[:, None])
+    offs = tok[:, None] * DK + ck[None, :]
+    if GATE_BWD:
+        _gate_fn_bwd(u_ptr, A_ptr, bias_ptr, dg_ptr, part_ptr, lb, tl.where(valid[:, None], dg, 0.), offs,
+                     valid[:, None], h * DK + ck, ck < DK, (c * (tl.num_programs(2) // H) + b) * 2 * H * DK, H * DK,
+                     AG, GATE_BWD == 2)
+    else:
+        tl.store(dg_ptr + offs, dg, mask=valid[:, None])
 
 # ---- 4.5 the custom ops (kernels::delta_rule_fwd, delta_rule_bwd, decay_gate_bwd) and delta_rule_triton ------------
 
@@ -1817,12 +1835,17 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
                     initial_state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor], scale: float,
                     bounded: bool = False, w: Optional[torch.Tensor] = None, h: Optional[torch.Tensor] = None,
                     vn: Optional[torch.Tensor] = None, kd: Optional[torch.Tensor] = None,
-                    qg: Optional[torch.Tensor] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    qg: Optional[torch.Tensor] = None, u: Optional[torch.Tensor] = None,
+                    A_log: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
+                    lower_bound: Optional[float] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor]:
     """-> dq, dk, dv (the inputs' dtypes), dbeta fp32 [B,T,H], dg fp32 (g's shape; empty for DeltaNet),
-    d initial_state fp32 (empty without one). G is the forward's chunk-local cumsum (None for DeltaNet); P, A the
-    forward's P_qk and (I + L)^-1. bounded: G is that of the bounded gate (KDA's _grads_bwd then takes BOUNDED).
-    w, h, vn (Delta), kd, qg: the forward's, when it kept them (TUNING['keep']); else (None) they are recomputed."""
+    d initial_state fp32 (empty without one), and two empty tensors. G is the forward's chunk-local cumsum (None for
+    DeltaNet); P, A the forward's P_qk and (I + L)^-1. bounded: G is that of the bounded gate (KDA's _grads_bwd then
+    takes BOUNDED). w, h, vn (Delta), kd, qg: the forward's, when it kept them (TUNING['keep']); else (None) they are
+    recomputed. u, A_log, dt_bias (lower_bound): KDA's gate formed in the kernels, whose backward _grads_bwd then
+    runs itself (TUNING['kda_grads']['gate']): du (u's dtype) in dg's place, and dA_log, ddt_bias (fp32) last."""
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = ((int(GATE_NONE), 1) if G is None else (int(GATE_SCALAR), 1) if G.shape[-1] == 1
@@ -1860,12 +1883,15 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
                                               T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec,
                                               num_warps=warps, num_stages=1)
         return dq, dk, dv, dbeta, (dg if GATE == GATE_SCALAR else torch.empty(0, device=k.device)), \
-            (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+            (dh0 if dh0 is not None else torch.empty(0, device=k.device)), torch.empty(0, device=k.device), \
+            torch.empty(0, device=k.device)
     kda = TUNING['kda_grads']  # KDA's backward: _wy_bwd, then _grads_bwd per key tile
     BK, NK = min(DK, kda['k']), DK // min(DK, kda['k'])
+    fn = u is not None  # the gate's backward inside _grads_bwd
     # dbeta comes back as one partial sum per key tile (its last slot: the value side from _wy_bwd), added up below
     dbeta = torch.empty(NK + 1, B, T, H, device=k.device, dtype=torch.float32)
-    dg = torch.empty(B, T, H, DK, device=k.device, dtype=torch.float32)
+    dg = torch.empty(B, T, H, DK, device=k.device, dtype=u.dtype if fn else torch.float32)  # du or dg
+    part = torch.empty(NT * B, 2, H * DK, device=k.device, dtype=torch.float32) if fn else dg
     dP = torch.empty(B, T, H, C, device=k.device, dtype=idt)
     dL = torch.empty_like(dP)
     # X = A^T dDelta is written over dDelta (no other kernel reads it afterwards)
@@ -1873,15 +1899,29 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
                                 C, prec, num_warps=kda['wy_warps'], num_stages=1)
     _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
                                        H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded), bool(kda['mid']),
-                                       num_warps=kda['warps'], num_stages=1)
-    return dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else torch.empty(0, device=k.device))
+                                       u if fn else dg, A_log if fn else dg, dt_bias.contiguous() if fn else dg,
+                                       part, float(lower_bound or 0.), DK, 0 if not fn else 1 if lower_bound is None
+                                       else 2, num_warps=kda['warps'], num_stages=1)
+    empty = lambda: torch.empty(0, device=k.device)
+    dA = ddt = None
+    if fn:  # the partial sums over (chunk, b), added up in one kernel, as _decay_gate_bwd does
+        sums = torch.empty(H * DK, 2, device=k.device, dtype=torch.float32)
+        _column_sums(part, H * DK, 2, sums)
+        dA, ddt = sums[:, 0].view(H, DK).sum(1), sums[:, 1].reshape(dt_bias.shape).contiguous()
+    return (dq, dk, dv, dbeta.sum(0), dg, (dh0 if dh0 is not None else empty()), dA if fn else empty(),
+            ddt if fn else empty())
 
 @_delta_rule_bwd.register_fake
-def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale, bounded=False, w=None, h=None, vn=None, kd=None, qg=None):
+def _(q, k, v, beta, G, P, A, initial_state, do, dht, scale, bounded=False, w=None, h=None, vn=None, kd=None, qg=None,
+      u=None, A_log=None, dt_bias=None, lower_bound=None):
     f32 = torch.float32
-    dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape), dtype=f32)
+    dg = q.new_empty((0,) if G is None else (G.shape[:3] if G.shape[-1] == 1 else G.shape),
+                     dtype=u.dtype if u is not None else f32)
     dh0 = q.new_empty((0,) if initial_state is None else initial_state.shape, dtype=f32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32), dg, dh0
+    dA = q.new_empty(A_log.shape if u is not None else (0,), dtype=f32)
+    ddt = q.new_empty(dt_bias.shape if u is not None else (0,), dtype=f32)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), beta.new_empty(beta.shape, dtype=f32),
+            dg, dh0, dA, ddt)
 
 def _delta_rule_setup(ctx, inputs, output):
     q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lower_bound, keep = inputs
@@ -1903,11 +1943,17 @@ def _delta_rule_backward(ctx, do, dht, *_):
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     if do is None:  # only the final state was used
         do = torch.zeros_like(v)
-    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded, *kept)
-    dA = ddt = None
+    # KDA's gate formed in the kernels: its backward inside _grads_bwd (TUNING['kda_grads']['gate']), else its own op
+    fused = A_log is not None and G.shape[-1] > 1 and TUNING['kda_grads']['gate']
+    gate = (u, A_log, dt_bias, ctx.lower_bound) if fused else ()
+    dq, dk, dv, dbeta, dg, dh0, dA, ddt = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded,
+                                                          *kept, *gate)
     if A_log is not None:  # g was the gate's input u
-        dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg, ctx.lower_bound)
+        if not fused:
+            dg, dA, ddt = _decay_gate_bwd(u, A_log, dt_bias, dg, ctx.lower_bound)
         dA, ddt = dA.to(A_log.dtype), ddt.to(dt_bias.dtype)
+    else:
+        dA = ddt = None
     return (dq, dk, dv, dbeta.to(beta.dtype), None if G is None else dg.to(ctx.g_dtype), None,
             None if h0 is None else dh0.to(h0.dtype), None, dA, ddt, None, None)
 

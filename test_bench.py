@@ -205,11 +205,11 @@ def test_train_table_tuning_presets(monkeypatch, capsys):
     cmd = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda c, **kw: cmd.append(c) or types.SimpleNamespace(
         stdout='CELL {"mixer": "kda"}', stderr='', returncode=0))
-    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, tuning='keep+mid')
-    assert cmd[0][-2:] == ['--tuning', 'keep+mid']
+    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, tuning='all')
+    assert cmd[0][-2:] == ['--tuning', 'all']
     before = (kernels.TUNING['keep'], dict(kernels.TUNING['kda_grads']))
-    with bench.tuned(bench.TUNING_PRESETS['keep+mid']):
-        assert kernels.TUNING['keep'] is True and kernels.TUNING['kda_grads']['mid'] is True
+    with bench.tuned(bench.TUNING_PRESETS['all']):
+        assert kernels.TUNING['keep'] is True and kernels.TUNING['kda_grads']['mid'] is kernels.TUNING['kda_grads']['gate'] is True
         assert kernels.TUNING['kda_grads']['k'] == before[1]['k']  # the entry's other keys kept
     assert (kernels.TUNING['keep'], kernels.TUNING['kda_grads']) == before
 

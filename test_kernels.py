@@ -621,6 +621,41 @@ def test_triton_vs_reference(T, D, dtype, gate, strength):
     B, nh = (2, 2) if CUDA else (1, 2)
     triton_check(B, T, nh, D, D if CUDA else min(2 * D, 64), gate, strength, dtype)
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16] if CUDA else [F32], ids=_id)
+@pytest.mark.parametrize("bound", [None, -5.0])
+def test_triton_kda_gate_backward_inside_grads_bwd(bound, dtype, monkeypatch):
+    # TUNING['kda_grads']['gate']: the backward of the gate formed in the kernels inside _grads_bwd (no
+    # kernels::decay_gate_bwd launch): the same outputs and gradients as the separate op (du, dA_log, ddt_bias
+    # included; bitwise in the interpreter, to rounding on the GPU), and against the fp64 reference
+    B, T, nh, D = (2, 130, 3, 64) if CUDA else (2, 65, 2, 16)  # B = 2: the partial sums' rows by (chunk, b)
+    if bound is None:
+        x, kw = gate_inputs(B, T, nh, D, "kda", dtype, wide=True), {}
+    else:
+        x, kw = bounded_inputs(B, T, nh, D, "kda", "mixed", dtype), dict(lower_bound=bound)
+    launches = []
+    real = kernels._decay_gate_bwd_kernel
+
+    class Count:
+        def __getitem__(self, grid):
+            return lambda *a, **k: launches.append(grid) or real[grid](*a, **k)
+    monkeypatch.setattr(kernels, "_decay_gate_bwd_kernel", Count())
+    results = {}
+    for fused in (False, True):
+        monkeypatch.setitem(kernels.TUNING["kda_grads"], "gate", fused)
+        launches.clear()
+        results[fused] = run(kernels.delta_rule_triton, x, **kw)
+        assert len(launches) == (0 if fused else 1), (fused, launches)
+    (o0, S0, g0), (o1, S1, g1) = results[False], results[True]
+    assert set(g0) == set(g1) >= {"g", "A_log", "dt_bias"}
+    for name, a, b in [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]:
+        if CUDA:
+            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
+        else:
+            assert torch.equal(a, b), name
+    monkeypatch.setitem(kernels.TUNING["kda_grads"], "gate", True)
+    ref = bounded_reference if bound is not None else gated_reference
+    compare_to_reference(kernels.delta_rule_triton, ref, x, dtype, True, 7, f"T={T} kda gate bwd fused {bound}", **kw)
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, F32] if CUDA else [F32], ids=_id)
 @pytest.mark.parametrize("strength", ["mild", "wide", "medium", "strong", "bounded"])
 def test_triton_kda_midpoint_references(strength, dtype, monkeypatch):
@@ -938,7 +973,8 @@ def test_triton_causality(gate):
     x = triton_inputs(B, T, nh, dk, dv, gate, "strong", F32, seed=2)
     forward_causal_check(kernels.delta_rule_triton, x, triton_inputs(B, T, nh, dk, dv, gate, "mild", F32, seed=3), P)
 
-@pytest.mark.parametrize("path", ["torch", "triton", "triton gate_fn", "triton keep", "triton gate_fn keep"])
+@pytest.mark.parametrize("path", ["torch", "triton", "triton gate_fn", "triton keep", "triton gate_fn keep",
+                                  "triton gate_fn fused"])
 def test_compile_fullgraph(path, monkeypatch):
     # torch.compile(fullgraph=True) through the public call, forward and backward, equals eager: any graph break
     # (e.g. inside the custom ops, or the log line) fails here. CPU: aot_eager (tracing, fake shapes, the autograd
@@ -947,6 +983,7 @@ def test_compile_fullgraph(path, monkeypatch):
     if path == "torch" and CUDA:
         pytest.skip("the chunked torch path is checked on CPU")
     monkeypatch.setitem(kernels.TUNING, "keep", "keep" in path)
+    monkeypatch.setitem(kernels.TUNING["kda_grads"], "gate", "fused" in path)
     x = triton_inputs(1, 70, 2, 16, 32, "kda", "mild", F32, seed=5)
     x = {n: t.to(DEV) for n, t in x.items()} if path != "torch" else {n: t.cpu() for n, t in x.items()}
     gate_fn = "gate_fn" in path
@@ -1181,6 +1218,13 @@ def test_delta_rule_ops_fake_functions(gate):
     bwd = (x["q"], x["k"], x["v"].double(), x["beta"], out[2] if g is not None else None, out[3], out[4],
            x["initial_state"], torch.randn_like(out[0]), None, 0.25, False, *kept)
     torch.library.opcheck(torch.ops.kernels.delta_rule_bwd.default, bwd, test_utils=("test_faketensor",))
+    if gate == "kda":  # the gate formed in the kernels, its backward inside _grads_bwd: du in u's dtype, dA_log, ddt_bias
+        u, A_log, dt_bias = g.bfloat16(), torch.rand(2, device=DEV), torch.randn(2, 16, device=DEV)
+        fwd = fwd[:4] + (u,) + fwd[5:8] + (A_log, dt_bias, None, True)
+        out = torch.ops.kernels.delta_rule_fwd(*fwd)
+        bwd = bwd[:4] + (out[2],) + bwd[5:] + (u, A_log, dt_bias, None)
+        torch.library.opcheck(torch.ops.kernels.delta_rule_bwd.default, bwd, test_utils=("test_faketensor",))
+        assert torch.ops.kernels.delta_rule_bwd(*bwd)[4].dtype == torch.bfloat16
 
 @pytest.mark.parametrize("hpg", [1, 2])
 def test_linear_attn_triton_grad_dtypes(hpg):

@@ -113,18 +113,18 @@ prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: 
       grep -v "^W[0-9][0-9][0-9][0-9] \|Warning" | grep -E "^== rank|step wall|GPU per step|ms/step|^iter (25|29)/|Error" ; cleanup
   done
 }
-keeptest() {  # issue 41, TUNING keep and kda_grads mid on the GPU: their tests first, then every kernel test (session 46's prediction)
-  timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake or midpoint or wide" 2>&1 | tee $OUT/keeptest.txt | tail -4
+keeptest() {  # issue 41, TUNING keep, kda_grads mid and gate on the GPU: their tests first, then every kernel test (session 46's prediction)
+  timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake or midpoint or wide or inside" 2>&1 | tee $OUT/keeptest.txt | tail -4
   timeout ${KA_SECS:-300} python3 -m pytest -q -n 8 test_kernels.py 2>&1 | tee $OUT/kerneltests.txt | tail -4
 }
 keepbench() {  # the kernel table in both settings (fla in the first run only: its compile is slow), then the scalar decay
   timeout ${KB_SECS:-280} python3 bench.py --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-off.txt
-  PYTHONPATH= timeout ${KB_SECS:-280} python3 bench.py --tuning keep+mid --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-on.txt
+  PYTHONPATH= timeout ${KB_SECS:-280} python3 bench.py --tuning all --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-on.txt
 }
 keepscalar() { for k in default keep; do PYTHONPATH= timeout 200 python3 bench.py --tuning $k --variants retnet,mamba2 2>&1 | grep -v Warn | tee $OUT/bench-scalar-keep-$k.txt; done; }
 keeptrain() {  # the models under the presets side by side
   local mix="${MIX:-softmax kda*3,softmax kda}"; set -f  # (no globbing of 'kda*3,softmax')
-  timeout ${KTR_SECS:-560} python3 bench.py --train --contexts ${CTX:-1024,4096} --mixers $mix --tuning ${PRESETS:-default keep+mid} \
+  timeout ${KTR_SECS:-560} python3 bench.py --train --contexts ${CTX:-1024,4096} --mixers $mix --tuning ${PRESETS:-default all} \
     --jobs 3 --json $OUT/train-keep.json 2>&1 | grep -v Warn | tee $OUT/train-keep.txt | grep -E "^\||^measure|^device"
   set +f
 }
