@@ -769,6 +769,7 @@ TILE_CANDIDATES = {
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
         "kda_grads mid": {"kda_grads": dict(mid=True)},
         "kda_grads gate": {"kda_grads": dict(gate=True)},
+        "grams chunk": {"grams": dict(chunk=True)},
         "grams kda_k 32": {"grams": dict(kda_k=32)},
         "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
         "grams k 128": {"grams": dict(k=128)},
@@ -809,7 +810,8 @@ TUNING_PRESETS = {
     "keep": {"keep": True},                                   # the backward reads the forward's states
     "mid": {"kda_grads": {"mid": True}},                      # KDA's Gram backward about the groups' midpoints
     "gate": {"kda_grads": {"gate": True}},                    # KDA's gate backward inside _grads_bwd
-    "all": {"keep": True, "kda_grads": {"mid": True, "gate": True}},
+    "chunk": {"grams": {"chunk": True}},                      # KDA's forward Grams by whole chunks where they fit
+    "all": {"keep": True, "kda_grads": {"mid": True, "gate": True}, "grams": {"chunk": True}},
 }
 
 
@@ -1122,7 +1124,7 @@ def ptxas_report(name, sig, constexprs, warps, stages):
 
 
 PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SNAPSHOTS", "BOUNDED", "MID", "GATE_BWD",
-              "SSD", "NORM", "POS", "L", "BD", "AHEAD")
+              "SKIP_DONE", "SSD", "NORM", "POS", "L", "BD", "AHEAD")
 
 
 def ptxas(D, dtypes, only):

@@ -296,7 +296,10 @@ TUNING = {
     'state': dict(v=64, warps=4, kda_bwd_warps=8, min_v=32, out_warps=4, stages=2, bwd_stages=2),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
-    'grams': dict(k=64, kda_k=16, warps=1),
+    # 'chunk' (KDA, off until measured on the GPU): _grams_chunk first forms every chunk whose gate stays within
+    # EXP_SPAN of its midpoint in one program (key tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6,
+    # with the first row as reference), the 16 x 16 programs the rest.
+    'grams': dict(k=64, kda_k=16, warps=1, chunk=False, chunk_k=32, chunk_warps=4),
     # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
     # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
     # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
@@ -901,9 +904,11 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: tl.constexpr, BK: tl.constexpr,
-                        GATE: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
+                        GATE: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr, done_ptr,
+                        SKIP_DONE: tl.constexpr):
     # One 16 x 16 block (j, i), j >= i, of a chunk per program (grid: chunks, 10 blocks, B H): P_qk's block into P_ptr
     # (the intermediates' dtype; a diagonal program also writes the zero blocks right of it), L's (fp32) into L_ptr.
+    # SKIP_DONE: chunks that _grams_chunk_kernel formed (done_ptr[b h, chunk] = 1) are left as they are.
     c = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)                            # blocks in row order: (0,0) (1,0) (1,1) (2,0) (2,1) (2,2) (3,0) ...
     j = (p >= 1).to(tl.int32) + (p >= 3).to(tl.int32) + (p >= 6).to(tl.int32)
@@ -912,6 +917,9 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
     b, h = bh // H, bh % H
     n = tl.minimum(T - c * 64, 64)
     tok0 = (b * T + c * 64) * H + h
+    if SKIP_DONE:
+        if tl.load(done_ptr + bh * tl.num_programs(0) + c) != 0:
+            return
     if i == j:
         P, K = _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK, BK, GATE, PREC, BOUNDED)
         for z in range(j + 1, 4):
@@ -922,6 +930,52 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
     a = tl.arange(0, 16)
     beta = tl.load(beta_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.).to(tl.float32)
     _st(L_ptr, tok0, H, n, K * beta[:, None], j, i)
+
+@triton.jit(do_not_specialize=["T", "H"])
+def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T, H, DK: tl.constexpr,
+                        BK: tl.constexpr, PREC: tl.constexpr):
+    # KDA (TUNING['grams']['chunk']): a whole chunk's P_qk and L per program (grid: chunks, B H), where every key
+    # channel's G stays within EXP_SPAN of its midpoint over the chunk, nu = (G_0 + G_{n-1}) / 2 (a span of up to
+    # 2 EXP_SPAN, as _grams_bwd's MID): two [C, DK] x [DK, C] dots of q exp(G - nu) and k exp(G - nu) against
+    # k exp(nu - G), each factor within e^EXP_SPAN. The pairs i > r of those dots reach exp(G_r - G_i) <= e^(2
+    # EXP_SPAN), which can overflow fp32 to inf (or inf - inf = NaN): they are removed by the selects before the
+    # stores, and no other entry sums them. done_ptr[b h, chunk] says whether this program formed the chunk;
+    # _grams_block_kernel (SKIP_DONE) forms the others by 16 x 16 blocks.
+    C: tl.constexpr = 64
+    c = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    n = tl.minimum(T - c * C, C)
+    tok0 = ((bh // H) * T + c * C) * H + bh % H
+    rows = tl.arange(0, C)
+    valid = (rows < n)[:, None]
+    span = 0.
+    for kt in range(DK // BK):
+        ck = kt * BK + tl.arange(0, BK)
+        Gm = tl.load(G_ptr + (tok0 + rows[:, None] * H) * DK + ck[None, :], mask=valid, other=0.)
+        nu = (tl.load(G_ptr + tok0 * DK + ck) + tl.load(G_ptr + (tok0 + (n - 1) * H) * DK + ck))[None, :] * 0.5
+        span = tl.maximum(span, tl.max(tl.where(valid, tl.abs(Gm - nu), 0.)))
+    done = span <= EXP_SPAN
+    tl.store(done_ptr + bh * tl.num_programs(0) + c, done.to(tl.int8))
+    if done:
+        P = tl.zeros([C, C], dtype=tl.float32)
+        K = tl.zeros([C, C], dtype=tl.float32)
+        for kt in range(DK // BK):
+            ck = kt * BK + tl.arange(0, BK)
+            offs = (tok0 + rows[:, None] * H) * DK + ck[None, :]
+            Gm = tl.load(G_ptr + offs, mask=valid, other=0.)
+            nu = (tl.load(G_ptr + tok0 * DK + ck) + tl.load(G_ptr + (tok0 + (n - 1) * H) * DK + ck))[None, :] * 0.5
+            q = tl.load(q_ptr + offs, mask=valid, other=0.).to(tl.float32)
+            k = tl.load(k_ptr + offs, mask=valid, other=0.).to(tl.float32)
+            eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))      # exp(G_r - nu), 0 on padded rows
+            kl = k * tl.exp(tl.where(valid, nu - Gm, float('-inf')))  # k_i exp(nu - G_i)
+            P += _dot(q * eu, tl.trans(kl), PREC)
+            K += _dot(k * eu, tl.trans(kl), PREC)
+        r = rows[:, None]
+        i = rows[None, :]
+        beta = tl.load(beta_ptr + tok0 + rows * H, mask=rows < n, other=0.).to(tl.float32)
+        offs = (tok0 + r * H) * C + i
+        tl.store(P_ptr + offs, tl.where(i <= r, P, 0.).to(P_ptr.dtype.element_ty), mask=valid)
+        tl.store(L_ptr + offs, tl.where(i < r, K * beta[:, None], 0.), mask=valid)
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
@@ -1706,7 +1760,12 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
     grams = TUNING['grams']
     BK = min(DK, grams['kda_k'] if GATE == GATE_CHANNEL else grams['k'])
-    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, bounded,
+    chunked = GATE == GATE_CHANNEL and grams['chunk']  # KDA: whole chunks where the gate allows, then the others
+    done = torch.empty(B * H * NT, device=k.device, dtype=torch.int8) if chunked else P  # (any pointer when not)
+    if chunked:
+        _grams_chunk_kernel[(NT, B * H)](q, k, beta, Gp, P, L, done, T, H, DK, min(DK, grams['chunk_k']), prec,
+                                         num_warps=grams['chunk_warps'])
+    _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, bounded, done, bool(chunked),
                                          num_warps=grams['warps'])
     _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=TUNING['inverse']['warps'])
     return P, A

@@ -621,6 +621,34 @@ def test_triton_vs_reference(T, D, dtype, gate, strength):
     B, nh = (2, 2) if CUDA else (1, 2)
     triton_check(B, T, nh, D, D if CUDA else min(2 * D, 64), gate, strength, dtype)
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32] if CUDA else [F32], ids=_id)
+@pytest.mark.parametrize("strength", ["mild", "wide", "medium", "strong", "bounded"])
+def test_triton_kda_grams_by_chunk(strength, dtype, monkeypatch):
+    # TUNING['grams']['chunk']: the forward's P_qk and L by whole chunks about each channel's midpoint where the gate
+    # allows ('mild', 'wide': every full chunk; 'medium', 'strong': none, the 16 x 16 programs form them), against the
+    # fp64 reference; the chunks it formed are counted from its flags
+    monkeypatch.setitem(kernels.TUNING["grams"], "chunk", True)
+    flags = []
+    real = kernels._grams_chunk_kernel
+
+    class Keep:
+        def __getitem__(self, grid):
+            return lambda *a, **k: (real[grid](*a, **k), flags.append(a[6]))
+    monkeypatch.setattr(kernels, "_grams_chunk_kernel", Keep())
+    B, nh, T, D = (2, 2, 1000, 128) if CUDA else (2, 2, 130, 16)
+    if strength == "bounded":
+        x = bounded_inputs(B, T, nh, D, "kda", "strong", dtype)
+        compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, dtype, True, 7,
+                             f"T={T} kda bounded strong, by chunk", lower_bound=-5.0)
+    else:
+        triton_check(B, T, nh, D, D if CUDA else 32, "kda", strength, dtype)
+    formed = sum(int(f.sum()) for f in flags)
+    full = B * nh * (T // 64)  # the full chunks of one call (the partial last one may qualify either way)
+    if strength in ("mild", "wide"):
+        assert formed >= full * len(flags), (formed, full, len(flags))
+    elif strength in ("medium", "strong"):
+        assert formed <= B * nh * len(flags), (formed, len(flags))  # at most the short last chunks
+
 @pytest.mark.parametrize("dtype", [F32, torch.bfloat16] if CUDA else [F32], ids=_id)
 @pytest.mark.parametrize("bound", [None, -5.0])
 def test_triton_kda_gate_backward_inside_grads_bwd(bound, dtype, monkeypatch):
@@ -974,16 +1002,18 @@ def test_triton_causality(gate):
     forward_causal_check(kernels.delta_rule_triton, x, triton_inputs(B, T, nh, dk, dv, gate, "mild", F32, seed=3), P)
 
 @pytest.mark.parametrize("path", ["torch", "triton", "triton gate_fn", "triton keep", "triton gate_fn keep",
-                                  "triton gate_fn fused"])
+                                  "triton gate_fn all"])
 def test_compile_fullgraph(path, monkeypatch):
     # torch.compile(fullgraph=True) through the public call, forward and backward, equals eager: any graph break
     # (e.g. inside the custom ops, or the log line) fails here. CPU: aot_eager (tracing, fake shapes, the autograd
     # formula; no C compiler needed); GPU: inductor. 'gate_fn': the gate formed in the kernels (A_log, dt_bias);
-    # 'keep': TUNING['keep'] (the forward's extra outputs, saved for the backward).
+    # 'keep': TUNING['keep'] (the forward's extra outputs, saved for the backward); 'all': keep, kda_grads' mid and
+    # gate, grams' chunk.
     if path == "torch" and CUDA:
         pytest.skip("the chunked torch path is checked on CPU")
-    monkeypatch.setitem(kernels.TUNING, "keep", "keep" in path)
-    monkeypatch.setitem(kernels.TUNING["kda_grads"], "gate", "fused" in path)
+    monkeypatch.setitem(kernels.TUNING, "keep", "keep" in path or "all" in path)
+    for entry, key in (("kda_grads", "mid"), ("kda_grads", "gate"), ("grams", "chunk")):  # 'all': every setting
+        monkeypatch.setitem(kernels.TUNING[entry], key, "all" in path)
     x = triton_inputs(1, 70, 2, 16, 32, "kda", "mild", F32, seed=5)
     x = {n: t.to(DEV) for n, t in x.items()} if path != "torch" else {n: t.cpu() for n, t in x.items()}
     gate_fn = "gate_fn" in path

@@ -113,8 +113,8 @@ prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: 
       grep -v "^W[0-9][0-9][0-9][0-9] \|Warning" | grep -E "^== rank|step wall|GPU per step|ms/step|^iter (25|29)/|Error" ; cleanup
   done
 }
-keeptest() {  # issue 41, TUNING keep, kda_grads mid and gate on the GPU: their tests first, then every kernel test (session 46's prediction)
-  timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake or midpoint or wide or inside" 2>&1 | tee $OUT/keeptest.txt | tail -4
+keeptest() {  # issue 41, TUNING keep, kda_grads mid and gate, grams chunk on the GPU: their tests first, then every kernel test (session 46's prediction)
+  timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake or midpoint or wide or inside or by_chunk" 2>&1 | tee $OUT/keeptest.txt | tail -4
   timeout ${KA_SECS:-300} python3 -m pytest -q -n 8 test_kernels.py 2>&1 | tee $OUT/kerneltests.txt | tail -4
 }
 keepbench() {  # the kernel table in both settings (fla in the first run only: its compile is slow), then the scalar decay
