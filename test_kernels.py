@@ -1788,6 +1788,24 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
             kernels.short_conv(x, w, b, norm=norm, path="triton", doc_pos=doc_pos).float().sum().backward()
             kernels.short_conv_step(x[:, 0].detach(), torch.zeros(2, 3, 32, device=DEV, dtype=dtype), w, b,
                                     norm=norm, path="triton")
+    # the settings that launch another kernel or other forms of them (TUNING's keep, kda_grads' mid and gate, grams'
+    # chunk; off by default until measured on the GPU), at D = 128
+    monkeypatch.setitem(kernels.TUNING, "keep", True)
+    for entry, key in (("kda_grads", "mid"), ("kda_grads", "gate"), ("grams", "chunk")):
+        monkeypatch.setitem(kernels.TUNING[entry], key, True)
+    for dtype in (torch.bfloat16, F32):
+        for gate in ("none", "gdn", "kda"):
+            x = triton_inputs(1, T, nh, 128, 128, gate, "mild", dtype)
+            x = {n: (t.requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
+            gate_fn = {} if gate == "none" else dict(A_log=torch.zeros(nh, device=DEV, requires_grad=True),
+                                                     dt_bias=torch.zeros(x["g"].shape[2:], device=DEV, requires_grad=True))
+            o, ht = kernels.delta_rule_triton(**x, output_final_state=True, **gate_fn)
+            (o.float().sum() + ht.sum()).backward()
+        for gate, hpg in (("retnet", 1), ("mamba2", 2), ("gla", 2)):
+            x = la_triton_inputs(1, T, 4, hpg, 128, 128, gate, "mild", dtype)
+            x = {n: (t.requires_grad_() if differentiable(n, t) else t) for n, t in x.items()}
+            o, ht = kernels.linear_attn_triton(**x, output_final_state=True)
+            (o.float().sum() + ht.sum()).backward()
     unique = {json.dumps(launch, sort_keys=True, default=str): launch for launch in launches}
     assert {n for n, *_ in unique.values()} == {n for n in dir(kernels) if isinstance(getattr(kernels, n), LaunchRecorder)}, \
         "a kernel was never launched above: add its public call"
