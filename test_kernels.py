@@ -547,6 +547,36 @@ def rms_err(a, ref):
     a, ref = a.double(), ref.double()
     return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
+def watch_launches(monkeypatch, name, record):
+    """kernels.<name> (a Triton kernel) launched as before, with record(args) called at each launch."""
+    kernel = getattr(kernels, name)
+
+    class Watched:
+        def __getitem__(self, grid):
+            return lambda *a, **k: (record(a), kernel[grid](*a, **k))[1]
+    monkeypatch.setattr(kernels, name, Watched())
+
+def assert_same_run(r0, r1, dtype):
+    """Two run() results (o, S, {name: grad}) of one computation by two kernel settings: bitwise equal in the
+    interpreter; on the GPU, where the two may tile differently, equal to rounding."""
+    (o0, S0, g0), (o1, S1, g1) = r0, r1
+    assert set(g0) == set(g1)
+    for name, a, b in [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]:
+        if CUDA:
+            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
+        else:
+            assert torch.equal(a, b), name
+
+def kda_reference_check(B, nh, T, D, strength, dtype, label):
+    """KDA against the fp64 reference in a gate regime of triton_inputs, or 'bounded': the bounded gate formed in the
+    kernels (lower_bound -5, bounded_inputs' 'strong')."""
+    if strength == "bounded":
+        x = bounded_inputs(B, T, nh, D, "kda", "strong", dtype)
+        compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, dtype, True, 7,
+                             f"T={T} kda bounded strong, {label}", lower_bound=-5.0)
+    else:
+        triton_check(B, T, nh, D, D if CUDA else 32, "kda", strength, dtype)
+
 def triton_check(B, T, nh, dk, dv, gate, strength, dtype, with_state=True, seed=0):
     x = triton_inputs(B, T, nh, dk, dv, gate, strength, dtype, seed)
     compare_to_reference(kernels.delta_rule_triton, kernels.delta_rule_recurrent, x, dtype, with_state, seed,
@@ -629,19 +659,9 @@ def test_triton_kda_grams_by_chunk(strength, dtype, monkeypatch):
     # fp64 reference; the chunks it formed are counted from its flags
     monkeypatch.setitem(kernels.TUNING["grams"], "chunk", True)
     flags = []
-    real = kernels._grams_chunk_kernel
-
-    class Keep:
-        def __getitem__(self, grid):
-            return lambda *a, **k: (real[grid](*a, **k), flags.append(a[6]))
-    monkeypatch.setattr(kernels, "_grams_chunk_kernel", Keep())
+    watch_launches(monkeypatch, "_grams_chunk_kernel", lambda a: flags.append(a[6]))  # its done_ptr, after the launch
     B, nh, T, D = (2, 2, 1000, 128) if CUDA else (2, 2, 130, 16)
-    if strength == "bounded":
-        x = bounded_inputs(B, T, nh, D, "kda", "strong", dtype)
-        compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, dtype, True, 7,
-                             f"T={T} kda bounded strong, by chunk", lower_bound=-5.0)
-    else:
-        triton_check(B, T, nh, D, D if CUDA else 32, "kda", strength, dtype)
+    kda_reference_check(B, nh, T, D, strength, dtype, "by chunk")
     formed = sum(int(f.sum()) for f in flags)
     full = B * nh * (T // 64)  # the full chunks of one call (the partial last one may qualify either way)
     if strength in ("mild", "wide"):
@@ -661,25 +681,15 @@ def test_triton_kda_gate_backward_inside_grads_bwd(bound, dtype, monkeypatch):
     else:
         x, kw = bounded_inputs(B, T, nh, D, "kda", "mixed", dtype), dict(lower_bound=bound)
     launches = []
-    real = kernels._decay_gate_bwd_kernel
-
-    class Count:
-        def __getitem__(self, grid):
-            return lambda *a, **k: launches.append(grid) or real[grid](*a, **k)
-    monkeypatch.setattr(kernels, "_decay_gate_bwd_kernel", Count())
+    watch_launches(monkeypatch, "_decay_gate_bwd_kernel", launches.append)
     results = {}
     for fused in (False, True):
         monkeypatch.setitem(kernels.TUNING["kda_grads"], "gate", fused)
         launches.clear()
         results[fused] = run(kernels.delta_rule_triton, x, **kw)
         assert len(launches) == (0 if fused else 1), (fused, launches)
-    (o0, S0, g0), (o1, S1, g1) = results[False], results[True]
-    assert set(g0) == set(g1) >= {"g", "A_log", "dt_bias"}
-    for name, a, b in [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]:
-        if CUDA:
-            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
-        else:
-            assert torch.equal(a, b), name
+    assert set(results[False][2]) >= {"g", "A_log", "dt_bias"}
+    assert_same_run(results[False], results[True], dtype)
     monkeypatch.setitem(kernels.TUNING["kda_grads"], "gate", True)
     ref = bounded_reference if bound is not None else gated_reference
     compare_to_reference(kernels.delta_rule_triton, ref, x, dtype, True, 7, f"T={T} kda gate bwd fused {bound}", **kw)
@@ -691,12 +701,7 @@ def test_triton_kda_midpoint_references(strength, dtype, monkeypatch):
     # 2 EXP_SPAN: 'wide' takes them, 'medium' the 16-row groups, 'strong' the dyadic levels), against the fp64 reference
     monkeypatch.setitem(kernels.TUNING["kda_grads"], "mid", True)
     B, nh, T, D = (2, 2, 1000, 128) if CUDA else (1, 2, 130, 16)
-    if strength == "bounded":
-        x = bounded_inputs(B, T, nh, D, "kda", "strong", dtype)
-        compare_to_reference(kernels.delta_rule_triton, bounded_reference, x, dtype, True, 7,
-                             f"T={T} kda bounded strong, mid", lower_bound=-5.0)
-    else:
-        triton_check(B, T, nh, D, D if CUDA else 32, "kda", strength, dtype)
+    kda_reference_check(B, nh, T, D, strength, dtype, "mid")
 
 @pytest.mark.parametrize("gate,strength", [("gdn", "mild"), ("kda", "strong")])
 def test_triton_without_state(gate, strength):
@@ -860,13 +865,7 @@ def test_triton_keep_equals_the_recompute(case, dtype, monkeypatch):
         calls.clear()
         results[keep] = run(kernels.delta_rule_triton, x, **kw)
         assert len(calls) == (1 if keep else 2), (keep, calls)
-    (o0, S0, g0), (o1, S1, g1) = results[False], results[True]
-    pairs = [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]
-    for name, a, b in pairs:
-        if CUDA:
-            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
-        else:
-            assert torch.equal(a, b), name
+    assert_same_run(results[False], results[True], dtype)
     calls.clear()
     with torch.no_grad():
         kernels.delta_rule_triton(**x, output_final_state=True, **kw)
@@ -1094,12 +1093,7 @@ def test_linear_attn_keep_equals_the_recompute(case, dtype, monkeypatch):
         kw = dict(dt=F.softplus(torch.randn(B, T, 4, generator=gen)).to(DEV), D=torch.rand(4, generator=gen).to(DEV))
     calls = []
     if gate == "gla":  # its forward kernel, launched with SNAPSHOTS (its last constexpr) or not
-        class Count:
-            def __init__(self, kernel):
-                self.kernel = kernel
-            def __getitem__(self, grid):
-                return lambda *a, **k: calls.append(bool(a[-1])) or self.kernel[grid](*a, **k)
-        monkeypatch.setattr(kernels, "_gla_fwd_kernel", Count(kernels._gla_fwd_kernel))
+        watch_launches(monkeypatch, "_gla_fwd_kernel", lambda a: calls.append(bool(a[-1])))
     else:
         states = kernels._la_states
         monkeypatch.setattr(kernels, "_la_states", lambda *a, **k: calls.append(a[7] is not None) or states(*a, **k))
@@ -1109,12 +1103,7 @@ def test_linear_attn_keep_equals_the_recompute(case, dtype, monkeypatch):
         calls.clear()
         results[keep] = run(kernels.linear_attn_triton, x | kw)
         assert len(calls) == (1 if keep else 2), (keep, calls)
-    (o0, S0, g0), (o1, S1, g1) = results[False], results[True]
-    for name, a, b in [("o", o0, o1), ("S", S0, S1)] + [(n, g0[n], g1[n]) for n in g0]:
-        if CUDA:
-            assert rms_err(b, a) < (1e-6 if dtype == F32 else 1e-2), name
-        else:
-            assert torch.equal(a, b), name
+    assert_same_run(results[False], results[True], dtype)
     fused = gate in ("none", "retnet", "gla")
     calls.clear()
     with torch.no_grad():
