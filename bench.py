@@ -29,9 +29,9 @@ category per mixer and context.
     python bench.py --train --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
     python bench.py --train --device cpu --contexts 64 --tokens 128 --mixers softmax kda --steps 2 --tiny  # smoke run
     python bench.py --train --documents --contexts 4096 --json docs.json   # each mixer also with documents=True
-    python bench.py --train --contexts 1024,4096 --tuning default all   # each linear mixer under each of
+    python bench.py --train --contexts 1024,4096 --tuning default recompute   # each linear mixer under each of
                                                # TUNING_PRESETS (settings of kernels.TUNING); the kernel table
-                                               # takes one: python bench.py --tuning keep
+                                               # takes one: python bench.py --tuning recompute
     python bench.py --multi_gpu dp,cp --gpus 2   # train.py itself under torchrun (see --multi_gpu below)
     python bench.py --tiles delta --jobs 8     # kernels.TUNING's candidates (TILE_CANDIDATES) for the delta rule, each
                                                # checked against the fp64 reference in its own process, then timed
@@ -767,9 +767,6 @@ TILE_CANDIDATES = {
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
-        "kda_grads mid": {"kda_grads": dict(mid=True)},
-        "kda_grads gate": {"kda_grads": dict(gate=True)},
-        "grams chunk": {"grams": dict(chunk=True)},
         "grams kda_k 32": {"grams": dict(kda_k=32)},
         "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
         "grams k 128": {"grams": dict(k=128)},
@@ -807,11 +804,7 @@ TILE_TOL_GRAD = (8e-3, 1e-4)  # every other input's gradient
 # side with --train (each cell's process applies its preset) or one per kernel-table run
 TUNING_PRESETS = {
     "default": {},
-    "keep": {"keep": True},                                   # the backward reads the forward's states
-    "mid": {"kda_grads": {"mid": True}},                      # KDA's Gram backward about the groups' midpoints
-    "gate": {"kda_grads": {"gate": True}},                    # KDA's gate backward inside _grads_bwd
-    "chunk": {"grams": {"chunk": True}},                      # KDA's forward Grams by whole chunks where they fit
-    "all": {"keep": True, "kda_grads": {"mid": True, "gate": True}, "grams": {"chunk": True}},
+    "recompute": {"keep": False},  # the backward recomputes the forward's states (W, h[c], Delta) instead of reading them
 }
 
 
@@ -1045,7 +1038,7 @@ def record_launches(D, dtypes, H=4):
     (with and without the norm, bias, documents), forward, backward and step. kernels.py's Triton kernels are replaced
     by LaunchRecorders while they run, so nothing is computed (the calls only allocate by shape) -> the unique
     launches. CPU tensors on the Triton path: needs TRITON_INTERPRET=1. One SM on CPU: the state passes take the tiles
-    of a large B*H. Under TUNING_PRESETS 'default' and 'all' (kernels they compile differently)."""
+    of a large B*H. Under TUNING_PRESETS 'default' and 'recompute' (kernels they compile differently)."""
     out = []
     found = {n: k for n, k in vars(kernels).items()
              if n.endswith("_kernel") and isinstance(k, triton.runtime.jit.KernelInterface)}
@@ -1054,7 +1047,7 @@ def record_launches(D, dtypes, H=4):
     try:
         T = 65
         rnd = lambda *s, dtype=torch.float32: torch.randn(*s, dtype=dtype, requires_grad=True)
-        for dtype, preset in itertools.product(dtypes, ("default", "all")):
+        for dtype, preset in itertools.product(dtypes, ("default", "recompute")):
             with tuned(TUNING_PRESETS[preset]):
                 for gate, fn in itertools.product((None, "gdn", "kda"), (False, True)):
                     if fn and gate is None:
@@ -1123,7 +1116,7 @@ def ptxas_report(name, sig, constexprs, warps, stages):
     return int(regs.group(1)), int(spill.group(1)) if spill else 0, k.metadata.shared // 1024
 
 
-PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SNAPSHOTS", "BOUNDED", "MID", "GATE_BWD",
+PTXAS_KEYS = ("GATE", "DK", "DV", "BK", "BV", "GROUP", "DECAYED", "OUTPUT", "SNAPSHOTS", "BOUNDED", "GATE_BWD",
               "SKIP_DONE", "SSD", "NORM", "POS", "L", "BD", "AHEAD")
 
 

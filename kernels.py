@@ -285,8 +285,9 @@ TUNING = {
     # decay's and GLA's h[c]), at the cost of holding them from the forward to the backward: for the delta rule at
     # Dk = Dv = d, per token, head and layer d (d / 64 + 2) values, and 2 d more for KDA (9 KB a token in each KDA
     # layer of the 124M hybrid, in bf16); h[c] alone d² / 64 (GLA's chunks of 16: d² / 16). Only where autograd will
-    # call the backward (grad enabled, an input requiring grad). No result changes.
-    'keep': False,
+    # call the backward (grad enabled, an input requiring grad). No result changes. False: the backward recomputes
+    # them, which saves that memory for one more _wy_fwd and state pass.
+    'keep': True,
     # Delta rule (section 4). The sequential state passes (_state_fwd, _state_bwd), one program per (V-tile, b, h)
     # walking every chunk: V-tile 'v' (halved down to 'min_v' while the programs do not cover the SMs: small B*H,
     # e.g. 2 x 16 heads at T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate
@@ -296,10 +297,9 @@ TUNING = {
     'state': dict(v=64, warps=4, kda_bwd_warps=8, min_v=32, out_warps=4, stages=2, bwd_stages=2),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
-    # 'chunk' (KDA, off until measured on the GPU): _grams_chunk first forms every chunk whose gate stays within
-    # EXP_SPAN of its midpoint in one program (key tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6,
-    # with the first row as reference), the 16 x 16 programs the rest.
-    'grams': dict(k=64, kda_k=16, warps=1, chunk=False, chunk_k=32, chunk_warps=4),
+    # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
+    # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
+    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4),
     # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
     # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
     # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
@@ -311,11 +311,8 @@ TUNING = {
     'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}),
     # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
-    # bytes offline); 'mid': the Gram backward's references at each group's midpoint of G, which takes whole chunks
-    # up to twice the decay (_grams_bwd; off until measured on the GPU: notes/perf.md 2026-11-26 (46)).
-    # 'gate': the backward of the gate formed in the kernels (A_log, dt_bias) inside _grads_bwd, from dg in registers,
-    # instead of kernels::decay_gate_bwd's pass over dg (fp32) and u (off until measured on the GPU).
-    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, mid=False, gate=False),
+    # bytes offline).
+    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8),
     # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
     'step': dict(v=32),
     # Scalar decay (section 5). The sequential passes (_la_state_fwd, _la_state_bwd), one program per (V-tile, key
@@ -682,7 +679,7 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 #   O   = scale (Q * exp(G)) S + Tril(P_qk) Delta,   P_qk = scale (Q K^T decayed)   (with S, in the same pass)
 # Kernels: _chunk_cumsum (G; with A_log, dt_bias it also forms GDN's / KDA's gate), _grams_block (P_qk, L; KDA's
 # per-channel Gram), _inverse (A in place of L), _wy_fwd (W, U; KDA also Kd, Qg), _state_fwd (O; in the backward's
-# recompute the snapshots h[c] = S and Delta instead; with TUNING['keep'] both in the forward).
+# recompute the snapshots h[c] = S and Delta instead, where TUNING['keep'] does not have the forward write them).
 # TODO (speed): KDA's backward per-chunk gradients (_grads_bwd) are half of its forward+backward time, and the
 # forward's _wy_fwd writes four [B, T, H, D] tensors (notes/perf.md 2026-11-26 (x)).
 
@@ -934,9 +931,9 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
 @triton.jit(do_not_specialize=["T", "H"])
 def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T, H, DK: tl.constexpr,
                         BK: tl.constexpr, PREC: tl.constexpr):
-    # KDA (TUNING['grams']['chunk']): a whole chunk's P_qk and L per program (grid: chunks, B H), where every key
-    # channel's G stays within EXP_SPAN of its midpoint over the chunk, nu = (G_0 + G_{n-1}) / 2 (a span of up to
-    # 2 EXP_SPAN, as _grams_bwd's MID): two [C, DK] x [DK, C] dots of q exp(G - nu) and k exp(G - nu) against
+    # KDA: a whole chunk's P_qk and L per program (grid: chunks, B H), where every key channel's G stays within
+    # EXP_SPAN of its midpoint over the chunk, nu = (G_0 + G_{n-1}) / 2 (a span of up to 2 EXP_SPAN, as in
+    # _grams_bwd): two [C, DK] x [DK, C] dots of q exp(G - nu) and k exp(G - nu) against
     # k exp(nu - G), each factor within e^EXP_SPAN. The pairs i > r of those dots reach exp(G_r - G_i) <= e^(2
     # EXP_SPAN), which can overflow fp32 to inf (or inf - inf = NaN): they are removed by the selects before the
     # stores, and no other entry sums them. done_ptr[b h, chunk] says whether this program formed the chunk;
@@ -1181,7 +1178,7 @@ def _gate_fn_bwd(u_ptr, A_ptr, bias_ptr, du_ptr, part_ptr, lb, dg, offs, mask, c
                  BOUNDED: tl.constexpr):
     # du and the partial sums of dA_log, ddt_bias of one [rows, cols] tile of the gate (the formulas above), from dg
     # (0 on masked rows): du stored at offs (u's dtype), the column sums at part_ptr + row + col (dA's) and + HD
-    # (ddt_bias's). Shared by _decay_gate_bwd_kernel and, with TUNING['kda_grads']['gate'], _grads_bwd_kernel.
+    # (ddt_bias's). Shared by _decay_gate_bwd_kernel (GDN) and _grads_bwd_kernel (KDA).
     x = tl.load(u_ptr + offs, mask=mask, other=0.).to(tl.float32) \
         + tl.load(bias_ptr + col, mask=cmask, other=0.).to(tl.float32)[None, :]
     a = tl.exp(tl.load(A_ptr + col // AG, mask=cmask, other=0.).to(tl.float32))[None, :]
@@ -1223,24 +1220,23 @@ def _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, 
 
 @triton.jit
 def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
-               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr,
-               MID: tl.constexpr = False):
+               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
     # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
     # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
     # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
     #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
     #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
     # KDA (GATE_CHANNEL): exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about any reference G_ref per key
-    # channel, so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the group's
-    # first row, or with MID (TUNING['kda_grads']['mid']) the midpoint of each channel's G over the group ((G at its
-    # first row + G at its last) / 2: G is a cumsum of log-decays <= 0, so half the group's span lies on either
-    # side; both factors can then exceed 1, but only pairs i <= r are ever multiplied, the others are zeros of dP and
-    # dL), when every |G_r - G_ref| in them is at most EXP_SPAN (the factors stay in fp32's and bf16's range): S = C
-    # (the whole chunk: four dots) when that holds for the chunk (a span of up to EXP_SPAN, 2 EXP_SPAN with MID),
-    # else S = 16 when it holds for every 16-row group, else S = 1.
+    # channel, so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the midpoint
+    # of each channel's G over the group ((G at its first row + G at its last) / 2: G is a cumsum of log-decays <= 0,
+    # so half the group's span lies on either side; both factors can then exceed 1, but only pairs i <= r are ever
+    # multiplied, the others are zeros of dP and dL), when every |G_r - G_ref| in them is at most EXP_SPAN (the
+    # factors stay in fp32's and bf16's range): S = C (the whole chunk: four dots) when that holds for the chunk (a
+    # span of up to 2 EXP_SPAN: the 124M model's initial gates, where a first-row reference took 16-row groups in 38%
+    # of the tiles), else S = 16 when it holds for every 16-row group, else S = 1.
     # The pairs in different groups go by dyadic levels (pairs in different halves of a 2s-row block, about the left
     # half's last row: both exps of a number <= 0 whatever the gate), levels log2(S) .. log2(C) - 1, four dots each.
-    # So a gate that decays by at most EXP_SPAN (MID: 2 EXP_SPAN) over a chunk costs one level, an unbounded one six.
+    # So a gate that decays by at most 2 EXP_SPAN over a chunk costs one level, an unbounded one six.
     # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, 37.5 about the midpoint; see "The bounded gate" in
     # 4.3): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in
     # different groups).
@@ -1255,14 +1251,12 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
         dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
         dq += dPd * k
         dk += dPd * q
-        # the group size S: the chunk's reference, then each 16-row group's (rows past n - 1 read row n - 1: a padded
-        # group's reference is never used)
+        # the group size S: the chunk's reference, then each 16-row group's, at their midpoints (rows past n - 1
+        # read row n - 1: a padded group's span ends at the last row)
         top = r // 16 * 16
-        nuC = tl.load(g_ptr + cols)
-        nu16 = tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
-        if MID:
-            nuC = (nuC + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
-            nu16 = (nu16 + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
+        nuC = (tl.load(g_ptr + cols) + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
+        nu16 = (tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
+                + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
         whole = tl.max(tl.where(valid, tl.abs(Gm - nuC), 0.)) <= EXP_SPAN
         if BOUNDED:  # every 16-row group is in range (the bound): the group dots always, no S = 1
             S = tl.where(whole, C, 16)
@@ -1638,13 +1632,13 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
                       dq_ptr, dk_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr,
-                      BOUNDED: tl.constexpr, MID: tl.constexpr, u_ptr, A_ptr, bias_ptr, part_ptr, lb,
+                      BOUNDED: tl.constexpr, u_ptr, A_ptr, bias_ptr, part_ptr, lb,
                       AG: tl.constexpr, GATE_BWD: tl.constexpr):
     # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
-    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row. MID: its
-    # references at the groups' midpoints (TUNING['kda_grads']['mid']). GATE_BWD (TUNING['kda_grads']['gate'], the gate
-    # formed in the kernels from u, A_log, dt_bias): the gate's backward here, from dg in registers: du (u's dtype,
-    # at dg_ptr) and dA_log's, ddt_bias's partial sums per (chunk, b), as _decay_gate_bwd_kernel would from dg.
+    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row. GATE_BWD
+    # (the gate formed in the kernels from u, A_log, dt_bias; 2: the bounded form): the gate's backward here, from dg
+    # in registers, not a pass over dg (fp32) and u after this kernel: du (u's dtype, at dg_ptr) and dA_log's,
+    # ddt_bias's partial sums per (chunk, b), as _decay_gate_bwd_kernel forms them from dg for GDN.
     # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
@@ -1690,7 +1684,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
-                                   GATE_CHANNEL, C, BK, LOG2C, PREC, BOUNDED, MID)
+                                   GATE_CHANNEL, C, BK, LOG2C, PREC, BOUNDED)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
@@ -1708,15 +1702,15 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
 
 # ---- 4.5 the custom ops (kernels::delta_rule_fwd, delta_rule_bwd, decay_gate_bwd) and delta_rule_triton ------------
 
-# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (_grams_block) -> A (_inverse) -> W, U
-# (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G, P_qk, A, the initial
-# state, and with TUNING['keep'] W, h, Delta (KDA: Kd, Qg); the backward (kernels::delta_rule_bwd) recomputes
-# those that were not kept (_wy_fwd, _state_fwd), then runs _state_bwd
-# (reverse over chunks) and the per-chunk gradients: _wy_grads_bwd (DeltaNet; GDN at Dk > 64), _wy_grads_bwd_phased
-# (GDN at Dk <= 64), or _wy_bwd and _grads_bwd (KDA); with A_log, dt_bias also kernels::decay_gate_bwd (the gate's
-# own backward). They are torch.library custom ops with fake (shape) functions and the backward registered as the
-# forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward, with no graph
-# break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
+# Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (KDA: _grams_chunk, then _grams_block for
+# the chunks it left) -> A (_inverse) -> W, U (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G,
+# P_qk, A, the initial state, and with TUNING['keep'] W, h, Delta (KDA: Kd, Qg); the backward
+# (kernels::delta_rule_bwd) recomputes those that were not kept (_wy_fwd, _state_fwd), then runs _state_bwd (reverse
+# over chunks) and the per-chunk gradients: _wy_grads_bwd (DeltaNet; GDN at Dk > 64), _wy_grads_bwd_phased (GDN at
+# Dk <= 64), or _wy_bwd and _grads_bwd (KDA); with A_log, dt_bias the gate's backward inside _grads_bwd (KDA) or by
+# kernels::decay_gate_bwd (GDN). They are torch.library custom ops with fake (shape) functions and the backward
+# registered as the forward's autograd formula, so torch.compile traces them as opaque nodes, forward and backward,
+# with no graph break. Optional tensors cannot be None in a custom op's outputs: "absent" outputs are empty tensors.
 
 def _gate_kind(g, k):
     """-> (GATE, DG): GATE_NONE (DeltaNet), GATE_SCALAR (GDN: g [B,T,H]) or GATE_CHANNEL (KDA: g [B,T,H,Dk]) as a
@@ -1760,7 +1754,7 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     A = L if idt == torch.float32 else torch.empty(B, T, H, C, device=k.device, dtype=idt)
     grams = TUNING['grams']
     BK = min(DK, grams['kda_k'] if GATE == GATE_CHANNEL else grams['k'])
-    chunked = GATE == GATE_CHANNEL and grams['chunk']  # KDA: whole chunks where the gate allows, then the others
+    chunked = GATE == GATE_CHANNEL  # KDA: whole chunks where the gate allows, then the others by blocks
     done = torch.empty(B * H * NT, device=k.device, dtype=torch.int8) if chunked else P  # (any pointer when not)
     if chunked:
         _grams_chunk_kernel[(NT, B * H)](q, k, beta, Gp, P, L, done, T, H, DK, min(DK, grams['chunk_k']), prec,
@@ -1904,7 +1898,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     DeltaNet); P, A the forward's P_qk and (I + L)^-1. bounded: G is that of the bounded gate (KDA's _grads_bwd then
     takes BOUNDED). w, h, vn (Delta), kd, qg: the forward's, when it kept them (TUNING['keep']); else (None) they are
     recomputed. u, A_log, dt_bias (lower_bound): KDA's gate formed in the kernels, whose backward _grads_bwd then
-    runs itself (TUNING['kda_grads']['gate']): du (u's dtype) in dg's place, and dA_log, ddt_bias (fp32) last."""
+    runs itself: du (u's dtype) in dg's place, and dA_log, ddt_bias (fp32) last."""
     q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
     B, T, H, DK, DV, NT, BV, prec = _meta(q, k, v)
     GATE, DG = ((int(GATE_NONE), 1) if G is None else (int(GATE_SCALAR), 1) if G.shape[-1] == 1
@@ -1957,7 +1951,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, kda['wy_v']),
                                 C, prec, num_warps=kda['wy_warps'], num_stages=1)
     _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
-                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded), bool(kda['mid']),
+                                       H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded),
                                        u if fn else dg, A_log if fn else dg, dt_bias.contiguous() if fn else dg,
                                        part, float(lower_bound or 0.), DK, 0 if not fn else 1 if lower_bound is None
                                        else 2, num_warps=kda['warps'], num_stages=1)
@@ -2002,8 +1996,8 @@ def _delta_rule_backward(ctx, do, dht, *_):
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     if do is None:  # only the final state was used
         do = torch.zeros_like(v)
-    # KDA's gate formed in the kernels: its backward inside _grads_bwd (TUNING['kda_grads']['gate']), else its own op
-    fused = A_log is not None and G.shape[-1] > 1 and TUNING['kda_grads']['gate']
+    # the gate formed in the kernels: KDA's backward of it inside _grads_bwd, GDN's by its own op (kernels::decay_gate_bwd)
+    fused = A_log is not None and G.shape[-1] > 1
     gate = (u, A_log, dt_bias, ctx.lower_bound) if fused else ()
     dq, dk, dv, dbeta, dg, dh0, dA, ddt = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded,
                                                           *kept, *gate)
@@ -2701,9 +2695,9 @@ def _gla_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dht_ptr, dh0_ptr,
 # kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd), or O and the final state
 # from _la_state_fwd alone (OUTPUT, see TUNING['scalar']). Saved: q, k, v, g (per token or the constant [H] gate), dt, D and
 # the initial state; the backward (kernels::linear_attn_bwd) recomputes h[c] (bf16 for bf16 inputs), then runs
-# _la_state_bwd (reverse over chunks), _la_dv_bwd (with SSD also dx, dΔ, dD) and _la_dqkg_bwd. Recompute rather
-# than store by default: h[c] is 2x q's size at Dk = Dv = 128, and the recompute is one state pass; TUNING['keep']
-# saves the forward's h[c] instead.
+# _la_state_bwd (reverse over chunks), _la_dv_bwd (with SSD also dx, dΔ, dD) and _la_dqkg_bwd. With TUNING['keep']
+# (the default) the forward's h[c] is saved instead of recomputed: one state pass less, for h[c] held (2x q's size
+# at Dk = Dv = 128).
 
 def _decay_kind(g):
     """GATE_NONE (no gate), GATE_SCALAR (a gate per token, [B,T,H] or a step's [B,H]: Mamba2) or GATE_CONST (a constant

@@ -180,10 +180,10 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
 
 
 def test_train_table_tuning_presets(monkeypatch, capsys):
-    """--tuning default keep: each linear mixer's rows under both presets of kernels.TUNING (labelled), softmax once
+    """--tuning default recompute: each linear mixer's rows under both presets of kernels.TUNING (labelled), softmax once
     (its model has no linear-mixer kernels); every row divided by that softmax row; each cell's process gets its
     preset, and a preset applies its settings to kernels.TUNING (and restores them)."""
-    speed = {('kda', 'default'): 150.0, ('kda', 'keep'): 165.0}
+    speed = {('kda', 'default'): 165.0, ('kda', 'recompute'): 150.0}
     calls, run_cell = [], bench.run_cell
 
     def fake_run_cell(mixer, T, args, warm, documents=False, mode='default', tuning='default'):
@@ -195,23 +195,26 @@ def test_train_table_tuning_presets(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
-                              compile_mode=['default'], tuning=['default', 'keep'])
+                              compile_mode=['default'], tuning=['default', 'recompute'])
     bench.train_bench(args, ['kda'], [1024])
-    assert calls[3:] == [('softmax', 'default'), ('kda', 'default'), ('kda', 'keep')]
+    assert calls[3:] == [('softmax', 'default'), ('kda', 'default'), ('kda', 'recompute')]
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
             if s.startswith('|')]
-    assert [r[0] for r in rows[2:]] == ['softmax', 'kda [default]', 'kda [keep]']
-    assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '0.55']
+    assert [r[0] for r in rows[2:]] == ['softmax', 'kda [default]', 'kda [recompute]']
+    assert [r[3] for r in rows[2:]] == ['1.00', '0.55', '0.50']
     cmd = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda c, **kw: cmd.append(c) or types.SimpleNamespace(
         stdout='CELL {"mixer": "kda"}', stderr='', returncode=0))
-    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, tuning='all')
-    assert cmd[0][-2:] == ['--tuning', 'all']
+    run_cell('kda', 64, argparse.Namespace(tokens=128, steps=1, device='cpu', tiny=True), False, tuning='recompute')
+    assert cmd[0][-2:] == ['--tuning', 'recompute']
     before = (kernels.TUNING['keep'], dict(kernels.TUNING['kda_grads']))
-    with bench.tuned(bench.TUNING_PRESETS['all']):
-        assert kernels.TUNING['keep'] is True and kernels.TUNING['kda_grads']['mid'] is kernels.TUNING['kda_grads']['gate'] is True
+    assert before[0] is True  # the default
+    with bench.tuned(bench.TUNING_PRESETS['recompute']), bench.tuned({'kda_grads': {'warps': 2}}):
+        assert kernels.TUNING['keep'] is False and kernels.TUNING['kda_grads']['warps'] == 2
         assert kernels.TUNING['kda_grads']['k'] == before[1]['k']  # the entry's other keys kept
     assert (kernels.TUNING['keep'], kernels.TUNING['kda_grads']) == before
+    with pytest.raises(KeyError, match='mid'):
+        bench.tuned({'kda_grads': {'mid': True}}).__enter__()
 
 # -----------------------------------------------------------------------------
 # --tiles and --ptxas (kernels.TUNING's candidates; offline compiles)
