@@ -103,13 +103,14 @@ def test_ddp_two_processes_gloo(pystdlib, tmp_path, torchrun_train):
 
 def test_activation_checkpointing_trains_as_without(pystdlib, tmp_path):
     """--activation_checkpointing=True (recomputed blocks; the loss in pieces when a micro-step holds more than
-    GPT.LOSS_CHUNK tokens): the header says so, and the losses of 3 steps and the final weights are those of the run
-    without it."""
+    GPT.LOSS_CHUNK tokens), here with --kernel_states=False (the kernels' backward recomputes its chunk states): the
+    header says both, and the losses of 3 steps and the final weights are those of the run without them."""
     from checkpoint import load_checkpoint
     args = TINY + ['--mixer=kda,softmax', '--head_dim=16', '--max_iters=3', '--eval_interval=3']
-    a = run(args + ['--activation_checkpointing=True', f'--out_dir={tmp_path}/ac'])
+    a = run(args + ['--activation_checkpointing=True', '--kernel_states=False', f'--out_dir={tmp_path}/ac'])
     b = run(args + [f'--out_dir={tmp_path}/plain'])
     assert 'activations recomputed' in a.stdout and 'activations recomputed' not in b.stdout
+    assert 'kernel states recomputed' in a.stdout and 'kernel states recomputed' not in b.stdout
     la, lb = iter_losses(a.stdout), iter_losses(b.stdout)
     assert sorted(la) == [0, 1, 2] and all(abs(la[i] - lb[i]) < 1e-5 for i in la), (la, lb)
     wa, wb = (load_checkpoint(f'{tmp_path}/{d}/ckpt.pt')['model'] for d in ('ac', 'plain'))

@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.tensor import DTensor
 
+import kernels as kernel_lib  # (`kernels` below is the setting of which path its calls take)
 from model import GPTConfig, GPT, gpu_peak_flops
 from checkpoint import save_checkpoint, load_checkpoint, build_model, lock_out_dir, rng_state, set_rng_state
 from dataloader import ShardLoader
@@ -134,6 +135,9 @@ activation_checkpointing = False  # keep each block's input only and recompute i
                                 # make the output layer + loss 8,192 tokens at a time (GPT.loss_head): far less memory
                                 # at long contexts (with context_parallel: longer sequences), for about a third more
                                 # compute
+kernel_states = True            # the linear mixers' Triton forward hands its chunk states (W, h, Delta) to the backward
+                                # instead of the backward recomputing them (kernels.TUNING['keep']): faster, for about
+                                # 9 KB a token in each KDA layer at head_dim 128; False saves that memory
 # system
 device = ''                     # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = ''                      # '' = bfloat16 on CUDA if supported (else float16), float32 on CPU; or 'float32', 'bfloat16', 'float16' (autocast, CPU too)
@@ -273,6 +277,7 @@ else:
     ddp_local_rank, ddp_world_size, dp_rank, dp_world, cp = 0, 1, 0, 1, None
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 compile = (device_type == 'cuda') if compile is None else compile
+kernel_lib.TUNING['keep'] = bool(kernel_states)
 # CUDA graphs (torch.compile's 'reduce-overhead' and 'max-autotune'): the compiled forward and backward replay as a few
 # graph launches, so that the GPU does not wait for Python between kernels
 cuda_graphs = compile and device_type == 'cuda' and compile_mode in ('reduce-overhead', 'max-autotune')
@@ -622,6 +627,7 @@ print0(f"data: {dataset}, {gradient_accumulation_steps} grad accum × {dp_world}
        f"{block_size} context = {tokens_per_iter:,} tokens per step, " +
        (f"each sequence split over {context_parallel} ranks, " if context_parallel > 1 else "") +
        ("activations recomputed, " if raw_model.recompute else "") +
+       ("kernel states recomputed, " if not kernel_states else "") +
        (f"steps {iter_num:,} to {max_iters:,}" if iter_num else f"{max_iters:,} steps"))
 print0(f"out_dir: {out_dir} (its log.txt has the full config)")
 if decay_lr and max_iters < lr_decay_iters and not eval_only:  # a short run that would end at a high learning rate
