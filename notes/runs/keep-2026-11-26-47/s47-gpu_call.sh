@@ -115,7 +115,7 @@ prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: 
 }
 keeptest() {  # issue 41, TUNING keep, kda_grads mid and gate, grams chunk on the GPU: their tests first, then every kernel test (session 46's prediction)
   timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake or midpoint or wide or inside or by_chunk" 2>&1 | tee $OUT/keeptest.txt | tail -4
-  timeout ${KA_SECS:-300} python3 -m pytest -q -n 8 test_kernels.py 2>&1 | tee $OUT/kerneltests.txt | tail -4
+  timeout ${KA_SECS:-300} python3 -m pytest -q -n 8 test_kernels.py ${KSEL:+-k "$KSEL"} 2>&1 | tee $OUT/kerneltests.txt | tail -4
 }
 keepbench() {  # the kernel table in both settings (fla in the first run only: its compile is slow), then the scalar decay
   timeout ${KB_SECS:-280} python3 bench.py --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-off.txt
@@ -129,7 +129,7 @@ keeptrain() {  # the models under the presets side by side
   set +f
 }
 kt() {  # every kernel test (session 47: the four settings on by default, the replaced forms removed)
-  timeout ${KA_SECS:-330} python3 -m pytest -q -n ${NW:-8} test_kernels.py 2>&1 | tee $OUT/kerneltests.txt | tail -4
+  timeout ${KA_SECS:-330} python3 -m pytest -q -n ${NW:-8} test_kernels.py ${KSEL:+-k "$KSEL"} 2>&1 | tee $OUT/kerneltests.txt | tail -4
 }
 trainctx() {  # the README's training table: softmax and the hybrid at every context, one bench.py --train run
   local mix="${MIX:-softmax kda*3,softmax}"; set -f
