@@ -1996,7 +1996,7 @@ def _delta_rule_backward(ctx, do, dht, *_):
     dht = dht if ctx.output_final_state else None  # grads of "absent" (empty) outputs are ignored
     if do is None:  # only the final state was used
         do = torch.zeros_like(v)
-    # the gate formed in the kernels: KDA's backward of it inside _grads_bwd, GDN's by its own op (kernels::decay_gate_bwd)
+    # the gate formed in the kernels: KDA's backward of it inside _grads_bwd, GDN's by kernels::decay_gate_bwd
     fused = A_log is not None and G.shape[-1] > 1
     gate = (u, A_log, dt_bias, ctx.lower_bound) if fused else ()
     dq, dk, dv, dbeta, dg, dh0, dA, ddt = _delta_rule_bwd(q, k, v, beta, G, P, A, h0, do, dht, ctx.scale, ctx.bounded,
