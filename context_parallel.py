@@ -123,9 +123,11 @@ def delta_rule(cp, q, k, v, beta, g=None, scale=None, path='auto', **gate):
     o, S = kernels.delta_rule(q, k, v, beta, g, scale=scale, output_final_state=True, path=path, **gate)
     B, l, H, dk = k.shape
     eye = torch.eye(dk, device=k.device, dtype=torch.float32).expand(B, H, dk, dk).contiguous()
-    # the same recurrence with v = 0 from S_0 = I: its outputs are P_tᵀ q_t, its end state M = P_l
+    # the same recurrence with v = 0 from S_0 = I: its outputs are P_tᵀ q_t, its end state M = P_l. Its backward
+    # recomputes its chunk states (keep=False): kept, they doubled what each rank holds for the backward, so that a
+    # rank with 1/N of the tokens kept 2/N of one GPU's kernel states (notes/perf.md, 48)
     qP, M = kernels.delta_rule(q, k, torch.zeros_like(k), beta, g, scale=scale, initial_state=eye,
-                               output_final_state=True, path=path, **gate)
+                               output_final_state=True, path=path, keep=False, **gate)
     h0 = cp.initial_state(S, M, lambda M, h: M @ h)
     return cp.merge((o.float() + torch.einsum('bthk,bhkv->bthv', qP.float(), h0)).to(o.dtype))
 

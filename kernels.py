@@ -23,14 +23,14 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         one token: q, k [B, Hk, Dk], v [B, H, Dv], g None | [H] | [B, H] | [B, H, Dk]; updates state in place;
         o [B, H, Dv]
     delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
-               dt_bias=None, lower_bound=None) -> (o, final_state | None)
+               dt_bias=None, lower_bound=None, keep=None) -> (o, final_state | None)
         q, k [B, T, H, Dk] (L2-normalised by the caller), v [B, T, H, Dv], beta [B, T, H],
         g None (DeltaNet) | [B, T, H] (Gated DeltaNet) | [B, T, H, Dk] (KDA, per key channel);
         with A_log [H] and dt_bias (g's last dims) also given, g is the gate's input u and the log-decay is
         decay_gate(u, A_log, dt_bias) = -exp(A_log) softplus(u + dt_bias), formed inside the Triton kernels;
         with lower_bound lb in [-5, 0) as well, the bounded gate decay_gate(u, A_log, dt_bias, lb) =
         lb sigmoid(exp(A_log) (u + dt_bias)) in (lb, 0) instead (fla's safe_gate; KDA's Grams then skip the
-        dyadic split, section 4.3)
+        dyadic split, section 4.3); keep: this call's TUNING['keep'] (None: TUNING's)
     delta_rule_step(q, k, v, beta, g, state, scale=None) -> o
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
 
@@ -176,13 +176,14 @@ def _log_path(fn, path, note, x):
         _say_once(line)
 
 def delta_rule(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, path="auto",
-               A_log=None, dt_bias=None, lower_bound=None):
-    """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None)"""
+               A_log=None, dt_bias=None, lower_bound=None, keep=None):
+    """(Gated) delta rule over a whole sequence; see the module docstring. -> (o, final_state | None). keep: the
+    Triton path's TUNING['keep'] for this call (None: TUNING's; the torch paths keep nothing)."""
     path, note = _pick_path("delta_rule", q, v, path=path)
     _log_path("delta_rule", path, note, q)
     if path == "triton":
         return delta_rule_triton(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias,
-                                 lower_bound)
+                                 lower_bound, keep)
     _check_gate_fn("delta_rule", g, A_log, dt_bias, lower_bound)
     if A_log is not None:  # the torch paths form the gate first
         g = decay_gate(g, A_log, dt_bias, lower_bound)
@@ -2013,7 +2014,7 @@ def _delta_rule_backward(ctx, do, dht, *_):
 _delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
 def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, A_log=None,
-                      dt_bias=None, lower_bound=None):
+                      dt_bias=None, lower_bound=None, keep=None):
     """The delta rule through the Triton kernels (custom ops, differentiable); same arguments and result as
     delta_rule. CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before triton is imported."""
     _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
@@ -2024,7 +2025,7 @@ def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, out
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     lb = None if lower_bound is None else float(lower_bound)
     # keep the backward's inputs from the forward only where there will be a backward
-    keep = bool(TUNING['keep']) and torch.is_grad_enabled() and any(
+    keep = bool(TUNING['keep'] if keep is None else keep) and torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state, A_log, dt_bias))
     o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lb, keep)[:2]
     return o, (ht if output_final_state else None)

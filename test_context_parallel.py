@@ -171,3 +171,34 @@ def test_bad_context_parallel_settings_are_one_line(tmp_path, extra, message):
     p = run(TINY + extra + [f'--out_dir={tmp_path}'], cmd=cmd, check=False)
     assert p.returncode != 0 and message in p.stdout + p.stderr, p.stdout[-1500:] + p.stderr[-1500:]
     assert 'train.py", line' not in p.stdout + p.stderr  # one line, no traceback from train.py (torchrun has its own)
+
+
+def test_transition_scan_recomputes_its_states_for_the_backward(monkeypatch):
+    # context_parallel.delta_rule runs the delta rule twice on a rank's pieces: the output scan keeps its chunk states
+    # for the backward (kernels.TUNING['keep']), the transition scan (v = 0 from S_0 = I) recomputes them, or a rank
+    # with 1/N of the tokens would keep 2/N of one process's (notes/perf.md, 48). The Triton path (the interpreter on
+    # CPU): kernels._states runs once for the output scan (its backward reads what it kept), twice for the transition.
+    import kernels
+    from context_parallel import ContextParallel, delta_rule
+    if not torch.cuda.is_available() and os.environ.get('TRITON_INTERPRET') != '1':
+        pytest.skip('the Triton kernels need CUDA or the interpreter')
+    dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+    class OneRank:  # the part of ContextParallel that delta_rule uses, without a process group
+        split, merge = staticmethod(ContextParallel.split), staticmethod(ContextParallel.merge)
+
+        def initial_state(self, S, M, apply):
+            return apply(M.float(), S.float())
+
+    calls = []
+    states = kernels._states
+    monkeypatch.setattr(kernels, '_states', lambda *a, **k: calls.append(k.get('keep')) or states(*a, **k))
+    monkeypatch.setitem(kernels.TUNING, 'keep', True)
+    g = torch.Generator().manual_seed(0)
+    x = [torch.randn(1, 40, 2, 16, generator=g) for _ in range(3)] + [torch.rand(1, 40, 2, generator=g)]
+    q, k, v, beta = (t.to(dev).requires_grad_() for t in x)
+    o = delta_rule(OneRank(), torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1), v,
+                   beta, path='triton')
+    o.sum().backward()
+    # the forward's two calls (output scan, then transition scan), then the transition scan's backward recompute
+    assert calls[:2] == [True, False] and len(calls) == 3, calls

@@ -853,6 +853,10 @@ def test_triton_keep_equals_the_recompute(case, dtype, monkeypatch):
         results[keep] = run(kernels.delta_rule_triton, x, **kw)
         assert len(calls) == (1 if keep else 2), (keep, calls)
     assert_same_run(results[False], results[True], dtype)
+    # the call's keep=False (context_parallel's transition scan) recomputes under TUNING['keep'] = True
+    calls.clear()
+    assert_same_run(results[False], run(kernels.delta_rule, x, path="triton", keep=False, **kw), dtype)
+    assert len(calls) == 2 and calls[0] is False, calls  # (the backward's recompute passes no keep)
     calls.clear()
     with torch.no_grad():
         kernels.delta_rule_triton(**x, output_final_state=True, **kw)
