@@ -39,9 +39,11 @@ category per mixer and context.
     python bench.py --tiles delta --tiny --jobs 2   # CPU: the checks only, through Triton's interpreter
     python bench.py --ptxas --only _wy,_grads   # registers / spills / shared memory of every launch of those kernels,
                                                 # compiled offline for sm_90a (no GPU needed): prepares GPU work
-A cold run (empty Triton cache) spends minutes compiling before it measures anything: on an H200 (Triton 3.6),
-the first shape of the full run got through SDPA, DeltaNet (ours, fla) and GDN (ours) in about 4.5 minutes, with our
-kernels already compiled by the tests and fla's chunk_kda backward still compiling.
+A cold run (empty Triton cache) spends minutes compiling: on an H100 (Triton 3.6, 2026-11-26) the full table did
+not finish in 590 s, most of it fla's autotuned compiles. So the kernel table first runs each of its calls once in
+its own process, --jobs at a time (a delta-rule variant at one shape, or a scalar-decay variant, per process:
+warm_kernel_table), which fills Triton's disk cache; the timed run then loads the kernels (and still autotunes fla's,
+without compiling). `python bench.py --jobs 6` on a 16-core GPU host; --jobs 1 skips the warm phase.
 
 --train: config/owt.py's model with that mixer (config/kda_hybrid.py's for 'kda*3,softmax'), softmax
 always included and first, --tokens per step (batch = tokens // T), trained as train.py trains on CUDA: torch.compile,
@@ -219,8 +221,16 @@ def graph_ms(fn, copies=10, reps=30):
     return statistics.median(ms)
 
 
+WARM = False  # --warm_kernels: one call of each timed function (compiles and autotunes into Triton's disk cache)
+
+
 def bench_ms(fn):
-    """ms of fn() by TIMING; a call that cannot be captured (a host sync inside) falls back to do_bench, said once."""
+    """ms of fn() by TIMING; a call that cannot be captured (a host sync inside) falls back to do_bench, said once.
+    Under WARM: fn() once, no timing (1.0: a placeholder that keeps the callers' ratios finite; no one reads it)."""
+    if WARM:
+        fn()
+        torch.cuda.synchronize()
+        return 1.0
     if TIMING == "graph":
         try:
             return graph_ms(fn)
@@ -1573,6 +1583,34 @@ def train_bench(args, mixers, contexts):
         print(f"\nwrote {args.json}")
 
 
+def warm_units(delta, scalar, shapes):
+    """The kernel table's warm phase: one process per (delta-rule variant, shape), one per scalar-decay variant (all
+    its shapes) -> [(variant, shape or None)]."""
+    return [(v, s) for s in shapes for v in delta] + [(v, None) for v in scalar]
+
+
+def warm_kernel_table(args, delta, scalar, shapes):
+    """--jobs > 1: before the timed run, each warm unit runs the table's calls once in its own process, args.jobs at
+    a time, so that the Triton kernels of ours and the peers (fla's autotuned configs) compile in parallel into the
+    disk cache the timed run then loads from; the timed run itself is unchanged (it still autotunes, now without
+    compiling). A unit that fails is reported and the timed run goes on."""
+    def run(unit):
+        v, shape = unit
+        cmd = [sys.executable, os.path.abspath(__file__), "--warm_kernels", "--variants", v, "--kda_gate", args.kda_gate,
+               "--tuning", args.tuning[0], "--timing", args.timing] + ["--quick"] * args.quick
+        if shape is not None:
+            cmd += ["--shape", ",".join(map(str, shape))]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        err = "" if p.returncode == 0 else " FAILED: " + ((p.stderr or p.stdout).strip().splitlines() or ["?"])[-1][:160]
+        return f"warm {v}{'' if shape is None else ' ' + ','.join(map(str, shape))}: {time.perf_counter() - t0:.0f} s{err}"
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for line in pool.map(run, warm_units(delta, scalar, shapes)):
+            print(line, flush=True)
+    print(f"warm phase: {time.perf_counter() - t0:.0f} s, {args.jobs} processes at a time", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, decode at batch 1")
@@ -1602,7 +1640,9 @@ def main():
                          "train.py's on CUDA)")
     ap.add_argument("--steps", type=int, default=10, help="--train: timed steps per cell (the median is reported)")
     ap.add_argument("--jobs", type=int, default=2, help="--train: cells compiled at once in the warm phase; --tiles: "
-                    "candidates checked at once")
+                    "candidates checked at once; the kernel table: processes compiling its kernels at once before it "
+                    "is timed (1: none)")
+    ap.add_argument("--warm_kernels", action="store_true", help=argparse.SUPPRESS)  # internal: one warm unit
     ap.add_argument("--json", default="", help="--train: also write the results to this JSON file")
     ap.add_argument("--tiny", action="store_true", help="--train: a 4-layer x 64 model (CPU smoke run); --tiles: "
                     "CPU-sized check inputs (the interpreter)")
@@ -1642,8 +1682,8 @@ def main():
         sys.exit("--tuning takes one preset except with --train: run the kernel table once per preset")
     if not args.train:
         tuned(TUNING_PRESETS[args.tuning[0]]).__enter__()  # for the whole run
-    global TIMING, KDA_GATE
-    TIMING, KDA_GATE = args.timing, args.kda_gate
+    global TIMING, KDA_GATE, WARM
+    TIMING, KDA_GATE, WARM = args.timing, args.kda_gate, args.warm_kernels
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS + SCALAR_VARIANTS):
         sys.exit(f"--variants must be a subset of {VARIANTS + SCALAR_VARIANTS}, got {args.variants!r}")
@@ -1698,6 +1738,9 @@ def main():
     scalar = [v for v in variants if v in SCALAR_VARIANTS]
     if not torch.cuda.is_available():
         sys.exit("bench.py needs a CUDA GPU (the Triton path of kernels.py runs on CUDA only)")
+    shapes = [tuple(map(int, args.shape.split(",")))] if args.shape else QUICK_SHAPES if args.quick else SHAPES
+    if args.jobs > 1 and not (args.warm_kernels or args.profile or args.chunks):
+        warm_kernel_table(args, delta, scalar, shapes)
     fla, fla_version = load_fla()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"fla-core {fla_version}")
@@ -1709,9 +1752,9 @@ def main():
     if args.chunks:
         return chunk_sweep([int(c) for c in args.chunks.split(",")], scalar)
     if delta:
-        bench_chunked([tuple(map(int, args.shape.split(",")))] if args.shape else QUICK_SHAPES if args.quick
-                      else SHAPES, delta, fla)
-        bench_decode((1,) if args.quick else (1, 64), delta, fla)
+        bench_chunked(shapes, delta, fla)
+        if not args.warm_kernels or not args.shape or shapes[0] == (QUICK_SHAPES if args.quick else SHAPES)[0]:
+            bench_decode((1,) if args.quick else (1, 64), delta, fla)  # (warm: once per variant)
     if scalar:
         chunk_retention, scan_combined = load_scalar_peers()
         if "retnet" in scalar:

@@ -315,3 +315,34 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     assert [runs[t]['gpus'] for t in ('DDP-1', 'FSDP-1', 'DDP-2', 'FSDP-2')] == ['0', '1', None, None]
     assert ('CP over 2, recompute', '2', '32,768') in rows  # n times or more: with activation checkpointing
     assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, True, True]
+
+
+def test_kernel_table_warm_phase_runs_every_unit_in_its_own_process(monkeypatch, capsys):
+    """The kernel table's warm phase (GPU only) with subprocess.run replaced: one bench.py --warm_kernels process per
+    delta-rule variant and shape and per scalar-decay variant, carrying the run's gate, preset and timing; a unit
+    that fails is reported by its last line and the phase goes on; under WARM bench_ms calls fn once, untimed."""
+    calls = []
+
+    def fake_run(cmd, capture_output, text):
+        calls.append(cmd)
+        failed = '--variants' in cmd and cmd[cmd.index('--variants') + 1] == 'gdn' and '8,4096,16,64' in cmd
+        return types.SimpleNamespace(returncode=1 if failed else 0, stdout='', stderr='x\nRuntimeError: boom' if failed else '')
+
+    monkeypatch.setattr(bench.subprocess, 'run', fake_run)
+    args = argparse.Namespace(jobs=3, kda_gate='safe', tuning=['recompute'], timing='eager', quick=False)
+    bench.warm_kernel_table(args, ['kda', 'gdn'], ['retnet'], bench.SHAPES)
+    units = {(c[c.index('--variants') + 1], c[c.index('--shape') + 1] if '--shape' in c else None) for c in calls}
+    assert units == {(v, ','.join(map(str, s))) for v in ('kda', 'gdn') for s in bench.SHAPES} | {('retnet', None)}
+    assert len(calls) == len(units) == 7
+    for c in calls:
+        assert c[1].endswith('bench.py') and '--warm_kernels' in c
+        assert c[c.index('--kda_gate') + 1] == 'safe' and c[c.index('--tuning') + 1] == 'recompute'
+        assert c[c.index('--timing') + 1] == 'eager' and '--quick' not in c
+    out = capsys.readouterr().out
+    assert 'warm gdn 8,4096,16,64: 0 s FAILED: RuntimeError: boom' in out and 'warm phase:' in out
+    assert out.count('FAILED') == 1
+
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    monkeypatch.setattr(bench, 'WARM', True)
+    n = []
+    assert bench.bench_ms(lambda: n.append(1)) == 1.0 and n == [1]

@@ -171,6 +171,9 @@ for k in ("CP2-T98304", "CP4-T98304"):
         print(f"losses 1GPU vs {k}: largest difference {max(same):.4f} over {len(same)} steps")
 PY
 }
+kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
+  timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
+}
 cleanup() { pkill -9 -f "[t]rain\.py"; pkill -9 -f "[t]orch\.distributed\.run"; sleep 2; }
 cleanup  # a warm machine may hold the previous call's orphans (session 44, call C)
 for step in "$@"; do echo "== $step $(date +%T)"; $step; cleanup; done
