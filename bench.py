@@ -1583,17 +1583,12 @@ def train_bench(args, mixers, contexts):
         print(f"\nwrote {args.json}")
 
 
-def warm_units(delta, scalar, shapes):
-    """The kernel table's warm phase: one process per (delta-rule variant, shape), one per scalar-decay variant (all
-    its shapes) -> [(variant, shape or None)]."""
-    return [(v, s) for s in shapes for v in delta] + [(v, None) for v in scalar]
-
-
 def warm_kernel_table(args, delta, scalar, shapes):
-    """--jobs > 1: before the timed run, each warm unit runs the table's calls once in its own process, args.jobs at
-    a time, so that the Triton kernels of ours and the peers (fla's autotuned configs) compile in parallel into the
-    disk cache the timed run then loads from; the timed run itself is unchanged (it still autotunes, now without
-    compiling). A unit that fails is reported and the timed run goes on."""
+    """--jobs > 1: before the timed run, each warm unit (a delta-rule variant at one shape, or a scalar-decay variant
+    at all of its shapes) runs the table's calls once in its own process, args.jobs at a time, so that the Triton
+    kernels of ours and the peers (fla's autotuned configs) compile in parallel into the disk cache the timed run then
+    loads from; the timed run itself is unchanged (it still autotunes, now without compiling). A unit that fails is
+    reported and the timed run goes on."""
     def run(unit):
         v, shape = unit
         cmd = [sys.executable, os.path.abspath(__file__), "--warm_kernels", "--variants", v, "--kda_gate", args.kda_gate,
@@ -1605,8 +1600,9 @@ def warm_kernel_table(args, delta, scalar, shapes):
         err = "" if p.returncode == 0 else " FAILED: " + ((p.stderr or p.stdout).strip().splitlines() or ["?"])[-1][:160]
         return f"warm {v}{'' if shape is None else ' ' + ','.join(map(str, shape))}: {time.perf_counter() - t0:.0f} s{err}"
     t0 = time.perf_counter()
+    units = [(v, shape) for shape in shapes for v in delta] + [(v, None) for v in scalar]
     with ThreadPoolExecutor(args.jobs) as pool:
-        for line in pool.map(run, warm_units(delta, scalar, shapes)):
+        for line in pool.map(run, units):
             print(line, flush=True)
     print(f"warm phase: {time.perf_counter() - t0:.0f} s, {args.jobs} processes at a time", flush=True)
 
@@ -1753,8 +1749,8 @@ def main():
         return chunk_sweep([int(c) for c in args.chunks.split(",")], scalar)
     if delta:
         bench_chunked(shapes, delta, fla)
-        if not args.warm_kernels or not args.shape or shapes[0] == (QUICK_SHAPES if args.quick else SHAPES)[0]:
-            bench_decode((1,) if args.quick else (1, 64), delta, fla)  # (warm: once per variant)
+        if not args.warm_kernels or shapes[0] == (QUICK_SHAPES if args.quick else SHAPES)[0]:  # warm: once a variant
+            bench_decode((1,) if args.quick else (1, 64), delta, fla)
     if scalar:
         chunk_retention, scan_combined = load_scalar_peers()
         if "retnet" in scalar:
