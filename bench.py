@@ -62,8 +62,9 @@ positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = it
 
 --multi_gpu: config/kda_hybrid.py trained by train.py itself under torchrun on the pystdlib shards (median tokens/s of
 the steps after the first third, with their quartiles; peak = the largest max_memory_allocated over ranks, from
-train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, 12 sequences × 2 micro-steps per GPU, 60 steps, DDP and
-FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus; the two side by side (GPUs 0..n-1 and n..2n-1)
+train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, --dp_batch sequences × 2 micro-steps per GPU, 60 steps
+(32: the GPU is the limit; at owt.py's 12 the H100 idles over half of each step, waiting for the host's launches, and
+the table measures the host's Python more than the layouts: notes/perf.md 2026-11-26 (49)), DDP and FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus; the two side by side (GPUs 0..n-1 and n..2n-1)
 where the host has 2n GPUs, else one after the other. 'cp': batch 1, 30 steps, data 'pystdlib_long'
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
 by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
@@ -1424,7 +1425,7 @@ def long_rows_dataset():
     return "pystdlib_long"
 
 
-def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
+def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), dp_batch=32):
     """--multi_gpu: the tables of README's 'Several GPUs' (see the module docstring)."""
     print(f"device {torch.cuda.get_device_name()} x {torch.cuda.device_count()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
@@ -1439,11 +1440,12 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n")):
             def run(i, n=n):  # layout i (on GPUs i*n .. i*n+n-1 when side by side)
                 layout, flag = layouts[i]
                 gpus_i = ",".join(str(i * n + g) for g in range(n)) if side else None
-                return train_run(n, flag + ["--block_size=1024", "--batch_size=12",
+                return train_run(n, flag + ["--block_size=1024", f"--batch_size={dp_batch}",
                                             f"--gradient_accumulation_steps={2 * n}"], 2 * steps, f"{layout}-{n}", gpus_i)
             with ThreadPoolExecutor(2 if side else 1) as pool:
                 rows += [(layouts[i][0], n, r) for i, r in enumerate(pool.map(run, range(len(layouts))))]
         rows.sort(key=lambda x: x[0] != "DDP")
+        print(f"T = 1,024, {dp_batch} sequences x 2 micro-steps per GPU")
         print("| layout | GPUs | tokens/s (quartiles of the steps) | per GPU | per GPU ÷ 1 GPU | ÷ DDP | peak GiB per GPU |")
         print("|---|---|---|---|---|---|---|")
         base = {(l, n): r.get("tokens_s") for l, n, r in rows}
@@ -1654,6 +1656,8 @@ def main():
     ap.add_argument("--ptxas_record", nargs=2, metavar=("D", "DTYPES"), help=argparse.SUPPRESS)  # internal
     ap.add_argument("--multi_gpu", default="", help="train.py under torchrun: 'dp' (DDP and FSDP at T=1024), 'cp' "
                     "(context parallelism at --cp_context), or 'dp,cp'")
+    ap.add_argument("--dp_batch", type=int, default=32, help="--multi_gpu dp: sequences per micro-step per GPU (owt.py's "
+                    "is 12, where the step is host-bound)")
     ap.add_argument("--gpus", default="2", help="--multi_gpu: GPU counts of the multi-GPU runs, e.g. 2 or 2,4,8")
     ap.add_argument("--cp_context", type=int, default=98304, help="--multi_gpu cp: the context expected to be the "
                     "longest one GPU trains at batch 1 (also tried: it + 16,384)")
@@ -1720,7 +1724,7 @@ def main():
         return
     if args.multi_gpu:
         res = multi_gpu_bench(args.multi_gpu.split(","), [int(n) for n in args.gpus.split(",")], args.cp_context,
-                              cp_multiples=args.cp_multiples.split(","))
+                              cp_multiples=args.cp_multiples.split(","), dp_batch=args.dp_batch)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)

@@ -298,8 +298,11 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     monkeypatch.setattr(bench, 'long_rows_dataset', lambda: 'pystdlib_long')
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    res = bench.multi_gpu_bench(['dp', 'cp'], [2], 8192, steps=9, cp_multiples=['1', 'n', '4'])
+    res = bench.multi_gpu_bench(['dp', 'cp'], [2], 8192, steps=9, cp_multiples=['1', 'n', '4'], dp_batch=24)
     out = capsys.readouterr().out
+    for t in ('DDP-1', 'FSDP-1', 'DDP-2', 'FSDP-2'):  # the micro-batch given, 2 micro-steps per GPU
+        assert '--batch_size=24' in runs[t]['overrides'] and f"--gradient_accumulation_steps={2 * runs[t]['nproc']}" in runs[t]['overrides']
+    assert 'T = 1,024, 24 sequences x 2 micro-steps per GPU' in out
     rows = {tuple(c.strip() for c in line.strip('|').split('|')[:3]): [c.strip() for c in line.strip('|').split('|')]
             for line in out.splitlines() if line.startswith('| ') and 'layout' not in line}
     fsdp2 = rows[('FSDP', '2', '300 (295–305)')]
