@@ -67,7 +67,8 @@ train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, --dp_batch sequence
 the table measures the host's Python more than the layouts: notes/perf.md 2026-11-26 (49)), DDP and FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus; the two side by side (GPUs 0..n-1 and n..2n-1)
 where the host has 2n GPUs, else one after the other. 'cp': batch 1, 30 steps, data 'pystdlib_long'
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
-by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does), then
+by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does; where
+neither fits, the two contexts 16,384 and 32,768 shorter, and so on down), then
 --context_parallel=n for each n of --gpus at each --cp_multiples of the longest that fit one GPU (default 1 and n;
 a multiple of n or more runs with --activation_checkpointing=True: each rank would hold as many tokens as the one GPU
 did, plus CP's own tensors, which ran out of memory at 2 × 98,304 over 2 H100s); the losses of the 1-GPU and the CP
@@ -1461,10 +1462,16 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), 
     if "cp" in parts:
         step = 16384
         common = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={long_rows_dataset()}"]
-        with ThreadPoolExecutor(2) as pool:  # the context and one step longer, side by side on two GPUs
-            single = list(pool.map(lambda c: train_run(1, common + [f"--block_size={c[1]}"], steps, f"1GPU-T{c[1]}",
-                                                       gpus=str(c[0])), enumerate((cp_context, cp_context + step))))
-        fit = [r for r in single if "tokens_s" in r]
+        single, pair = [], (cp_context, cp_context + step)  # the context and one step longer, side by side
+        while True:  # on two GPUs; where neither fits (a smaller card), the two steps below them
+            with ThreadPoolExecutor(2) as pool:
+                tried = list(pool.map(lambda c: train_run(1, common + [f"--block_size={c[1]}"], steps,
+                                                          f"1GPU-T{c[1]}", gpus=str(c[0])), enumerate(pair)))
+            single = tried + single
+            fit = [r for r in tried if "tokens_s" in r]
+            pair = tuple(c for c in (pair[0] - 2 * step, pair[0] - step) if c > 0)
+            if fit or not pair:
+                break
         if not fit:
             print(f"no context fit one GPU: {single[0].get('error')}")
             return results

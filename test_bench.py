@@ -320,6 +320,29 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, True, True]
 
 
+def test_multi_gpu_cp_steps_down_where_the_expected_context_does_not_fit(monkeypatch, capsys):
+    """bench.py --multi_gpu cp on a smaller card (GPU only; train.py runs given): where neither --cp_context nor one
+    step more fits one GPU, the two contexts below are tried side by side, and the CP runs take the longest that fit."""
+    tried = []
+
+    def train_run(nproc, overrides, steps, tag, gpus=None):
+        T = int(next(o for o in overrides if o.startswith('--block_size=')).split('=')[1])
+        tried.append((nproc, T, gpus))
+        if nproc == 1 and T > 24576:
+            return dict(tag=tag, nproc=1, T=T, losses={}, error='CUDA out of memory')
+        return dict(tag=tag, nproc=nproc, T=T, overrides=overrides, tokens_s=100.0 * nproc, quartiles=(1, 2),
+                    peak_gib=10.0 / nproc, losses={i: 5.0 for i in range(3)})
+
+    monkeypatch.setattr(bench, 'train_run', train_run)
+    monkeypatch.setattr(bench, 'long_rows_dataset', lambda: 'pystdlib_long')
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
+    res = bench.multi_gpu_bench(['cp'], [2], 40960, steps=3, cp_multiples=['1'])
+    assert sorted(tried[:2]) == [(1, 40960, '0'), (1, 57344, '1')] and sorted(tried[2:4]) == [(1, 8192, '0'), (1, 24576, '1')]
+    assert tried[4:] == [(2, 24576, None)]  # CP at the longest that fit
+    assert [r['T'] for r in res['cp']['single']] == [8192, 24576, 40960, 57344]
+    assert 'CUDA out of memory' in capsys.readouterr().out
+
+
 def test_kernel_table_warm_phase_runs_every_unit_in_its_own_process(monkeypatch, capsys):
     """The kernel table's warm phase (GPU only) with subprocess.run replaced: one bench.py --warm_kernels process per
     delta-rule variant and shape and per scalar-decay variant, carrying the run's gate, preset and timing; a unit
