@@ -1,0 +1,192 @@
+#!/bin/bash
+# one device call (sessions 43-49): env, then the steps named in $@
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1
+export TIKTOKEN_CACHE_DIR=$PWD/scratch/tiktoken PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+nvidia-smi topo -m | head -4
+python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
+dpbench() { timeout ${DP_SECS:-560} python3 bench.py --multi_gpu dp --gpus ${GPUS:-2} --json $OUT/dp.json 2>&1 | tee $OUT/bench-dp.txt | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"; }
+cpbench() { timeout ${CP_SECS:-560} python3 bench.py --multi_gpu cp --gpus ${GPUS:-2} --cp_multiples ${CPM:-1,n} --cp_context ${CPT:-98304} --json $OUT/cp.json 2>&1 | tee $OUT/bench-cp.txt | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"; }
+cptest() { timeout ${TEST_SECS:-300} python3 -m pytest -q -s test_context_parallel.py -k match_one 2>&1 | tee $OUT/cptest.txt | grep "context parallel over\|passed\|failed\|Error" | head; }
+logs() { mkdir -p $OUT/logs; for d in /tmp/bench-multi-*; do cp $d/log.txt $OUT/logs/$(basename $d).txt 2>/dev/null; done; tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $OUT/logs; }
+final_old() {  # 1 GPU at 98,304 beside FSDP on 1 GPU, then CP over 2 at 98,304, FSDP and DDP on 2, CP at 196,608
+  timeout 560 python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+sys.argv = ["bench.py", "--multi_gpu", "final"]
+import bench
+out, res = os.environ["OUT"], {}
+def save():
+    json.dump(res, open(f"{out}/final.json", "w"), indent=1)
+cp = ["--batch_size=1", "--gradient_accumulation_steps=1"]
+dp = ["--block_size=1024", "--batch_size=12"]
+with ThreadPoolExecutor(2) as pool:
+    a = pool.submit(bench.train_run, 1, cp + ["--block_size=98304"], 30, "1GPU-T98304", "0")
+    b = pool.submit(bench.train_run, 1, ["--fsdp=True"] + dp + ["--gradient_accumulation_steps=2"], 30, "FSDP-1", "1")
+    res["1GPU-T98304"], res["FSDP-1"] = a.result(), b.result()
+save()
+res["CP2-T98304"] = bench.train_run(2, cp + ["--block_size=98304", "--context_parallel=2"], 30, "CP2-T98304"); save()
+res["FSDP-2"] = bench.train_run(2, ["--fsdp=True"] + dp + ["--gradient_accumulation_steps=4"], 30, "FSDP-2"); save()
+res["DDP-2"] = bench.train_run(2, dp + ["--gradient_accumulation_steps=4"], 30, "DDP-2"); save()
+res["CP2-T196608"] = bench.train_run(2, cp + ["--block_size=196608", "--context_parallel=2"], 20, "CP2-T196608"); save()
+PY
+}
+attn() { timeout 120 python3 scratch/cp_attn.py 2>&1 | grep -v Warn | tee $OUT/cp_attn.txt; }
+cprun() {  # CP over 2 at 98,304 (the 1-GPU baseline: call 3, 144,758 tokens/s, 63.5 GiB)
+  timeout 300 python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+sys.argv = ["bench.py", "--multi_gpu", "cprun"]
+import bench
+r = bench.train_run(2, ["--batch_size=1", "--gradient_accumulation_steps=1", "--block_size=98304", "--context_parallel=2"], 30, "CP2-T98304")
+json.dump(r, open(os.environ["OUT"] + "/cprun.json", "w"), indent=1)
+PY
+}
+cudnn() {  # PrefixCausalAttention on cuDNN vs FA2 vs the lower-right SDPA; on a wrong result the CP runs use FA2
+  timeout 240 python3 scratch/cp_cudnn.py 2>&1 | grep -v Warn | tee $OUT/cp_cudnn.txt
+  if [ ${PIPESTATUS[0]} -ne 0 ]; then sed -i 's/^CUDNN = True/CUDNN = False/' context_parallel.py; echo "CUDNN -> False"; fi
+}
+ckpt() {  # one checkpoint through DDP (2 GPUs) -> FSDP (2) -> CP (2) -> one GPU -> sample
+  o=/tmp/ckpt-layouts; rm -rf $o
+  a="config/kda_hybrid.py --dataset=pystdlib --block_size=1024 --batch_size=4 --gradient_accumulation_steps=$((2 * ${NPROC:-2})) --eval_interval=10 --eval_iters=2 --log_interval=5 --wandb_log=False --compile=False --out_dir=$o"
+  tr="timeout ${CK_T:-100} python3 -m torch.distributed.run --standalone --nproc_per_node=${NPROC:-2} train.py"
+  { $tr $a --max_iters=10 && $tr $a --max_iters=20 --init_from=resume --fsdp=True &&
+    $tr $a --max_iters=30 --init_from=resume --context_parallel=${NPROC:-2} && timeout ${CK_T:-100} python3 train.py $a --max_iters=40 --init_from=resume &&
+    timeout 60 python3 sample.py --out_dir=$o --num_samples=1 --max_new_tokens=48 --start="def main():"; echo "ckpt chain rc $?"; } 2>&1 |
+    grep -v "^W[0-9][0-9][0-9][0-9] \|Warning\|warn" | tee $OUT/ckpt.txt | grep -E "^iter (0|9|10|19|20|29|30|39)/|val loss|rc|Error|resum|split|fsdp|FSDP|decode|^def" | head -40
+}
+cp2t() {  # CP over 2 at twice the one-GPU context (196,608), 20 steps, on pystdlib_long
+  timeout ${CP2T_SECS:-230} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+sys.argv = ["bench.py", "--multi_gpu", "cp2t"]
+import bench
+r = bench.train_run(2, ["--batch_size=1", "--gradient_accumulation_steps=1", "--block_size=196608", "--context_parallel=2",
+                        f"--dataset={bench.long_rows_dataset()}"], 20, "CP2-T196608")
+json.dump(r, open(os.environ["OUT"] + "/cp2t.json", "w"), indent=1)
+PY
+}
+cp4t() {  # CP over 2 at 4 x the one-GPU context (393,216) with activation checkpointing, 12 steps
+  timeout ${CP4T_SECS:-300} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+sys.argv = ["bench.py", "--multi_gpu", "cp4t"]
+import bench
+r = bench.train_run(2, ["--batch_size=1", "--gradient_accumulation_steps=1", f"--block_size={os.environ.get('CP4T', 393216)}",
+                        "--context_parallel=2", "--activation_checkpointing=True", f"--dataset={bench.long_rows_dataset()}"],
+                    12, "CP2-T%s-AC" % os.environ.get('CP4T', 393216))
+json.dump(r, open(os.environ["OUT"] + "/cp4t.json", "w"), indent=1)
+PY
+}
+pair() {  # CP over 2 at 196,608 on GPUs 0,1 beside CP over 2 at 393,216 with activation checkpointing on GPUs 2,3
+  timeout ${PAIR_SECS:-340} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+sys.argv = ["bench.py", "--multi_gpu", "pair"]
+import bench
+c = ["--batch_size=1", "--gradient_accumulation_steps=1", "--context_parallel=2", f"--dataset={bench.long_rows_dataset()}"]
+def run(a):
+    r = bench.train_run(*a)
+    json.dump(r, open(os.environ["OUT"] + f"/{a[3]}.json", "w"), indent=1)
+with ThreadPoolExecutor(2) as pool:
+    list(pool.map(run, [(2, c + ["--block_size=196608"], 20, "CP2-T196608", "0,1"),
+                        (2, c + ["--block_size=393216", "--activation_checkpointing=True"], 12, "CP2-T393216-AC", "2,3")]))
+PY
+}
+dp4() {  # DDP then FSDP on 4 GPUs, as bench.py --multi_gpu dp does them
+  timeout ${DP4_SECS:-220} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+sys.argv = ["bench.py", "--multi_gpu", "dp4"]
+import bench
+for layout, flag in (("DDP", []), ("FSDP", ["--fsdp=True"])):
+    r = bench.train_run(4, flag + ["--block_size=1024", "--batch_size=12", "--gradient_accumulation_steps=8"], 60, f"{layout}-4")
+    json.dump(r, open(os.environ["OUT"] + f"/{layout}-4.json", "w"), indent=1)
+PY
+}
+samp() { timeout 90 python3 sample.py --out_dir=/tmp/ckpt-layouts --num_samples=1 --max_new_tokens=48 --start="def main():" 2>&1 | grep -v Warn | tee $OUT/sample.txt | tail -8; }
+prof() {  # one step's time split (GPU busy / NCCL / idle, host ops) on 2 GPUs: DDP, FSDP as in session 44
+  # (train_s44.py, carried), FSDP with the all-gather issued after the optimizer step (train.py): scratch/prof_train.py
+  cp scratch/train_s44.py train_s44.py  # (train.py reads data beside itself)
+  for v in "train.py:" "train_s44.py:--fsdp=True" "train.py:--fsdp=True"; do
+    t=${v%%:*}; f=${v#*:}; echo "-- $t $f"
+    PROF_TRAIN=$t PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof-${t%.py}${f:+-fsdp} timeout ${PROF_SECS:-200} \
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 scratch/prof_train.py config/kda_hybrid.py \
+      --dataset=pystdlib --block_size=1024 --batch_size=12 --gradient_accumulation_steps=4 --max_iters=30 \
+      --eval_interval=1000000 --eval_iters=1 --log_interval=1 --wandb_log=False --out_dir=/tmp/prof-${t%.py}$f $f 2>&1 |
+      grep -v "^W[0-9][0-9][0-9][0-9] \|Warning" | grep -E "^== rank|step wall|GPU per step|ms/step|^iter (25|29)/|Error" ; cleanup
+  done
+}
+keeptest() {  # issue 41, TUNING keep, kda_grads mid and gate, grams chunk on the GPU: their tests first, then every kernel test (session 46's prediction)
+  timeout ${KT_SECS:-150} python3 -m pytest -q -n 8 test_kernels.py -k "keep or compile or fake or midpoint or wide or inside or by_chunk" 2>&1 | tee $OUT/keeptest.txt | tail -4
+  timeout ${KA_SECS:-300} python3 -m pytest -q -n 8 test_kernels.py ${KSEL:+-k "$KSEL"} 2>&1 | tee $OUT/kerneltests.txt | tail -4
+}
+keepbench() {  # the kernel table in both settings (fla in the first run only: its compile is slow), then the scalar decay
+  timeout ${KB_SECS:-280} python3 bench.py --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-off.txt
+  PYTHONPATH= timeout ${KB_SECS:-280} python3 bench.py --tuning recompute --variants ${KV:-kda,deltanet,gdn} 2>&1 | grep -v Warn | tee $OUT/bench-keep-on.txt
+}
+keepscalar() { for k in default recompute; do PYTHONPATH= timeout 200 python3 bench.py --tuning $k --variants retnet,mamba2 2>&1 | grep -v Warn | tee $OUT/bench-scalar-keep-$k.txt; done; }
+keeptrain() {  # the models under the presets side by side
+  local mix="${MIX:-softmax kda*3,softmax kda}"; set -f  # (no globbing of 'kda*3,softmax')
+  timeout ${KTR_SECS:-560} python3 bench.py --train --contexts ${CTX:-1024,4096} --mixers $mix --tuning ${PRESETS:-default recompute} \
+    --jobs 3 --json $OUT/train-keep.json 2>&1 | grep -v Warn | tee $OUT/train-keep.txt | grep -E "^\||^measure|^device"
+  set +f
+}
+kt() {  # every kernel test (session 47: the four settings on by default, the replaced forms removed)
+  timeout ${KA_SECS:-330} python3 -m pytest -q -n ${NW:-8} test_kernels.py ${KSEL:+-k "$KSEL"} 2>&1 | tee $OUT/kerneltests.txt | tail -4
+}
+trainctx() {  # the README's training table: softmax and the hybrid at every context, one bench.py --train run
+  local mix="${MIX:-softmax kda*3,softmax}"; set -f
+  timeout ${TC_SECS:-580} python3 bench.py --train --contexts ${CTX:-1024,4096,8192,16384,32768} --mixers $mix \
+    --jobs ${JOBS:-3} --json $OUT/train-ctx.json 2>&1 | grep -v Warn | tee $OUT/train-ctx.txt | grep -E "^\||^measure|^device|^command"
+  set +f
+}
+cp4() {  # issue 45: CP over 4 GPUs. 1 GPU at 98,304 and 114,688 and CP over 2 at 98,304 side by side (GPUs 0 | 1 | 2,3),
+  # then CP over 4 at 98,304, then the longest over 4 with recompute: 12 x 98,304 (a fallback to 8 x on an error)
+  timeout ${CP4_SECS:-585} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+sys.argv = ["bench.py", "--multi_gpu", "cp4"]
+import bench
+out, res = os.environ["OUT"], {}
+def save():
+    json.dump(res, open(f"{out}/cp4.json", "w"), indent=1)
+c = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={bench.long_rows_dataset()}"]
+ac = ["--activation_checkpointing=True"]
+runs = [(1, c + ["--block_size=98304"], 30, "1GPU-T98304", "0"), (1, c + ["--block_size=114688"], 30, "1GPU-T114688", "1"),
+        (2, c + ["--block_size=98304", "--context_parallel=2"], 30, "CP2-T98304", "2,3")]
+with ThreadPoolExecutor(3) as pool:
+    for a, r in zip(runs, pool.map(lambda a: bench.train_run(*a), runs)):
+        res[a[3]] = r
+save()
+res["CP4-T98304"] = bench.train_run(4, c + ["--block_size=98304", "--context_parallel=4"], 30, "CP4-T98304"); save()
+for m, steps in ((12, 8), (8, 12)):
+    T = m * 98304
+    r = res[f"CP4-T{T}-AC"] = bench.train_run(4, c + [f"--block_size={T}", "--context_parallel=4"] + ac, steps, f"CP4-T{T}-AC"); save()
+    if "tokens_s" in r:
+        break
+one = res["1GPU-T98304"]
+for k, r in res.items():
+    if "tokens_s" in r and "tokens_s" in one:
+        print(f"{k}: x1GPU {r['tokens_s'] / one['tokens_s']:.2f}, peak/1GPU {r['peak_gib'] / one['peak_gib']:.2f}")
+for k in ("CP2-T98304", "CP4-T98304"):
+    same = [abs(res[k]["losses"][i] - one["losses"][i]) for i in one.get("losses", {}) if i in res[k].get("losses", {})]
+    if same:
+        print(f"losses 1GPU vs {k}: largest difference {max(same):.4f} over {len(same)} steps")
+PY
+}
+prof1() {  # session 49: DDP and FSDP on one GPU (FSDP-1 ran at 0.77x DDP-1 in the dp table), 5 steps each profiled
+  for f in "" "--fsdp=True"; do echo "-- $f"
+    PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof1${f:+-fsdp} PROF_TRACE=$OUT/trace1${f:+-fsdp}.json timeout ${PROF_SECS:-200} \
+      python3 -m torch.distributed.run --standalone --nproc_per_node=1 scratch/prof_train.py config/kda_hybrid.py \
+      --dataset=pystdlib --block_size=1024 --batch_size=12 --gradient_accumulation_steps=2 --max_iters=30 \
+      --eval_interval=1000000 --eval_iters=1 --log_interval=1 --wandb_log=False --out_dir=/tmp/prof1$f $f 2>&1 |
+      grep -v "^W[0-9][0-9][0-9][0-9] \|Warning" | grep -E "^== rank|step wall|GPU per step|ms/step|^iter (25|29)/|Error" ; cleanup
+  done
+}
+ablate() {  # session 49's plan for issue 41: where _grads_bwd's time goes (the value loop, the Gram dots), two gates
+  timeout ${AB_SECS:-400} python3 notes/runs/grads-ablation-2026-11-26-49/ablate_grads.py ${AB_SHAPES:-} 2>&1 | grep -v Warn | tee $OUT/ablate.txt
+}
+kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
+  timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
+}
+cleanup() { pkill -9 -f "[t]rain\.py"; pkill -9 -f "[t]orch\.distributed\.run"; sleep 2; }
+cleanup  # a warm machine may hold the previous call's orphans (session 44, call C)
+for step in "$@"; do echo "== $step $(date +%T)"; $step; cleanup; done
+logs
