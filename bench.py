@@ -64,8 +64,9 @@ positions, one in DOC_LEN, about OpenWebText's mean document), and '÷ off' = it
 the steps after the first third, with their quartiles; peak = the largest max_memory_allocated over ranks, from
 train.py's iter lines), NCCL multicast off. 'dp': T = 1,024, --dp_batch sequences × 2 micro-steps per GPU, 60 steps
 (32: the GPU is the limit; at owt.py's 12 the H100 idles over half of each step, waiting for the host's launches, and
-the table measures the host's Python more than the layouts: notes/perf.md 2026-11-26 (49)), DDP and FSDP on 1 GPU (a torchrun of one rank), then both on each of --gpus; the two side by side (GPUs 0..n-1 and n..2n-1)
-where the host has 2n GPUs, else one after the other. 'cp': batch 1, 30 steps, data 'pystdlib_long'
+the table measures the host's Python more than the layouts: notes/perf.md 2026-11-26 (49)), DDP and FSDP on 1 GPU
+(a torchrun of one rank), then both on each of --gpus; the two side by side (GPUs 0..n-1 and n..2n-1) where the host
+has 2n GPUs, else one after the other. 'cp': batch 1, 30 steps, data 'pystdlib_long'
 (long_rows_dataset: rows longer than pystdlib's val split), one GPU at --cp_context and at --cp_context + 16,384 (side
 by side on two GPUs: the longer one is expected not to fit, which makes --cp_context the longest that does; where
 neither fits, the two contexts 16,384 and 32,768 shorter, and so on down), then
@@ -1463,7 +1464,7 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), 
         step = 16384
         common = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={long_rows_dataset()}"]
         single, pair = [], (cp_context, cp_context + step)  # the context and one step longer, side by side
-        while True:  # on two GPUs; where neither fits (a smaller card), the two steps below them
+        while True:  # on two GPUs; where neither fits (a smaller card), the two contexts below, and so on down
             with ThreadPoolExecutor(2) as pool:
                 tried = list(pool.map(lambda c: train_run(1, common + [f"--block_size={c[1]}"], steps,
                                                           f"1GPU-T{c[1]}", gpus=str(c[0])), enumerate(pair)))
