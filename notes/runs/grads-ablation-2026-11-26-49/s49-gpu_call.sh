@@ -183,6 +183,9 @@ prof1() {  # session 49: DDP and FSDP on one GPU (FSDP-1 ran at 0.77x DDP-1 in t
 ablate() {  # session 49's plan for issue 41: where _grads_bwd's time goes (the value loop, the Gram dots), two gates
   timeout ${AB_SECS:-400} python3 notes/runs/grads-ablation-2026-11-26-49/ablate_grads.py ${AB_SHAPES:-} 2>&1 | grep -v Warn | tee $OUT/ablate.txt
 }
+gtiles() {  # session 49: _grads_bwd's tile candidates (key tile 32: 4 B spilled offline against 672 B at 64)
+  timeout ${GT_SECS:-400} python3 bench.py --tiles delta --only kda_grads --jobs 8 2>&1 | grep -v Warn | tee $OUT/tiles-kda-grads.txt | tail -30
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
