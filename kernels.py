@@ -695,8 +695,8 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # instead: for a pair i < r take the smallest block size 2s (s = 1, 2, 4, ... C/2) with r and i in
 # the same 2s-block but different halves; nu = G at the last row of the left half. Then
 # r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
-# free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1. The backward (_grams_bwd)
-# applies it to the whole chunk; the forward (_grams_block_kernel) only inside its 16 x 16 diagonal blocks.
+# free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1. The backward
+# (_grams_bwd_channel) applies it to the whole chunk; the forward (_grams_block_kernel) only inside its 16 x 16 diagonal blocks.
 
 @triton.jit
 def _inv16(Lb, IPREC: tl.constexpr):
@@ -934,7 +934,7 @@ def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T
                         BK: tl.constexpr, PREC: tl.constexpr):
     # KDA: a whole chunk's P_qk and L per program (grid: chunks, B H), where every key channel's G stays within
     # EXP_SPAN of its midpoint over the chunk, nu = (G_0 + G_{n-1}) / 2 (a span of up to 2 EXP_SPAN, as in
-    # _grams_bwd): two [C, DK] x [DK, C] dots of q exp(G - nu) and k exp(G - nu) against
+    # _grams_bwd_channel): two [C, DK] x [DK, C] dots of q exp(G - nu) and k exp(G - nu) against
     # k exp(nu - G), each factor within e^EXP_SPAN. The pairs i > r of those dots reach exp(G_r - G_i) <= e^(2
     # EXP_SPAN), which can overflow fp32 to inf (or inf - inf = NaN): they are removed by the selects before the
     # stores, and no other entry sums them. done_ptr[b h, chunk] says whether this program formed the chunk;
@@ -1137,7 +1137,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
 #   dq = dQg exp(G) + M;   dk = beta exp(G) Y + dKd exp(G_n - G) + N + beta M' + N'
 #   dG = Y beta exp(G) K + dQg Qg - dKd Kd + Q M - K N + beta K M' - K N';  dG[n-1] += dG_n
 #   dG_n = exp(G_n) rowsum(S dS') + colsum(dKd Kd);   dg = reverse cumsum of dG within the chunk
-# with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_grams_bwd).
+# with M, N the gated-Gram backward of P_qk (scale included) and M', N' that of L (_grams_bwd_channel; DeltaNet:
+# _grams_bwd).
 # dL: L enters only through Delta = U - W S = A R with R = beta V - beta exp(G) K S, which does not depend on L, so
 # Delta = (I + L)^-1 R and dL = -A^T dDelta Delta^T = -X Delta^T: one [C, C] product per V-tile, without K, the
 # gates or the state. Delta is the stored one (k's dtype), which the forward used for O and the state.
@@ -1194,41 +1195,45 @@ def _gate_fn_bwd(u_ptr, A_ptr, bias_ptr, du_ptr, part_ptr, lb, dg, offs, mask, c
     tl.store(part_ptr + row + HD + col, tl.sum(du, 0), mask=cmask)                  # ddt_bias's
 
 @triton.jit
-def _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
+def _ld_pairs(base, rs, r, i, cond):
+    # rows r, columns i of a stored [C, C] tile of one chunk (dP or dL; rows rs apart), 0 where cond is not
+    return tl.load(base + r * rs + i, mask=cond, other=0.)
+
+@triton.jit
+def _grams_bwd_groups(dP_ptr, dL_ptr, rs, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
                       PREC: tl.constexpr):
-    # _grams_bwd's pairs i < r inside each group of S rows, about the group's reference (the chunk's when whole)
+    # _grams_bwd_channel's pairs i < r inside each group of S rows, about the group's reference (the chunk's when whole)
     nu = tl.where(whole, nuC, nu16)
     eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))       # exp(G_r - G_ref), 0 on padded rows
     ed = tl.exp(tl.where(valid, nu - Gm, float('-inf')))       # exp(G_ref - G_i)
-    same = ((r // S) == (i // S)) & (i < r)
-    X = tl.where(same, dP, 0.)
+    same = ((r // S) == (i // S)) & (i < r) & valid
     kd = k * ed
-    m = eu * _dot(X, kd, PREC)
+    m = eu * _dot(_ld_pairs(dP_ptr, rs, r, i, same), kd, PREC)
     dq += m
     dG += q * m
-    m = ed * _dot(tl.trans(X), q * eu, PREC)
-    dk += m
-    dG -= k * m
-    X = tl.where(same, dL, 0.)
-    m = eu * _dot(X, kd, PREC)
+    m = eu * _dot(_ld_pairs(dL_ptr, rs, r, i, same), kd, PREC)
     dk += beta[:, None] * m
     dG += beta[:, None] * k * m
     dbeta += tl.sum(m * k, 1)
-    m = ed * _dot(tl.trans(X * beta[:, None]), k * eu, PREC)
+    m = ed * _dot(tl.trans(_ld_pairs(dP_ptr, rs, r, i, same)), q * eu, PREC)
+    dk += m
+    dG -= k * m
+    m = ed * _dot(tl.trans(_ld_pairs(dL_ptr, rs, r, i, same)), k * eu * beta[:, None], PREC)
     dk += m
     dG -= k * m
     return dq, dk, dG, dbeta
 
 @triton.jit
-def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl.constexpr, C: tl.constexpr,
-               DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
-    # Backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside their
-    # triangles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C]. With D(X)[r, c] = sum_i X[r, i] k_ic
-    # exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc exp(G_rc - G_ic) (column side):
+def _grams_bwd_channel(dP_ptr, dL_ptr, rs, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, C: tl.constexpr,
+                       DK: tl.constexpr, LOG2C: tl.constexpr, PREC: tl.constexpr, BOUNDED: tl.constexpr):
+    # KDA's backward of the forward's P_qk and of L = Diag(beta) K (strict), given dP and dL [C, C] (zero outside
+    # their triangles; stored, read here as pair tiles) and q, k [C, DK]: adds to dq, dk, dG [C, DK] and dbeta [C].
+    # With D(X)[r, c] = sum_i X[r, i] k_ic exp(G_rc - G_ic) (row side) and D'(X, x)[i, c] = sum_r X[r, i] x_rc
+    # exp(G_rc - G_ic) (column side):
     #   dq += D(dP);  dk += D'(dP, q) + beta D(dL) + D'(beta dL, k);  dbeta += rowsum(k D(dL))
     #   dG += q D(dP) - k D'(dP, q) + beta k D(dL) - k D'(beta dL, k)        (d/dG_r of exp(G_r - G_i) is +, of G_i -)
-    # KDA (GATE_CHANNEL): exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about any reference G_ref per key
-    # channel, so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the midpoint
+    # exp(G_r - G_i) factors as exp(G_r - G_ref) exp(G_ref - G_i) about any reference G_ref per key channel,
+    # so that the pair sums become dots of rescaled rows. Groups of S rows share one reference, the midpoint
     # of each channel's G over the group ((G at its first row + G at its last) / 2: G is a cumsum of log-decays <= 0,
     # so half the group's span lies on either side; both factors can then exceed 1, but only pairs i <= r are ever
     # multiplied, the others are zeros of dP and dL), when every |G_r - G_ref| in them is at most EXP_SPAN (the
@@ -1241,73 +1246,79 @@ def _grams_bwd(dP, dL, beta, q, k, Gm, g_ptr, sg, n, dq, dk, dG, dbeta, GATE: tl
     # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, 37.5 about the midpoint; see "The bounded gate" in
     # 4.3): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in
     # different groups).
-    # DeltaNet (GATE_NONE): plain dots. GDN's gradient kernels form these terms themselves (_wy_grads_bwd,
-    # _wy_grads_bwd_phased).
+    # dP and dL are read from memory (L2: this chunk's, 8 KB each) at every dot, masked to its pairs, not held as
+    # [C, C] fp32 tiles: with q, k, G, dq, dk, dG beside them they made the program spill (one 8-warp program of
+    # 255 registers per SM); and beta goes into the column side's right operand, not into a [C, C] copy of dL.
     r = tl.arange(0, C)[:, None]
     i = tl.arange(0, C)[None, :]
-    dLb = dL * beta[:, None]
-    if GATE == GATE_CHANNEL:  # KDA's gated Gram backward
-        valid = r < n
-        cols = tl.arange(0, DK)[None, :]
-        dPd = tl.sum(tl.where(r == i, dP, 0.), 1)[:, None]            # the diagonal of P (dL has none)
-        dq += dPd * k
-        dk += dPd * q
-        # the group size S: the chunk's reference, then each 16-row group's, at their midpoints (rows past n - 1
-        # read row n - 1: a padded group's span ends at the last row)
-        top = r // 16 * 16
-        nuC = (tl.load(g_ptr + cols) + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
-        nu16 = (tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
-                + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
-        whole = tl.max(tl.where(valid, tl.abs(Gm - nuC), 0.)) <= EXP_SPAN
-        if BOUNDED:  # every 16-row group is in range (the bound): the group dots always, no S = 1
-            S = tl.where(whole, C, 16)
-            first = tl.where(whole, LOG2C, 4)                          # the first dyadic level still needed
-            dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i,
-                                                  dq, dk, dG, dbeta, PREC)
-        else:
-            by16 = tl.max(tl.where(valid, tl.abs(Gm - nu16), 0.)) <= EXP_SPAN
-            S = tl.where(whole, C, tl.where(by16, 16, 1))
-            first = tl.where(whole, LOG2C, tl.where(by16, 4, 0))       # the first dyadic level still needed
-            if S > 1:  # the pairs inside a group, about its first row
-                dq, dk, dG, dbeta = _grams_bwd_groups(dP, dL, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i,
-                                                      dq, dk, dG, dbeta, PREC)
-        for lvl in range(first, LOG2C):  # the pairs in different groups, by dyadic levels
-            s = 1 << lvl  # half-block size of this level
-            ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
-            nu = tl.load(g_ptr + ref * sg + cols)
-            right = (r % (2 * s)) >= s
-            e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))  # as in _grams
-            up = tl.where(right, e, 0.)                                 # rows r (right half)
-            dn = tl.where(right, 0., e)                                 # rows i (left half)
-            same = (r // (2 * s)) == (i // (2 * s))
-            kdn = k * dn
-            m = up * _dot(tl.where(same, dP, 0.), kdn, PREC)
-            dq += m
-            dG += q * m
-            m = dn * _dot(tl.trans(tl.where(same, dP, 0.)), q * up, PREC)
-            dk += m
-            dG -= k * m
-            m = up * _dot(tl.where(same, dL, 0.), kdn, PREC)
-            dk += beta[:, None] * m
-            dG += beta[:, None] * k * m
-            dbeta += tl.sum(m * k, 1)
-            m = dn * _dot(tl.trans(tl.where(same, dLb, 0.)), k * up, PREC)
-            dk += m
-            dG -= k * m
-    else:  # DeltaNet
-        m = _dot(dP, k, PREC)
+    valid = r < n
+    cols = tl.arange(0, DK)[None, :]
+    dPd = tl.load(dP_ptr + r * rs + r, mask=valid, other=0.).to(tl.float32)  # the diagonal of P (dL has none)
+    dq += dPd * k
+    dk += dPd * q
+    # the group size S: the chunk's reference, then each 16-row group's, at their midpoints (rows past n - 1
+    # read row n - 1: a padded group's span ends at the last row)
+    top = r // 16 * 16
+    nuC = (tl.load(g_ptr + cols) + tl.load(g_ptr + (n - 1) * sg + cols)) * 0.5
+    nu16 = (tl.load(g_ptr + tl.minimum(top, n - 1) * sg + cols)
+            + tl.load(g_ptr + tl.minimum(top + 15, n - 1) * sg + cols)) * 0.5
+    whole = tl.max(tl.where(valid, tl.abs(Gm - nuC), 0.)) <= EXP_SPAN
+    if BOUNDED:  # every 16-row group is in range (the bound): the group dots always, no S = 1
+        S = tl.where(whole, C, 16)
+        first = tl.where(whole, LOG2C, 4)                          # the first dyadic level still needed
+        dq, dk, dG, dbeta = _grams_bwd_groups(dP_ptr, dL_ptr, rs, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i,
+                                              dq, dk, dG, dbeta, PREC)
+    else:
+        by16 = tl.max(tl.where(valid, tl.abs(Gm - nu16), 0.)) <= EXP_SPAN
+        S = tl.where(whole, C, tl.where(by16, 16, 1))
+        first = tl.where(whole, LOG2C, tl.where(by16, 4, 0))       # the first dyadic level still needed
+        if S > 1:  # the pairs inside a group, about its reference
+            dq, dk, dG, dbeta = _grams_bwd_groups(dP_ptr, dL_ptr, rs, beta, q, k, Gm, nuC, nu16, whole, valid, S, r,
+                                                  i, dq, dk, dG, dbeta, PREC)
+    for lvl in range(first, LOG2C):  # the pairs in different groups, by dyadic levels
+        s = 1 << lvl  # half-block size of this level
+        ref = tl.minimum((r // (2 * s)) * (2 * s) + s - 1, n - 1)
+        nu = tl.load(g_ptr + ref * sg + cols)
+        right = (r % (2 * s)) >= s
+        e = tl.exp(tl.where(valid, tl.where(right, Gm - nu, nu - Gm), float('-inf')))  # as in _grams
+        up = tl.where(right, e, 0.)                                 # rows r (right half)
+        dn = tl.where(right, 0., e)                                 # rows i (left half)
+        same = ((r // (2 * s)) == (i // (2 * s))) & valid
+        kdn = k * dn
+        m = up * _dot(_ld_pairs(dP_ptr, rs, r, i, same), kdn, PREC)
         dq += m
         dG += q * m
-        m = _dot(tl.trans(dP), q, PREC)
-        dk += m
-        dG -= k * m
-        m = _dot(dL, k, PREC)
+        m = up * _dot(_ld_pairs(dL_ptr, rs, r, i, same), kdn, PREC)
         dk += beta[:, None] * m
         dG += beta[:, None] * k * m
         dbeta += tl.sum(m * k, 1)
-        m = _dot(tl.trans(dLb), k, PREC)
+        m = dn * _dot(tl.trans(_ld_pairs(dP_ptr, rs, r, i, same)), q * up, PREC)
         dk += m
         dG -= k * m
+        m = dn * _dot(tl.trans(_ld_pairs(dL_ptr, rs, r, i, same)), k * up * beta[:, None], PREC)
+        dk += m
+        dG -= k * m
+    return dq, dk, dG, dbeta
+
+@triton.jit
+def _grams_bwd(dP, dL, beta, q, k, dq, dk, dG, dbeta, PREC: tl.constexpr):
+    # DeltaNet's Gram backward (no gate: plain dots), given dP and dL [C, C] (zero outside their triangles):
+    #   dq += dP K;  dk += dP^T Q + beta dL K + (beta dL)^T K;  dbeta += rowsum(K (dL K));  dG: as _grams_bwd_channel's
+    # (G = 0). GDN's gradient kernels form these terms themselves (_wy_grads_bwd, _wy_grads_bwd_phased).
+    dLb = dL * beta[:, None]
+    m = _dot(dP, k, PREC)
+    dq += m
+    dG += q * m
+    m = _dot(tl.trans(dP), q, PREC)
+    dk += m
+    dG -= k * m
+    m = _dot(dL, k, PREC)
+    dk += beta[:, None] * m
+    dG += beta[:, None] * k * m
+    dbeta += tl.sum(m * k, 1)
+    m = _dot(tl.trans(dLb), k, PREC)
+    dk += m
+    dG -= k * m
     return dq, dk, dG, dbeta
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
@@ -1477,8 +1488,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         kk = _f32_if(tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         dq, dk, db, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
         dbeta += db
-        dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, G_ptr, 0, n, dq, dk, dG, dbeta,
-                                       GATE, C, DK, LOG2C, PREC, False)
+        dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, dq, dk, dG, dbeta, PREC)
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dbeta_ptr + tok, dbeta, mask=valid)
@@ -1636,8 +1646,8 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
                       BOUNDED: tl.constexpr, u_ptr, A_ptr, bias_ptr, part_ptr, lb,
                       AG: tl.constexpr, GATE_BWD: tl.constexpr):
     # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
-    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd needs no dyadic groups of one row. GATE_BWD
-    # (the gate formed in the kernels from u, A_log, dt_bias; 2: the bounded form): the gate's backward here, from dg
+    # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd_channel needs no dyadic groups of one row.
+    # GATE_BWD (the gate formed in the kernels from u, A_log, dt_bias; 2: the bounded form): the gate's backward here, from dg
     # in registers, not a pass over dg (fp32) and u after this kernel: du (u's dtype, at dg_ptr) and dA_log's,
     # ddt_bias's partial sums per (chunk, b), as _decay_gate_bwd_kernel forms them from dg for GDN.
     # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
@@ -1681,11 +1691,9 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
     dq, dk, dbeta, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
-    # P_qk (scale folded into dP) and L = beta_r (K K^T decayed), strictly lower
-    dP = tl.load(dP_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    dL = tl.load(dL_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, Gm, g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta,
-                                   GATE_CHANNEL, C, BK, LOG2C, PREC, BOUNDED)
+    # P_qk (scale folded into dP) and L = beta_r (K K^T decayed), strictly lower: dP, dL [B, T, H, C] read as pair tiles
+    dq, dk, dG, dbeta = _grams_bwd_channel(dP_ptr + tok0 * C, dL_ptr + tok0 * C, H * C, beta, qq, kk, Gm,
+                                           g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta, C, BK, LOG2C, PREC, BOUNDED)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
