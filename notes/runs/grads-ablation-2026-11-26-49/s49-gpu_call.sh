@@ -1,12 +1,14 @@
 #!/bin/bash
-# one device call (sessions 43-49): env, then the steps named in $@
+# one device call (sessions 43-50): env, then the steps named in $@
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -1
 export TIKTOKEN_CACHE_DIR=$PWD/scratch/tiktoken PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nvidia-smi topo -m | head -4
 python3 -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
 dpbench() { timeout ${DP_SECS:-560} python3 bench.py --multi_gpu dp --gpus ${GPUS:-2} --json $OUT/dp.json 2>&1 | tee $OUT/bench-dp.txt | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"; }
-cpbench() { timeout ${CP_SECS:-560} python3 bench.py --multi_gpu cp --gpus ${GPUS:-2} --cp_multiples ${CPM:-1,n} --cp_context ${CPT:-98304} --json $OUT/cp.json 2>&1 | tee $OUT/bench-cp.txt | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"; }
+cpbench() {  # --cp_context by card (session 49: 114,688 the longest on an H200, 81,920 on an H100)
+  local cpt=${CPT:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H200 && echo 114688 || echo 81920)}
+  timeout ${CP_SECS:-560} python3 bench.py --multi_gpu cp --gpus ${GPUS:-2} --cp_multiples ${CPM:-1,n} --cp_context $cpt --json $OUT/cp.json 2>&1 | tee $OUT/bench-cp.txt | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"; }
 cptest() { timeout ${TEST_SECS:-300} python3 -m pytest -q -s test_context_parallel.py -k match_one 2>&1 | tee $OUT/cptest.txt | grep "context parallel over\|passed\|failed\|Error" | head; }
 logs() { mkdir -p $OUT/logs; for d in /tmp/bench-multi-*; do cp $d/log.txt $OUT/logs/$(basename $d).txt 2>/dev/null; done; tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $OUT/logs; }
 final_old() {  # 1 GPU at 98,304 beside FSDP on 1 GPU, then CP over 2 at 98,304, FSDP and DDP on 2, CP at 196,608
@@ -185,6 +187,9 @@ ablate() {  # session 49's plan for issue 41: where _grads_bwd's time goes (the 
 }
 gtiles() {  # session 49: _grads_bwd's tile candidates (key tile 32: 4 B spilled offline against 672 B at 64)
   timeout ${GT_SECS:-400} python3 bench.py --tiles delta --only kda_grads --jobs 8 2>&1 | grep -v Warn | tee $OUT/tiles-kda-grads.txt | tail -30
+}
+cmp() {  # session 50: _grads_bwd before (scratch/kernels-before/kernels.py) and after (the Gram backward's pair tiles)
+  timeout ${CMP_SECS:-300} python3 notes/runs/grads-reload-2026-11-27-50/compare_grads.py $PWD/scratch/kernels-before 2>&1 | grep -v Warn | tee $OUT/compare.txt
 }
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
