@@ -696,7 +696,8 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # the same 2s-block but different halves; nu = G at the last row of the left half. Then
 # r > nu_row >= i, so both factors are exp of a number <= 0: exact (up to rounding) and overflow
 # free for any gate, at the cost of log2(C) dots instead of one. The diagonal has factor 1. The backward
-# (_grams_bwd_channel) applies it to the whole chunk; the forward (_grams_block_kernel) only inside its 16 x 16 diagonal blocks.
+# (_grams_bwd_channel) applies it to the whole chunk; the forward (_grams_block_kernel) only inside its 16 x 16
+# diagonal blocks.
 
 @triton.jit
 def _inv16(Lb, IPREC: tl.constexpr):
@@ -1202,7 +1203,7 @@ def _ld_pairs(base, rs, r, i, cond):
 @triton.jit
 def _grams_bwd_groups(dP_ptr, dL_ptr, rs, beta, q, k, Gm, nuC, nu16, whole, valid, S, r, i, dq, dk, dG, dbeta,
                       PREC: tl.constexpr):
-    # _grams_bwd_channel's pairs i < r inside each group of S rows, about the group's reference (the chunk's when whole)
+    # _grams_bwd_channel's pairs i < r inside each group of S rows, about the group's reference (the chunk's if whole)
     nu = tl.where(whole, nuC, nu16)
     eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))       # exp(G_r - G_ref), 0 on padded rows
     ed = tl.exp(tl.where(valid, nu - Gm, float('-inf')))       # exp(G_ref - G_i)
@@ -1647,9 +1648,9 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
                       AG: tl.constexpr, GATE_BWD: tl.constexpr):
     # KDA, one program per (key tile, chunk, b h): dq, dk, dg for BK key channels; a partial dbeta sum per key tile.
     # BOUNDED: the gate is the bounded one (lower_bound), so _grams_bwd_channel needs no dyadic groups of one row.
-    # GATE_BWD (the gate formed in the kernels from u, A_log, dt_bias; 2: the bounded form): the gate's backward here, from dg
-    # in registers, not a pass over dg (fp32) and u after this kernel: du (u's dtype, at dg_ptr) and dA_log's,
-    # ddt_bias's partial sums per (chunk, b), as _decay_gate_bwd_kernel forms them from dg for GDN.
+    # GATE_BWD (the gate formed in the kernels from u, A_log, dt_bias; 2: the bounded form): the gate's backward
+    # here, from dg in registers, not a pass over dg (fp32) and u after this kernel: du (u's dtype, at dg_ptr) and
+    # dA_log's, ddt_bias's partial sums per (chunk, b), as _decay_gate_bwd_kernel forms them from dg for GDN.
     # dP, dL from _wy_bwd; x_ptr: X = A^T dDelta [B, T, H, DV] (written by _wy_bwd over dDelta).
     ik = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
@@ -1693,7 +1694,8 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     dq, dk, dbeta, dG, dGn = _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid)
     # P_qk (scale folded into dP) and L = beta_r (K K^T decayed), strictly lower: dP, dL [B, T, H, C] read as pair tiles
     dq, dk, dG, dbeta = _grams_bwd_channel(dP_ptr + tok0 * C, dL_ptr + tok0 * C, H * C, beta, qq, kk, Gm,
-                                           g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta, C, BK, LOG2C, PREC, BOUNDED)
+                                           g_tile + tok0 * DG, H * DG, n, dq, dk, dG, dbeta, C, BK, LOG2C, PREC,
+                                           BOUNDED)
 
     tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
     tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
