@@ -57,9 +57,9 @@ else:
 do = rnd(B, T, H, D).bfloat16()
 def step():
     o = kernels.delta_rule(q, k, v, beta, u, **kw)[0]
-    torch.autograd.grad(o, [q, k, v, beta, u] + list(kw.values()), do)
+    return torch.autograd.grad(o, [q, k, v, beta, u] + list(kw.values()), do)
 for _ in range(1 if len(sys.argv) > 4 else 3):
-    step()
+    grads = step()
 torch.cuda.synchronize()
 if len(sys.argv) > 4:  # the warm phase: compiled into Triton's disk cache, not timed
     sys.exit(0)
@@ -71,29 +71,31 @@ times = {}
 for e in p.key_averages():
     if e.device_type == torch.autograd.DeviceType.CUDA:
         times[e.key] = e.device_time_total / 1e3 / 5
-grads = sum(t for n, t in times.items() if n.startswith("_grads_bwd_kernel"))
+gb = sum(t for n, t in times.items() if n.startswith("_grads_bwd_kernel"))
 total = sum(times.values())
-print(f"RESULT _grads_bwd {grads:.3f} ms, every kernel of fwd+bwd {total:.3f} ms")
+sums = " ".join(f"{x.float().abs().sum().item():.6g}" for x in grads)  # session 50: to compare two copies' outputs
+print(f"RESULT _grads_bwd {gb:.3f} ms, every kernel of fwd+bwd {total:.3f} ms; |grad| sums {sums}")
 '''
 
-src = open(os.path.join(ROOT, "kernels.py")).read()
-tmp = tempfile.mkdtemp(prefix="ablate-grads-")
-for cut in ("whole", "no_vloop", "no_grams", "neither"):
-    d = os.path.join(tmp, cut)
-    os.makedirs(d)
-    with open(os.path.join(d, "kernels.py"), "w") as f:
-        f.write(variant_source(src, cut))
-cases = [(shape, gate, cut) for shape in SHAPES for gate in ("given", "model")
-         for cut in ("whole", "no_vloop", "no_grams", "neither")]
-with ThreadPoolExecutor(8) as pool:  # compiled side by side (session 50), then timed one at a time
-    list(pool.map(lambda c: subprocess.run([sys.executable, "-c", CHILD, os.path.join(tmp, c[2]), c[0], c[1], "warm"],
-                                           capture_output=True), cases))
-for shape in SHAPES:
-    for gate in ("given", "model"):
-        for cut in ("whole", "no_vloop", "no_grams", "neither"):
-            p = subprocess.run([sys.executable, "-c", CHILD, os.path.join(tmp, cut), shape, gate],
-                               capture_output=True, text=True)
-            line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
-            print(f"{shape} gate={gate:5s} {cut:8s}: " + (line[0][7:] if line else "FAILED " +
-                                                           (p.stderr.strip().splitlines() or ["?"])[-1][:150]),
-                  flush=True)
+if __name__ == "__main__":  # (session 50: its child is imported by compare_grads.py)
+    src = open(os.path.join(ROOT, "kernels.py")).read()
+    tmp = tempfile.mkdtemp(prefix="ablate-grads-")
+    for cut in ("whole", "no_vloop", "no_grams", "neither"):
+        d = os.path.join(tmp, cut)
+        os.makedirs(d)
+        with open(os.path.join(d, "kernels.py"), "w") as f:
+            f.write(variant_source(src, cut))
+    cases = [(shape, gate, cut) for shape in SHAPES for gate in ("given", "model")
+             for cut in ("whole", "no_vloop", "no_grams", "neither")]
+    with ThreadPoolExecutor(8) as pool:  # compiled side by side (session 50), then timed one at a time
+        list(pool.map(lambda c: subprocess.run([sys.executable, "-c", CHILD, os.path.join(tmp, c[2]), c[0], c[1], "warm"],
+                                               capture_output=True), cases))
+    for shape in SHAPES:
+        for gate in ("given", "model"):
+            for cut in ("whole", "no_vloop", "no_grams", "neither"):
+                p = subprocess.run([sys.executable, "-c", CHILD, os.path.join(tmp, cut), shape, gate],
+                                   capture_output=True, text=True)
+                line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")]
+                print(f"{shape} gate={gate:5s} {cut:8s}: " + (line[0][7:] if line else "FAILED " +
+                                                               (p.stderr.strip().splitlines() or ["?"])[-1][:150]),
+                      flush=True)
