@@ -1241,7 +1241,8 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
                tuning="default"):
     """One (mixer, T) cell, in its own process: build the model, torch.compile it on CUDA (eager on CPU), then train
     on fixed random tokens with train.py's step (bf16 autocast and TF32 on CUDA, fp32 on CPU; forward, backward,
-    clip_grad_norm_ at 1.0, the finiteness check of loss and gradient norm, which syncs, fused AdamW, zero_grad),
+    clip_grad_norm_ at 1.0, fused AdamW skipping a non-finite step, zero_grad, then the previous step's loss and
+    gradient norm read and checked: train.py reads them a step late, so that no step waits for the host),
     one micro-step per optimizer step. warm: WARM_STEPS steps and return (fills the compile caches). Otherwise
     WARMUP_STEPS steps, then `steps` timed ones (CUDA events around each step; the median), peak memory over them,
     then PROFILE_STEPS under torch.profiler (CUDA only): GPU ms per step by kernel_category. -> dict for the JSON
@@ -1275,18 +1276,42 @@ def train_cell(mixer, T, tokens, steps, device, tiny=False, warm=False, document
         seq = seq.masked_fill(eot.to(device), raw.config.eot_token)
     X, Y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # as the loader's; the loss values do not matter
 
+    pending = []  # the last step's (numbers on their way to the host, event): train.py reads them a step late
+
+    def check():
+        host, done = pending.pop()
+        if done is not None:
+            done.synchronize()
+        lossf, normf = host.tolist()
+        if not (math.isfinite(lossf) and math.isfinite(normf)):
+            raise RuntimeError(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
+
     def step():
         with ctx:
             _, loss = model(X, Y)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
-        lossf, normf = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # train.py's check: one sync
-        if not (math.isfinite(lossf) and math.isfinite(normf)):
-            raise RuntimeError(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
+        numbers = torch.stack([loss.detach().float(), grad_norm.float()])
+        optimizer.found_inf = (~torch.isfinite(numbers)).any().float()  # fused AdamW skips a non-finite step
         optimizer.step()
         optimizer.zero_grad(set_to_none=not graphs)
+        if cuda:  # train.py's late read: the numbers land on the host when the GPU gets there; the host reads the
+            host = torch.empty(2, pin_memory=True)  # previous step's now, with this one's kernels queued behind it
+            host.copy_(numbers, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            numbers = (host, done)
+        else:
+            numbers = (numbers, None)
+        if pending:
+            check()
+        pending.append(numbers)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+        if pending:
+            check()
     t0 = time.perf_counter()
     for _ in range(WARM_STEPS if warm else WARMUP_STEPS + graphs):  # (one more: the graphs are recorded at the 2nd)
         step()

@@ -1096,7 +1096,9 @@ class GPT(nn.Module):
         if int(os.environ.get('RANK', '0')) == 0:  # once, not once per DDP rank
             print(f"num decayed parameter tensors: {len(decay)}, with {sum(p.numel() for p in decay):,} parameters")
             print(f"num non-decayed parameter tensors: {len(no_decay)}, with {sum(p.numel() for p in no_decay):,} parameters")
-        fused = device_type == 'cuda'
+        # fused: one kernel a step on CUDA; and it can skip a step on the device (found_inf), which lets train.py
+        # read each step's loss a step late without a non-finite step reaching the weights
+        fused = device_type in ('cuda', 'cpu')
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     def flops_per_token(self, T):

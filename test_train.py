@@ -5,6 +5,7 @@ writes checkpoints atomically, and sample.py decodes from what it wrote.
 $ python -m pytest test_train.py -q
 """
 import os
+import math
 import re
 import signal
 import subprocess
@@ -421,6 +422,37 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(trained, tmp_path):
     assert 'keeps the last good state' in p.stderr and 'saving checkpoint' not in p.stdout
     for f, data in before.items():
         assert open(os.path.join(out, f), 'rb').read() == data, f
+
+
+def test_divergence_read_a_step_late_is_caught_before_the_next_eval_and_save(pystdlib, tmp_path):
+    """The host reads each step's loss a step late (train.py's `lagged`): a step that goes non-finite just before an
+    eval must stop the run at that eval, before it evaluates or saves: every step evaluates and saves here, so a
+    late check would show as an eval line or a checkpoint past the step named in the error."""
+    from checkpoint import load_checkpoint
+    p = run(TINY + [f'--out_dir={tmp_path}', '--learning_rate=1e4', '--grad_clip=0', '--decay_lr=False',
+                    '--max_iters=60', '--eval_interval=1', '--eval_iters=1', '--always_save_checkpoint=True'],
+            check=False)
+    m = re.search(r'training diverged at iter (\d+): loss (\S+), gradient norm (\S+);', p.stderr)
+    assert p.returncode == 1 and m, p.stderr[-2000:]
+    bad = int(m.group(1))
+    assert not (math.isfinite(float(m.group(2))) and math.isfinite(float(m.group(3)))), m.group(0)
+    evals = [int(n) for n in re.findall(r'^step (\d+): train loss', p.stdout, re.M)]
+    assert evals and max(evals) == bad, (bad, evals)  # the eval of step `bad` ran (its weights were good), no later
+    ckpt = load_checkpoint(str(tmp_path / 'ckpt.pt'))  # (refuses non-finite weights)
+    assert ckpt['iter_num'] == bad, (ckpt['iter_num'], bad)
+
+
+def test_fp16_grad_scaler_trains_with_the_check_before_each_step(pystdlib, tmp_path):
+    """--dtype=float16 keeps the grad scaler's own skipping, so the finiteness check stays before each step (the
+    synchronous path of train.py's loop): it trains and resumes exactly as the late-read path does."""
+    args = TINY + ['--dtype=float16', '--eval_iters=1']
+    a = run(args + [f'--out_dir={tmp_path / "a"}', '--max_iters=6', '--eval_interval=3'])
+    run(args + [f'--out_dir={tmp_path / "b"}', '--max_iters=3', '--eval_interval=3'])
+    b = run(args + [f'--out_dir={tmp_path / "b"}', '--max_iters=6', '--eval_interval=3', '--init_from=resume'])
+    la, lb = iter_losses(a.stdout), iter_losses(b.stdout)
+    assert sorted(la) == list(range(6)) and sorted(lb) == [3, 4, 5], (la, lb)
+    assert all(math.isfinite(v) for v in la.values())
+    assert [la[i] for i in (3, 4, 5)] == [lb[i] for i in (3, 4, 5)], (la, lb)
 
 
 def test_growing_loss_is_warned_about(pystdlib, tmp_path):

@@ -396,6 +396,8 @@ def fetch(loader):
     X, Y = loader.next_batch()
     if cp is not None:
         X, Y = cp.take(X), cp.take(Y)
+    if device_type == 'cuda':  # pinned, so that the copy waits for nothing (from pageable memory it may wait for the
+        X, Y = X.pin_memory(), Y.pin_memory()  # GPU's queue, which the host is ahead of)
     return X.to(device, non_blocking=True), Y.to(device, non_blocking=True)
 
 
@@ -503,6 +505,12 @@ if checkpoint is not None:
     # the loaded param groups carry the old hyperparameters; this run's config wins (lr is set every step)
     for group, wd in zip(optimizer.param_groups, (weight_decay, 0.0)):
         group['weight_decay'], group['betas'] = wd, (beta1, beta2)
+        # and this machine's AdamW (fused on CUDA and CPU: `lagged` below needs it), not the one that saved it
+        group['fused'], group['foreach'] = optimizer.defaults.get('fused'), optimizer.defaults.get('foreach')
+        for p in group['params'] if group['fused'] else ():  # fused AdamW counts its steps on the parameter's device
+            if 'step' in optimizer.state.get(p, {}):
+                optimizer.state[p]['step'] = torch.as_tensor(optimizer.state[p]['step'], dtype=torch.float32,
+                                                             device=p.device)
     if 'scaler' in checkpoint:
         scaler.load_state_dict(checkpoint['scaler'])
     train_loader.load_state_dict(checkpoint['train_loader'][ddp_rank] if ddp_rank < len(checkpoint['train_loader']) else checkpoint['train_loader'][0])
@@ -566,12 +574,13 @@ def get_lr(it):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def diverged(what):
-    """The error that stops a diverged run, raised before anything non-finite reaches the weights or a checkpoint."""
+def diverged(what, at=None):
+    """The error that stops a diverged run (at step `at`, default iter_num), raised before anything non-finite
+    reaches a checkpoint (the weights: see `lagged` below)."""
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     kept = f"{ckpt_path} keeps the last good state" if os.path.exists(ckpt_path) else "no checkpoint was written"
     clip = f"lower grad_clip (now {grad_clip:g})" if grad_clip > 0 else "set grad_clip > 0 (now 0: off), e.g. 1.0"
-    return UserError(f"training diverged at iter {iter_num}: {what}; nothing was saved ({kept}): lower learning_rate "
+    return UserError(f"training diverged at iter {iter_num if at is None else at}: {what}; nothing was saved ({kept}): lower learning_rate "
                      f"(now {learning_rate:g}) or {clip}")
 
 
@@ -652,7 +661,114 @@ smooth = 0.0                      # exponential moving average of the step loss 
 time_sum, time_n = 0.0, 0         # this run's step times after its first (which may compile), evals excluded: the ETA
 eval_time = 0.0                   # the last eval's time (s): the ETA counts the evals to come too
 bar = None                        # the progress bar of the steps up to the next iter line (log_interval > 1, terminal)
+last_done = 0.0                   # when the host saw the last reported step end (time.time())
+# The host reads each step's numbers (loss, gradient norm, stop signal) one step late: it queues step N + 1's kernels
+# before it waits for step N's numbers, so the GPU does not idle at every step's boundary while the host launches
+# the optimizer and the next forward (a sync there cost 2-7 ms a step: notes/perf.md 2026-11-27 (51)). Nothing
+# non-finite reaches the weights meanwhile: fused AdamW skips, on the GPU, a step whose loss or gradient norm is
+# not finite (found_inf); the host stops the run when it reads that step, before any eval or save. With the fp16
+# grad scaler (its own skipping) or an optimizer that cannot skip, the check stays before each step (one sync).
+lagged = bool(optimizer.defaults.get('fused')) and not scaler.is_enabled()
+pending = None                    # lagged: (iter, (numbers on their way to the host, event), t0) of the last step
+
+
+def step_numbers(step_loss, grad_norm):
+    """[mean loss, gradient norm, stop signal, peak GiB, non-finite] of a step as one tensor on the device, without a
+    sync. The last three are the largest over the ranks: every rank stops at the same step (under torchrun the ranks
+    get a signal at different moments) and skips the same non-finite steps; the peak is the most any rank's GPU has
+    held so far (allocated tensors, not the cache)."""
+    if context_parallel > 1:  # each rank's loss is its share (context_parallel.loss): their mean is the step's loss
+        dist.all_reduce(step_loss)
+        step_loss = step_loss / ddp_world_size
+    stats = torch.stack([step_loss.float(), grad_norm.float()])
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else 0.0
+    flags = torch.stack([torch.full((), float(stop_requested), device=device), torch.full((), peak, device=device),
+                         (~torch.isfinite(stats)).any().float()])  # (torch.full: a device fill, no host copy)
+    if ddp:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return torch.cat([stats, flags])
+
+
+def to_host(numbers):
+    """Start the copy of a step's numbers to the host -> (host tensor, event to wait on); on CUDA nothing waits now."""
+    if device_type != 'cuda':
+        return numbers, None
+    host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
+    host.copy_(numbers, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+def settle():
+    """Lagged: wait for the pending step's numbers, check and report them."""
+    global pending
+    n, (host, done), t0 = pending
+    pending = None
+    if done is not None:
+        done.synchronize()
+    values = host.tolist()
+    check(n, values)
+    report(n, values, t0)
+
+
+def check(n, values):
+    """Step n's numbers: stop a diverged run (a non-finite loss or gradient norm on any rank; under fp16, 16 skipped
+    steps in a row: the scale / 65536), warn about a growing loss."""
+    global skipped, first_loss, warn_at
+    lossf, normf, _, _, bad = values
+    skipped = skipped + 1 if scaler.is_enabled() and not math.isfinite(normf) else 0
+    if not math.isfinite(lossf) or (bad and not scaler.is_enabled()) or (not math.isfinite(normf) and skipped > 16):
+        raise diverged(f"loss {lossf:.4g}, gradient norm {normf:.4g}", n)
+    if first_loss is None:
+        first_loss, warn_at = lossf, 2 * lossf
+    elif lossf > warn_at > 0:
+        print0(f"warning: iter {n}: loss {lossf:.4f} is {lossf / first_loss:.1f}x this run's first ({first_loss:.4f}): "
+               f"the run may be diverging (lower learning_rate, or set grad_clip)")
+        warn_at = 2 * lossf  # the next warning when it doubles again
+
+
+def report(n, values, t0):
+    """Step n's iter line (every log_interval steps; a progress bar between them) and the stop signal the ranks
+    agreed on. Its time: from its start, or from the end of the step before it if that came later (lagged: it was
+    queued while that one ran), to when the host saw it end."""
+    global last_done, time_sum, time_n, local_iter_num, smooth, running_mfu, bar, stop_signal
+    lossf, _, stopf, peak, _ = values
+    now = time.time()
+    dt, last_done = now - max(t0, last_done), now
+    time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
+    local_iter_num += 1
+    smooth = 0.9 * smooth + 0.1 * lossf
+    if n % log_interval == 0 or n == max_iters - 1:
+        if bar is not None:
+            bar.close()
+            bar = None
+        # ETA: the steps left at this run's mean step time and the evals left at the last one's time
+        mean_dt = time_sum / time_n if time_n else dt
+        evals_left = (max_iters - 1) // eval_interval - n // eval_interval + 1  # multiples, then the last step
+        eta = (max_iters - n - 1) * mean_dt + evals_left * eval_time
+        line = (f"iter {n}/{max_iters}: loss {lossf:.4f}, smooth {smooth / (1 - 0.9 ** local_iter_num):.4f}, "
+                f"time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {get_lr(n) if decay_lr else learning_rate:.2e}")
+        if peak_flops and local_iter_num > 5:  # let the first (compiling) iterations pass
+            mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)
+            running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+            line += f", mfu {running_mfu * 100:.2f}%"
+        if device_type == 'cuda':
+            line += f", peak {peak:.1f} GiB"
+        print0(line + f", eta {duration(eta)}")
+    else:  # no iter line for this step: a bar up to the next one (on a terminal, once it has taken a second)
+        if bar is None:
+            next_line = min((n // log_interval + 1) * log_interval, max_iters - 1)
+            bar = progress(next_line - n, f"steps to iter {next_line}")
+        bar.update()
+    stop_signal = int(stopf)
+
 while True:
+    last_step = iter_num >= max_iters
+    evaluating = ((iter_num % eval_interval == 0 or last_step or eval_only)
+                  and (iter_num > start_iter or iter_num == 0 or eval_only))
+    if pending is not None and (stop_signal or evaluating or last_step):
+        settle()  # the last step's numbers before anything is evaluated or saved (a diverged run stops here)
     if stop_signal and iter_num < max_iters:  # every rank sees the same value (agreed at the end of the last step)
         name = signal.Signals(stop_signal).name  # (at max_iters: the final eval and save below, as usual)
         if bar is not None:
@@ -669,8 +785,7 @@ while True:
     for param_group in optimizer.param_groups:
         param_group['lr'] = lr
 
-    last_step = iter_num >= max_iters
-    if (iter_num % eval_interval == 0 or last_step or eval_only) and (iter_num > start_iter or iter_num == 0 or eval_only):
+    if evaluating:
         if bar is not None:
             bar.close()
             bar = None
@@ -727,26 +842,14 @@ while True:
         grad_norm = clip_shards()
     else:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)  # inf: measure, not clip
-    # every step, before the weights change: a non-finite loss or gradient norm stops the run (one CPU-GPU sync).
-    # With fp16 the scaler skips inf/nan gradients by design; 16 skips in a row (the scale / 65536) mean divergence.
-    # the stop signal rides on the same sync: under torchrun the ranks get it at different moments, and the largest
-    # over ranks makes all of them stop at the same step
-    stop = torch.tensor(float(stop_requested), device=device)
-    if ddp:
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-    if context_parallel > 1:  # each rank's loss is its share (context_parallel.loss): their mean is the step's loss
-        dist.all_reduce(step_loss)
-        step_loss = step_loss / ddp_world_size
-    lossf, normf, stopf = torch.stack([step_loss.float(), grad_norm.float(), stop]).tolist()
-    skipped = skipped + 1 if scaler.is_enabled() and not math.isfinite(normf) else 0
-    if not math.isfinite(lossf) or (not math.isfinite(normf) and (not scaler.is_enabled() or skipped > 16)):
-        raise diverged(f"loss {lossf:.4g}, gradient norm {normf:.4g}")
-    if first_loss is None:
-        first_loss, warn_at = lossf, 2 * lossf
-    elif lossf > warn_at > 0:
-        print0(f"warning: iter {iter_num}: loss {lossf:.4f} is {lossf / first_loss:.1f}x this run's first ({first_loss:.4f}): "
-               f"the run may be diverging (lower learning_rate, or set grad_clip)")
-        warn_at = 2 * lossf  # the next warning when it doubles again
+    # the step's numbers for the host: mean loss, gradient norm, and over the ranks the stop signal, the peak memory
+    # and whether any rank's loss or gradient norm is non-finite (step_numbers)
+    numbers = step_numbers(step_loss, grad_norm)
+    if lagged:  # the optimizer skips a non-finite step by itself, on the GPU; the host reads the numbers a step late
+        optimizer.found_inf = numbers[4]
+    else:  # every step, before the weights change: one CPU-GPU sync
+        values = numbers.tolist()
+        check(iter_num, values)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
@@ -754,38 +857,13 @@ while True:
         raw_model.zero_grad(set_to_none=True)  # the DTensors' gradients (the shards' were their local parts)
         if not fsdp_per_block:  # gather the new weights now, while the ranks are in step after the sync above, not
             raw_model.unshard(async_op=True)  # at the next forward, where each rank's host arrives when it does
-
-    dt = time.time() - t0
-    time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
-    local_iter_num += 1
-    smooth = 0.9 * smooth + 0.1 * lossf
-    if iter_num % log_interval == 0 or iter_num == max_iters - 1:
-        if bar is not None:
-            bar.close()
-            bar = None
-        # ETA: the steps left at this run's mean step time and the evals left at the last one's time
-        mean_dt = time_sum / time_n if time_n else dt
-        evals_left = (max_iters - 1) // eval_interval - iter_num // eval_interval + 1  # multiples, then the last step
-        eta = (max_iters - iter_num - 1) * mean_dt + evals_left * eval_time
-        line = (f"iter {iter_num}/{max_iters}: loss {lossf:.4f}, smooth {smooth / (1 - 0.9 ** local_iter_num):.4f}, "
-                f"time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {lr:.2e}")
-        if peak_flops and local_iter_num > 5:  # let the first (compiling) iterations pass
-            mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)
-            running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-            line += f", mfu {running_mfu * 100:.2f}%"
-        if device_type == 'cuda':  # the most any rank's GPU has held so far (allocated tensors, not the cache)
-            peak = torch.tensor(torch.cuda.max_memory_allocated(device) / 2**30, device=device)
-            if ddp:
-                dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-            line += f", peak {peak.item():.1f} GiB"
-        print0(line + f", eta {duration(eta)}")
-    else:  # no iter line for this step: a bar up to the next one (on a terminal, once it has taken a second)
-        if bar is None:
-            next_line = min((iter_num // log_interval + 1) * log_interval, max_iters - 1)
-            bar = progress(next_line - iter_num, f"steps to iter {next_line}")
-        bar.update()
+    if lagged:  # the previous step's numbers now, while the GPU works through this step's queued kernels
+        if pending is not None:
+            settle()
+        pending = (iter_num, to_host(numbers), t0)
+    else:
+        report(iter_num, values, t0)
     iter_num += 1
-    stop_signal = int(stopf)
 
 if not eval_only and saved_iter != iter_num:
     save(last_val, why=f" (end of run, iter {iter_num})")  # the last steps since the last eval are not lost

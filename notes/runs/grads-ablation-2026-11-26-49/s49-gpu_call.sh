@@ -195,6 +195,14 @@ ro4k() {  # session 50's next: every mixer at 4k with and without CUDA graphs (G
   set -f; timeout ${RO_SECS:-590} python3 bench.py --train --contexts 4096 --mixers ${MIX:-softmax gdn deltanet} \
     --compile_mode default reduce-overhead --jobs ${JOBS:-4} --json $OUT/train-ro4k.json 2>&1 | grep -v Warn | tee $OUT/train-ro4k.txt | grep -E "^\||^measure|^device|^command"; set +f
 }
+lag() {  # session 51: train.py's step reading its numbers a step late (bench.py mirrors it) against the step before (scratch/before)
+  set -f
+  for v in before after; do
+    d=.; [ $v = before ] && d=scratch/before
+    (cd $d && timeout ${LAG_SECS:-290} python3 bench.py --train --contexts ${CTX:-1024,4096} --mixers ${MIX:-softmax kda*3,softmax} \
+      --jobs ${JOBS:-4} --json $OUT/train-lag-$v.json 2>&1 | grep -v Warn | tee $OUT/train-lag-$v.txt | grep -E "^\||^measure|^device|^command")
+  done; set +f
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
