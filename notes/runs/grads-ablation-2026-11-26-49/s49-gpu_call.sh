@@ -192,7 +192,7 @@ cmp() {  # session 50: _grads_bwd before (scratch/kernels-before/kernels.py) and
   timeout ${CMP_SECS:-300} python3 notes/runs/grads-reload-2026-11-27-50/compare_grads.py $PWD/scratch/kernels-before 2>&1 | grep -v Warn | tee $OUT/compare.txt
 }
 ro4k() {  # session 50's next: every mixer at 4k with and without CUDA graphs (GDN, DeltaNet wait on the host 12-17 ms)
-  set -f; timeout ${RO_SECS:-590} python3 bench.py --train --contexts 4096 --mixers ${MIX:-softmax gdn deltanet} \
+  set -f; timeout ${RO_SECS:-590} python3 bench.py --train --contexts ${CTX:-4096} --mixers ${MIX:-softmax gdn deltanet} \
     --compile_mode default reduce-overhead --jobs ${JOBS:-4} --json $OUT/train-ro4k.json 2>&1 | grep -v Warn | tee $OUT/train-ro4k.txt | grep -E "^\||^measure|^device|^command"; set +f
 }
 lag() {  # session 51: train.py's step reading its numbers a step late (bench.py mirrors it) against the step before (scratch/before)
