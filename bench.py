@@ -47,7 +47,8 @@ without compiling). `python bench.py --jobs 6` on a 16-core GPU host; --jobs 1 s
 
 --train: config/owt.py's model with that mixer (config/kda_hybrid.py's for 'kda*3,softmax'), softmax
 always included and first, --tokens per step (batch = tokens // T), trained as train.py trains on CUDA: torch.compile,
-bf16 autocast, TF32, clip_grad_norm_ at 1.0 with its finiteness check (one sync), fused AdamW; one micro-step per
+bf16 autocast, TF32, clip_grad_norm_ at 1.0, fused AdamW skipping a non-finite step, the step's loss and gradient
+norm read a step late (no sync at the step's boundary); one micro-step per
 optimizer step, random tokens. Each (mixer, T) cell runs in its own process: first all of them compile, --jobs at a
 time (the Inductor and Triton caches on disk are shared), then each is measured alone. Compiling dominates a run:
 one context per command (--contexts 4096) keeps it short. Columns: ms/step = median wall time of a step between CUDA

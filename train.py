@@ -30,8 +30,10 @@ Safety: a setting that cannot train stops at once with one line naming it; a sec
 stops at once (its lock, .<out_dir>.lock beside it); a run from scratch never replaces an earlier run's ckpt.pt or
 best.pt (--init_from=resume continues it, --overwrite=True starts over); SIGTERM or Ctrl-C finishes the step, saves
 ckpt.pt and exits (a second Ctrl-C exits at once), and the run's end is saved too; a non-finite loss or gradient norm
-stops the run before the weights change, so ckpt.pt stays the last good state; best.pt holds the lowest val loss of
-the run; a loss past 2x the run's first is warned about. Checkpoints are read as data (checkpoint.py): never code.
+never reaches the weights (fused AdamW skips that step on the GPU; the host, which reads each step's numbers a step
+late, stops the run before its next eval or save), so ckpt.pt stays the last good state; best.pt holds the lowest
+val loss of the run; a loss past 2x the run's first is warned about. Checkpoints are read as data (checkpoint.py):
+never code.
 """
 import io
 import os
@@ -580,7 +582,8 @@ def diverged(what, at=None):
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     kept = f"{ckpt_path} keeps the last good state" if os.path.exists(ckpt_path) else "no checkpoint was written"
     clip = f"lower grad_clip (now {grad_clip:g})" if grad_clip > 0 else "set grad_clip > 0 (now 0: off), e.g. 1.0"
-    return UserError(f"training diverged at iter {iter_num if at is None else at}: {what}; nothing was saved ({kept}): lower learning_rate "
+    at = iter_num if at is None else at
+    return UserError(f"training diverged at iter {at}: {what}; nothing was saved ({kept}): lower learning_rate "
                      f"(now {learning_rate:g}) or {clip}")
 
 
@@ -748,7 +751,8 @@ def report(n, values, t0):
         evals_left = (max_iters - 1) // eval_interval - n // eval_interval + 1  # multiples, then the last step
         eta = (max_iters - n - 1) * mean_dt + evals_left * eval_time
         line = (f"iter {n}/{max_iters}: loss {lossf:.4f}, smooth {smooth / (1 - 0.9 ** local_iter_num):.4f}, "
-                f"time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, lr {get_lr(n) if decay_lr else learning_rate:.2e}")
+                f"time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}, "
+                f"lr {get_lr(n) if decay_lr else learning_rate:.2e}")
         if peak_flops and local_iter_num > 5:  # let the first (compiling) iterations pass
             mfu = flops_per_iter / dt / (peak_flops * ddp_world_size)
             running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
