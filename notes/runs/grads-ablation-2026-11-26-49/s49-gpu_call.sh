@@ -203,6 +203,25 @@ lag() {  # session 51: train.py's step reading its numbers a step late (bench.py
       --jobs ${JOBS:-4} --json $OUT/train-lag-$v.json 2>&1 | grep -v Warn | tee $OUT/train-lag-$v.txt | grep -E "^\||^measure|^device|^command")
   done; set +f
 }
+confirm() {  # issue 41's plain train.py runs: softmax and the hybrid at 4k (B 8) and 16k (B 2), median tok/s of iters 10-30
+  local common="--dataset=pystdlib --gradient_accumulation_steps=1 --max_iters=31 --eval_interval=100000 --eval_iters=1 --log_interval=1 --wandb_log=False --overwrite=True"
+  for pass in warm time; do  # warm: the four compile side by side (2 steps each); time: each alone from the caches
+    for T in ${CTX:-4096 16384}; do
+      for m in owt kda_hybrid; do
+        local args="config/$m.py $common --block_size=$T --batch_size=$((32768 / T)) --out_dir=/tmp/confirm-$m-$T"
+        [ $m = owt ] && args="$args --mixer=softmax"
+        if [ $pass = warm ]; then python3 train.py $args --max_iters=2 > /tmp/confirm-warm-$m-$T.log 2>&1 &
+        else echo "python train.py $args"; timeout ${CF_SECS:-150} python3 train.py $args > $OUT/confirm-$m-$T.log 2>&1; fi
+      done
+    done; wait
+  done
+  python3 - <<'PY'
+import glob, os, re, statistics
+for f in sorted(glob.glob(os.environ["OUT"] + "/confirm-*.log")):
+    t = [float(x.replace(",", "")) for i, x in re.findall(r"^iter (\d+)/\d+: .*?tok/s ([\d,]+)", open(f).read(), re.M) if 10 <= int(i) <= 30]
+    print(os.path.basename(f), f"median tok/s of iters 10-30: {statistics.median(t):,.0f} ({len(t)} iters)" if t else "no iters")
+PY
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
