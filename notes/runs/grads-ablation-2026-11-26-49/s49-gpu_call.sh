@@ -222,6 +222,9 @@ for f in sorted(glob.glob(os.environ["OUT"] + "/confirm-*.log")):
     print(os.path.basename(f), f"median tok/s of iters 10-30: {statistics.median(t):,.0f} ({len(t)} iters)" if t else "no iters")
 PY
 }
+cumsum() {  # session 51's prepared micro-benchmark: the KDA cumsum kernel's TUNING['cumsum'] candidates (bitwise checks)
+  timeout ${CS_SECS:-240} python3 notes/runs/train-lag-2026-11-27-51/cumsum_tiles.py 2>&1 | grep -v Warn | tee $OUT/cumsum.txt
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
