@@ -301,10 +301,6 @@ TUNING = {
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
     # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
     'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4),
-    # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'. 128 and
-    # 4 are the kernel as first written, not a measurement: at the hybrid's 1k shape, with the gate formed inside it,
-    # it moved its bytes at 40% of HBM's bandwidth (0.116 ms a layer; notes/perf.md 2026-11-27 (51)).
-    'cumsum': dict(d=128, warps=4),
     # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
     # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
     # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
@@ -751,8 +747,8 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, lb, T, H, DG: tl.constex
                          BD: tl.constexpr, GATE_FN: tl.constexpr, AG: tl.constexpr):
     # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
     # -1e4 over a long sequence and G_r - G_i would lose all its digits (docs/mixers.md §4.0).
-    # One [C, BD] tile of one head per program (KDA: DG = Dk, in column tiles of BD); GDN's g [B, T, H] is launched
-    # as H = 1, DG = its heads, so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
+    # One [C, DG] tile of one head per program (KDA: DG = Dk); GDN's g [B, T, H] is launched as H = 1, DG = its heads,
+    # so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
     # GATE_FN (delta_rule's A_log, dt_bias): g holds the gate's input u and the log-decay is formed here, so that the
     # fp32 gate is never written out (A_log: one value per AG columns): 1, -exp(A_log) softplus(u + dt_bias);
     # 2 (lower_bound lb), lb sigmoid(exp(A_log) (u + dt_bias)), in [lb, 0] also after fp32 rounding (sigmoid <= 1).
@@ -760,7 +756,7 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, lb, T, H, DG: tl.constex
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     t = c * C + tl.arange(0, C)
-    cd = tl.program_id(2) * BD + tl.arange(0, BD)  # this program's columns (TUNING['cumsum']['d'] at most)
+    cd = tl.arange(0, BD)
     offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
     mask = (t < T)[:, None] & (cd < DG)[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
@@ -1823,20 +1819,6 @@ def _gate_launch(g, H, DG):
     [B, T, H] runs as one 'head' of H columns (A_log per column), KDA's [B, T, H, Dk] as H heads of Dk (per head)."""
     return (1, H, 1) if DG == 1 else (H, DG, DG)
 
-def _chunk_cumsum(g, H, DG, A_log=None, dt_bias=None, lower_bound=None):
-    """G fp32 [B, T, H, DG]: the chunk-local cumsum of g [B, T, H(, Dk)], or with A_log of the gate formed from its
-    input u = g (-exp(A_log) softplus(u + dt_bias); lower_bound: the bounded gate)."""
-    B, T = g.shape[:2]
-    G = torch.empty(B, T, H, DG, device=g.device, dtype=torch.float32)
-    HL, DL, AG = _gate_launch(g, H, DG)
-    fn = A_log is not None
-    gate_fn = 0 if not fn else 1 if lower_bound is None else 2  # none, softplus, bounded (the kernel's GATE_FN)
-    BD = min(triton.next_power_of_2(DL), TUNING['cumsum']['d'])
-    _chunk_cumsum_kernel[(triton.cdiv(T, TRITON_CHUNK), B * HL, triton.cdiv(DL, BD))](
-        g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G, float(lower_bound or 0.), T, HL, DL,
-        TRITON_CHUNK, BD, gate_fn, AG, num_warps=TUNING['cumsum']['warps'])
-    return G
-
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                     scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
@@ -1856,7 +1838,13 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     GATE, DG = _gate_kind(g, k)
     G = torch.empty(0, device=k.device, dtype=torch.float32)
     if GATE != GATE_NONE:
-        G = _chunk_cumsum(g, H, DG, A_log, dt_bias, lower_bound)
+        G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
+        HL, DL, AG = _gate_launch(g, H, DG)
+        fn = A_log is not None
+        gate_fn = 0 if not fn else 1 if lower_bound is None else 2  # none, softplus, bounded (the kernel's GATE_FN)
+        _chunk_cumsum_kernel[(NT, B * HL)](g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G,
+                                           float(lower_bound or 0.), T, HL, DL, TRITON_CHUNK,
+                                           triton.next_power_of_2(DL), gate_fn, AG)
     Gp = G if GATE != GATE_NONE else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG, _bounded(GATE, A_log, lower_bound))
