@@ -859,8 +859,8 @@ while True:
     optimizer.zero_grad(set_to_none=not cuda_graphs)  # under CUDA graphs the gradients stay allocated (above)
     if sharded:
         raw_model.zero_grad(set_to_none=True)  # the DTensors' gradients (the shards' were their local parts)
-        if not fsdp_per_block:  # gather the new weights now, while the ranks are in step after the sync above, not
-            raw_model.unshard(async_op=True)  # at the next forward, where each rank's host arrives when it does
+        if not fsdp_per_block:  # gather the new weights now, queued behind the optimizer step on every rank, not at
+            raw_model.unshard(async_op=True)  # the next forward, where each rank's host arrives when it does
     if lagged:  # the previous step's numbers now, while the GPU works through this step's queued kernels
         if pending is not None:
             settle()
