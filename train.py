@@ -336,7 +336,7 @@ print0(f"tokens per iteration: {gradient_accumulation_steps} grad accum × {dp_w
 # stop at the step's end (see the loop), ckpt.pt is saved and the run exits with 128 + the signal's number. A second
 # signal, or one before the first step has finished (nothing to save), exits at once.
 stop_requested = 0  # the signal this process got (set by on_signal)
-stop_signal = 0     # the one the ranks agreed on at the end of the last step (the largest over ranks)
+stop_signal = 0     # the one the ranks agreed on in the last step read (the largest over ranks)
 
 
 def on_signal(signum, frame):
@@ -667,7 +667,7 @@ bar = None                        # the progress bar of the steps up to the next
 last_done = 0.0                   # when the host saw the last reported step end (time.time())
 # The host reads each step's numbers (loss, gradient norm, stop signal) one step late: it queues step N + 1's kernels
 # before it waits for step N's numbers, so the GPU does not idle at every step's boundary while the host launches
-# the optimizer and the next forward (a sync there cost 2-7 ms a step: notes/perf.md 2026-11-27 (51)). Nothing
+# the optimizer and the next forward (what a sync there cost: notes/perf.md 2026-11-27 (51)). Nothing
 # non-finite reaches the weights meanwhile: fused AdamW skips, on the GPU, a step whose loss or gradient norm is
 # not finite (found_inf); the host stops the run when it reads that step, before any eval or save. With the fp16
 # grad scaler (its own skipping) or an optimizer that cannot skip, the check stays before each step (one sync).
@@ -773,7 +773,7 @@ while True:
                   and (iter_num > start_iter or iter_num == 0 or eval_only))
     if pending is not None and (stop_signal or evaluating or last_step):
         settle()  # the last step's numbers before anything is evaluated or saved (a diverged run stops here)
-    if stop_signal and iter_num < max_iters:  # every rank sees the same value (agreed at the end of the last step)
+    if stop_signal and iter_num < max_iters:  # every rank sees the same value (agreed in the last step read)
         name = signal.Signals(stop_signal).name  # (at max_iters: the final eval and save below, as usual)
         if bar is not None:
             bar.close()
