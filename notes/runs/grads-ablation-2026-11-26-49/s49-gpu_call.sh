@@ -222,11 +222,12 @@ for f in sorted(glob.glob(os.environ["OUT"] + "/confirm-*.log")):
     print(os.path.basename(f), f"median tok/s of iters 10-30: {statistics.median(t):,.0f} ({len(t)} iters)" if t else "no iters")
 PY
 }
-cumsum() {  # session 51's prepared patch (TUNING['cumsum']: the KDA cumsum's column tile), its GPU tests, its candidates
-  local p=notes/runs/train-lag-2026-11-27-51/cumsum_tiles.patch
-  git apply $p 2>/dev/null || patch -p1 --forward < $p || { echo "cumsum: the patch did not apply"; return; }
-  timeout 200 python3 -m pytest -q -n 4 test_kernels.py -k "cumsum or gate_in_kernel or bounded" 2>&1 | tail -3 | tee $OUT/cumsum-tests.txt
-  timeout ${CS_SECS:-240} python3 notes/runs/train-lag-2026-11-27-51/cumsum_tiles.py 2>&1 | grep -v Warn | tee $OUT/cumsum.txt
+fwdtiles() {  # session 51's prepared patch (TUNING['cumsum'], TUNING['wy_fwd']: KDA's forward kernels by column tiles),
+  # its GPU tests, then its candidates timed kernel by kernel (fwd_tiles.py)
+  local p=notes/runs/train-lag-2026-11-27-51/fwd_tiles.patch
+  git apply $p 2>/dev/null || patch -p1 --forward < $p || { echo "fwdtiles: the patch did not apply"; return; }
+  timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "cumsum or wy_fwd or gate_in_kernel or bounded" 2>&1 | tail -3 | tee $OUT/fwdtiles-tests.txt
+  timeout ${FT_SECS:-300} python3 notes/runs/train-lag-2026-11-27-51/fwd_tiles.py 2>&1 | grep -v Warn | tee $OUT/fwdtiles.txt
 }
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
