@@ -229,6 +229,10 @@ fwdtiles() {  # session 51's prepared patch (TUNING['cumsum'], TUNING['wy_fwd']:
   timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "cumsum or wy_fwd or gate_in_kernel or bounded" 2>&1 | tail -3 | tee $OUT/fwdtiles-tests.txt
   timeout ${FT_SECS:-300} python3 notes/runs/train-lag-2026-11-27-51/fwd_tiles.py 2>&1 | grep -v Warn | tee $OUT/fwdtiles.txt
 }
+fwdpick() {  # session 52: the fastest candidates of fwdtiles (if its tests passed) into kernels.py's TUNING, then every kernel test
+  python3 scratch/fwdpick.py $OUT/fwdtiles.txt $OUT/fwdtiles-tests.txt kernels.py 2>&1 | tee $OUT/fwdpick.txt
+  cp kernels.py $OUT/kernels-picked.py; git diff --stat | tail -1
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
