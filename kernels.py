@@ -301,6 +301,14 @@ TUNING = {
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
     # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
     'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4),
+    # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'.
+    # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
+    # of nine, at 70% (session 52).
+    'cumsum': dict(d=32, warps=2),
+    # _wy_fwd: 'split' programs a chunk, each with Dk / split key and Dv / split value columns, and 'warps' (None: 8
+    # for [C, 128] tiles, else 4). Whole rows (split 1) hold KDA's 184 registers a thread, one program per SM; split 2
+    # at 8 warps took 5% off it at the hybrid's 1k shape (4 warps 4%; split 4 added 30%; session 52).
+    'wy_fwd': dict(split=2, warps=8),
     # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
     # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
     # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
@@ -747,8 +755,8 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, lb, T, H, DG: tl.constex
                          BD: tl.constexpr, GATE_FN: tl.constexpr, AG: tl.constexpr):
     # G_r = sum_{j <= r} g_j restarting at every chunk, in fp32: a global cumsum would reach
     # -1e4 over a long sequence and G_r - G_i would lose all its digits (docs/mixers.md §4.0).
-    # One [C, DG] tile of one head per program (KDA: DG = Dk); GDN's g [B, T, H] is launched as H = 1, DG = its heads,
-    # so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
+    # One [C, BD] tile of one head per program (KDA: DG = Dk, in column tiles of BD); GDN's g [B, T, H] is launched
+    # as H = 1, DG = its heads, so that one program takes a chunk of every head (BD: DG rounded up to a power of two).
     # GATE_FN (delta_rule's A_log, dt_bias): g holds the gate's input u and the log-decay is formed here, so that the
     # fp32 gate is never written out (A_log: one value per AG columns): 1, -exp(A_log) softplus(u + dt_bias);
     # 2 (lower_bound lb), lb sigmoid(exp(A_log) (u + dt_bias)), in [lb, 0] also after fp32 rounding (sigmoid <= 1).
@@ -756,7 +764,7 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, lb, T, H, DG: tl.constex
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     t = c * C + tl.arange(0, C)
-    cd = tl.arange(0, BD)
+    cd = tl.program_id(2) * BD + tl.arange(0, BD)  # this program's columns (TUNING['cumsum']['d'] at most)
     offs = ((b * T + t) * H + h)[:, None] * DG + cd[None, :]
     mask = (t < T)[:, None] & (cd < DG)[None, :]
     g = tl.load(g_ptr + offs, mask=mask, other=0.).to(tl.float32)
@@ -1029,13 +1037,16 @@ def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd_ptr, qg_ptr, T,
-                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr,
+                   H, DK: tl.constexpr, DV: tl.constexpr, DG: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, DECAYED: tl.constexpr):
     # W = A (beta exp(G) K), U = A (beta V) with A = (I + L)^-1 from _inverse. DECAYED (KDA): also Kd = K exp(G_n - G)
     # and Qg = Q exp(G), so that the sequential state passes read them instead of a [C, Dk] fp32 gate
     # tile and its exps (stored in k's dtype: their readers round them to it as dot operands anyway).
+    # Every column of these is its own: program j of a chunk takes key columns j BK .. and value columns j BV ..
+    # (TUNING['wy_fwd']['split'] programs a chunk, each with A; BK = Dk / split, BV = Dv / split).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(2)
     b, h = bh // H, bh % H
     rows = tl.arange(0, C)
     t = c * C + rows
@@ -1044,12 +1055,15 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd
     tok = (b * T + t) * H + h                       # [C] int64 token-head index
     tok0 = (b * T + c * C) * H + h
     X = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-    ck = tl.arange(0, DK)
-    cv = tl.arange(0, DV)
+    ck = j * BK + tl.arange(0, BK)
+    cv = j * BV + tl.arange(0, BV)
     kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     vv = tl.load(v_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
-    Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
+    if GATE == GATE_CHANNEL:  # this program's key channels of the gate
+        Gm, Gn_row, Gn_col = _load_gate(G_ptr + j * BK, tok, valid, tok0 + (n - 1) * H, GATE, C, BK, DG)
+    else:
+        Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
     eg = tl.exp(tl.where(valid[:, None], Gm, float('-inf')))    # exp(G_r) <= 1, 0 on padded rows
     w = _dot(X, kk * eg * beta[:, None], PREC)
     u = _dot(X, vv * beta[:, None], PREC)
@@ -1787,8 +1801,12 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     u = torch.empty_like(v)
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
     kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
-    _wy_fwd_kernel[(NT, B * H)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H, DK, DV,
-                                DG, C, GATE, prec, decayed, num_warps=_warps(DK, DV))
+    split, wwarps = TUNING['wy_fwd']['split'], TUNING['wy_fwd']['warps']
+    while split > 1 and min(DK, DV) // split < 16:  # a dot's tile needs 16 columns: small heads take fewer programs
+        split //= 2
+    _wy_fwd_kernel[(NT, B * H, split)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H,
+                                       DK, DV, DG, DK // split, DV // split, C, GATE, prec, decayed,
+                                       num_warps=wwarps or _warps(DK // split, DV // split))
     output = P is not None
     snapshots = not output or keep
     o = torch.empty_like(v) if output else None
@@ -1819,6 +1837,20 @@ def _gate_launch(g, H, DG):
     [B, T, H] runs as one 'head' of H columns (A_log per column), KDA's [B, T, H, Dk] as H heads of Dk (per head)."""
     return (1, H, 1) if DG == 1 else (H, DG, DG)
 
+def _chunk_cumsum(g, H, DG, A_log=None, dt_bias=None, lower_bound=None):
+    """G fp32 [B, T, H, DG]: the chunk-local cumsum of g [B, T, H(, Dk)], or with A_log of the gate formed from its
+    input u = g (-exp(A_log) softplus(u + dt_bias); lower_bound: the bounded gate)."""
+    B, T = g.shape[:2]
+    G = torch.empty(B, T, H, DG, device=g.device, dtype=torch.float32)
+    HL, DL, AG = _gate_launch(g, H, DG)
+    fn = A_log is not None
+    gate_fn = 0 if not fn else 1 if lower_bound is None else 2  # none, softplus, bounded (the kernel's GATE_FN)
+    BD = min(triton.next_power_of_2(DL), TUNING['cumsum']['d'])
+    _chunk_cumsum_kernel[(triton.cdiv(T, TRITON_CHUNK), B * HL, triton.cdiv(DL, BD))](
+        g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G, float(lower_bound or 0.), T, HL, DL,
+        TRITON_CHUNK, BD, gate_fn, AG, num_warps=TUNING['cumsum']['warps'])
+    return G
+
 @torch.library.custom_op("kernels::delta_rule_fwd", mutates_args=())
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                     scale: float, initial_state: Optional[torch.Tensor], output_final_state: bool,
@@ -1838,13 +1870,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     GATE, DG = _gate_kind(g, k)
     G = torch.empty(0, device=k.device, dtype=torch.float32)
     if GATE != GATE_NONE:
-        G = torch.empty(B, T, H, DG, device=k.device, dtype=torch.float32)
-        HL, DL, AG = _gate_launch(g, H, DG)
-        fn = A_log is not None
-        gate_fn = 0 if not fn else 1 if lower_bound is None else 2  # none, softplus, bounded (the kernel's GATE_FN)
-        _chunk_cumsum_kernel[(NT, B * HL)](g.contiguous(), G, A_log if fn else G, dt_bias.contiguous() if fn else G,
-                                           float(lower_bound or 0.), T, HL, DL, TRITON_CHUNK,
-                                           triton.next_power_of_2(DL), gate_fn, AG)
+        G = _chunk_cumsum(g, H, DG, A_log, dt_bias, lower_bound)
     Gp = G if GATE != GATE_NONE else None
     h0 = initial_state.contiguous().float() if initial_state is not None else None
     P, A = _grams_inverse(q, k, beta, Gp, GATE, DG, _bounded(GATE, A_log, lower_bound))

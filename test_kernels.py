@@ -719,6 +719,35 @@ def test_triton_gate_in_kernel(gate, T):
     compare_to_reference(kernels.delta_rule_triton, gated_reference, x, F32, True, 7, f"T={T} {gate} gate_fn")
 
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_triton_cumsum_column_tiles(gate, monkeypatch):
+    # TUNING['cumsum']['d']: KDA's cumsum in whole rows and in several column tiles (GDN's heads, 3: one tile, then
+    # tiles of 2) agree to fp32 rounding (not bit for bit: on the GPU the scan's order of additions follows the tile's
+    # layout), and the tiled one against the fp64 reference as above (a program that ignored its column index would
+    # leave columns of G unwritten)
+    B, nh, D = (2, 3, 64) if CUDA else (1, 3, 16)
+    x = gate_inputs(B, 130, nh, D, gate, F32, wide=True)
+    monkeypatch.setitem(kernels.TUNING, "cumsum", dict(kernels.TUNING["cumsum"], d=128))
+    whole = run(kernels.delta_rule_triton, x)
+    monkeypatch.setitem(kernels.TUNING, "cumsum", dict(kernels.TUNING["cumsum"], d=2 if gate == "gdn" else D // 4))
+    tiled = run(kernels.delta_rule_triton, x)
+    pairs = list(zip(whole[:2], tiled[:2])) + [(whole[2][n], tiled[2][n]) for n in whole[2]]
+    for a, b in pairs:
+        assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+    compare_to_reference(kernels.delta_rule_triton, gated_reference, x, F32, True, 7, f"{gate} cumsum tiles")
+
+
+@pytest.mark.parametrize("gate,strength,split", [("none", "-", 1), ("gdn", "strong", 4), ("kda", "medium", 1),
+                                                 ("kda", "medium", 4)])
+def test_triton_wy_fwd_column_split(gate, strength, split, monkeypatch):
+    # TUNING['wy_fwd']['split'] (the default, 2: _wy_fwd's W, U and KDA's Kd, Qg by two programs a chunk, each with
+    # half the columns and its gate channels) is what every other test runs; here split 1 (whole rows, one program a
+    # chunk) and 4, forward and backward against the fp64 reference (triton_check)
+    monkeypatch.setitem(kernels.TUNING, "wy_fwd", dict(kernels.TUNING["wy_fwd"], split=split, warps=None))
+    D = 128 if CUDA else 32
+    triton_check(2 if CUDA else 1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
+
+
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
 def test_triton_gate_in_kernel_bf16(gate):
     # bf16 u (du comes back in bf16): the same kernels given the gate formed in torch (fp32) are the reference here;
     # their own bf16 error against fp64 at these gates (~1e-2, the kernels' and not the gate's) is checked above
