@@ -722,8 +722,8 @@ def test_triton_gate_in_kernel(gate, T):
 def test_triton_cumsum_column_tiles(gate, monkeypatch):
     # TUNING['cumsum']['d']: KDA's cumsum in whole rows and in several column tiles (GDN's heads, 3: one tile, then
     # tiles of 2) agree to fp32 rounding (not bit for bit: on the GPU the scan's order of additions follows the tile's
-    # layout), and the tiled one against the fp64 reference as above (a program that ignored its column index would
-    # leave columns of G unwritten)
+    # layout; 1e-3 of the largest entry: GDN's per-head dA_log sums every token's terms, which cancel), and the tiled one
+    # against the fp64 reference as above (a program that ignored its column index would leave columns of G unwritten)
     B, nh, D = (2, 3, 64) if CUDA else (1, 3, 16)
     x = gate_inputs(B, 130, nh, D, gate, F32, wide=True)
     monkeypatch.setitem(kernels.TUNING, "cumsum", dict(kernels.TUNING["cumsum"], d=128))
@@ -732,7 +732,7 @@ def test_triton_cumsum_column_tiles(gate, monkeypatch):
     tiled = run(kernels.delta_rule_triton, x)
     pairs = list(zip(whole[:2], tiled[:2])) + [(whole[2][n], tiled[2][n]) for n in whole[2]]
     for a, b in pairs:
-        assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+        assert (a - b).abs().max() <= 1e-3 * a.abs().max()
     compare_to_reference(kernels.delta_rule_triton, gated_reference, x, F32, True, 7, f"{gate} cumsum tiles")
 
 
