@@ -233,6 +233,11 @@ fwdpick() {  # session 52: the fastest candidates of fwdtiles (if its tests pass
   python3 scratch/fwdpick.py $OUT/fwdtiles.txt $OUT/fwdtiles-tests.txt kernels.py 2>&1 | tee $OUT/fwdpick.txt
   cp kernels.py $OUT/kernels-picked.py; git diff --stat | tail -1
 }
+dnprof() {  # session 52's next: DeltaNet (and KDA) per kernel beside fla's at the two Dk = 128 shapes
+  for sh in 8,4096,16,128 2,16384,16,128; do
+    timeout ${DP_SECS:-200} python3 bench.py --profile --variants ${PV:-deltanet} --shape $sh 2>&1 | grep -v Warn | tee $OUT/profile-${PV:-deltanet}-$sh.txt | head -40
+  done
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
