@@ -294,8 +294,10 @@ TUNING = {
     # e.g. 2 x 16 heads at T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate
     # tile beside q, k, w spills at 4; 'out_warps': the forward's pass, which also forms the output; 'stages' /
     # 'bwd_stages' 2: three buffers of their tiles would pass Hopper's 227 KB of shared memory at Dk = 128 (the forward,
-    # which also loads Q and P_qk, needs 262 KB).
-    'state': dict(v=64, warps=4, kda_bwd_warps=8, min_v=32, out_warps=4, stages=2, bwd_stages=2),
+    # which also loads Q and P_qk, needs 262 KB). 'small_v_stages' (None: as 'stages' / 'bwd_stages'): both passes'
+    # stages where the V-tile was halved to 32 or less, where three buffers fit (DeltaNet at Dk = 128, V-tile 32:
+    # 192 KB, offline) and issue each chunk's loads a step earlier; session 52's candidate, not yet timed.
+    'state': dict(v=64, warps=4, kda_bwd_warps=8, min_v=32, out_warps=4, stages=2, bwd_stages=2, small_v_stages=None),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
@@ -1766,6 +1768,11 @@ def _state_tile(DK, DV, GATE, backward, BH, device):
         BV //= 2
     return BV, warps
 
+def _state_stages(BV, key):
+    """num_stages of a state pass (TUNING['state'][key], or 'small_v_stages' at V-tiles of 32 or less)."""
+    t = TUNING['state']
+    return t['small_v_stages'] if (t['small_v_stages'] and BV <= 32) else t[key]
+
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
     bounded gate (lower_bound), which lets KDA's diagonal blocks skip their span test and dyadic split."""
@@ -1822,7 +1829,7 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
                                          ht if ht is not None else any_, qg if decayed else q,
                                          P if output else any_, o if output else any_, scale, T, NT, H, DK, DV, BS,
                                          DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, num_warps=nw, num_stages=TUNING['state']['stages'])
+                                         snapshots, num_warps=nw, num_stages=_state_stages(BS, 'stages'))
     if not output:
         return w, h, vn, kd, qg
     return o, ht, ((w, h, vn, kd, qg) if keep else None)
@@ -1956,7 +1963,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
                                          dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         num_warps=nw, num_stages=TUNING['state']['bwd_stages'])
+                                         num_warps=nw, num_stages=_state_stages(BS, 'bwd_stages'))
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE != GATE_CHANNEL:  # DeltaNet, GDN

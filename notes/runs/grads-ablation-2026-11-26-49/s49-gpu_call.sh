@@ -246,6 +246,10 @@ wysplit() {  # session 52's prepared patch: _wy_grads_bwd by key halves (TUNING[
   timeout ${WS_SECS:-400} python3 bench.py --tiles delta --only "wy_grads split,wy_grads stages" --variants deltanet,gdn \
     --jobs 8 2>&1 | grep -v Warn | tee $OUT/tiles-wy-split.txt | tail -30
 }
+smallv() {  # session 52: the state passes at 3 stages where the V-tile is 32 (2 x 16384 x 16 x 128), checked and timed
+  timeout ${SV_SECS:-300} python3 bench.py --tiles delta --only "state small-v" --variants deltanet,gdn,kda --jobs 4 2>&1 |
+    grep -v Warn | tee $OUT/tiles-small-v.txt | tail -14
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
