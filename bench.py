@@ -55,7 +55,9 @@ one context per command (--contexts 4096) keeps it short. Columns: ms/step = med
 events, tokens/s = B*T over it, × softmax = tokens/s over softmax's at that T, MFU = model.flops_per_token(T) ×
 tokens/s over the GPU's bf16 peak, peak MiB = max_memory_allocated over the timed steps; then GPU ms per step by
 kernel category (torch.profiler over 3 more steps; the rules are kernel_category's), whose sum is the GPU's busy
-time and can be below ms/step; outside mixer+attn = that sum less the linear-mixer and attention kernels, and
+time and can be below ms/step; idle (timed) = ms/step less that sum, the GPU's wait in an unprofiled step (the
+profiled idle is larger where the profiler's per-launch cost puts the host behind the GPU: KDA, GDN); outside
+mixer+attn = that sum less the linear-mixer and attention kernels, and
 ÷ softmax's = it over the softmax row's at that T (the target: <= 1.15 at T=4096). Under the table: each
 cell's top 5 unfused and fused-elementwise kernels, and which path kernels.py took. On CPU: eager fp32, no profile.
 --documents: every mixer also runs with GPTConfig.documents on (row '<mixer> +docs'; its tokens hold an EOT at random
@@ -1582,16 +1584,17 @@ def train_bench(args, mixers, contexts):
     print(f"whole-model training, {args.tokens:,} tokens per step, median of {args.steps} steps, torch.compile mode "
           f"{' / '.join(modes)}, kernels.TUNING preset {' / '.join(presets)}"
           f"; categories: GPU ms per step from the kernels of {PROFILE_STEPS} profiled steps "
-          f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; idle: the profiled steps' wall time when no kernel ran, per step, and its share; ms − busy: the median step less the profiled kernels' busy time; the profiler's tracing inflates the first and can make the second negative)\n")
+          f"(peak MiB: allocated; under CUDA graphs reserved, which holds the graphs' pools; ms/step: median wall time of a step; profiled idle: the profiled steps' wall time when no kernel ran, per step, and its share; idle (timed): the median step less the profiled kernels' busy time, and its share of the step; the profiler's per-launch cost inflates the first where the host runs close to the GPU, and can make the second negative)\n")
     f = lambda x, spec: "" if x is None else format(x, spec)
     docs = args.documents  # one more column: ÷ off
     print("| mixer | T (B) | tokens/s | × softmax | " + "÷ off | " * docs + "MFU | peak MiB | ms/step | "
-          + " | ".join(CATEGORIES) + " | idle ms | idle % | ms − busy | outside mixer+attn | ÷ softmax's |")
-    print("|---" * (12 + docs + len(CATEGORIES)) + "|")
+          + " | ".join(CATEGORIES) + " | profiled idle ms | profiled idle % | idle ms (timed) | idle % (timed) | "
+          "outside mixer+attn | ÷ softmax's |")
+    print("|---" * (13 + docs + len(CATEGORIES)) + "|")
     for r in results:
         head = f"| {label(r)} | {r['T']} ({r['B']}) | "
         if "error" in r:
-            print(head + f"error: {r['error'][:100]} |" + " |" * (9 + docs + len(CATEGORIES)))
+            print(head + f"error: {r['error'][:100]} |" + " |" * (10 + docs + len(CATEGORIES)))
             continue
         c = r.get("categories", {})
         print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f")]
@@ -1601,6 +1604,7 @@ def train_bench(args, mixers, contexts):
                                 + [f(c.get(k), ".2f") for k in CATEGORIES]
                                 + [f(r.get("idle_ms"), ".2f"), f(r.get("idle_ms") and 100 * r["idle_ms"] / r["profiled_ms"], ".1f"),
                                    f(r.get("idle_timed_ms"), ".2f"),
+                                   f(100 * r["idle_timed_ms"] / r["ms"] if r.get("idle_timed_ms") is not None else None, ".1f"),
                                    f(r.get("outside_ms"), ".2f"), f(r.get("outside_vs_softmax"), ".2f")]) + " |")
     for r in results:
         for category, top in r.get("top", {}).items():

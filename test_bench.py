@@ -155,7 +155,8 @@ def test_train_table_documents_column(monkeypatch, capsys):
 
 def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
     """--compile_mode with two modes: each mode's rows are labelled and divided by softmax of the same mode; the idle
-    columns show a cell's idle ms and its share of the profiled step."""
+    columns show a cell's profiled idle ms and its share of the profiled step, the timed idle and its share of the
+    timed step."""
     speed = {('softmax', 'default'): 300.0, ('kda', 'default'): 150.0, ('softmax', 'reduce-overhead'): 400.0,
              ('kda', 'reduce-overhead'): 300.0}
 
@@ -163,7 +164,7 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
         r = dict(mixer=mixer, T=T, B=args.tokens // T, documents=documents, paths=[], device_name='test GPU', mfu=None,
                  mode=mode)
         return dict(r, warm_s=1.0) if warm else dict(r, ms=10.0, tokens_per_s=speed[mixer, mode], idle_ms=0.5,
-                                                       profiled_ms=20.0)
+                                                       profiled_ms=20.0, idle_timed_ms=0.3)
 
     monkeypatch.setattr(bench, 'run_cell', fake_run_cell)
     args = argparse.Namespace(tokens=8192, steps=3, jobs=1, device='cuda', tiny=False, json='', documents=False,
@@ -175,7 +176,8 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
     assert [r[0] for r in rows[2:]] == ['softmax [default]', 'kda [default]', 'softmax [reduce-overhead]',
                                         'kda [reduce-overhead]']
     assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '1.00', '0.75']
-    assert rows[3][head.index('idle ms')] == '0.50' and rows[3][head.index('idle %')] == '2.5'
+    assert rows[3][head.index('profiled idle ms')] == '0.50' and rows[3][head.index('profiled idle %')] == '2.5'
+    assert rows[3][head.index('idle ms (timed)')] == '0.30' and rows[3][head.index('idle % (timed)')] == '3.0'
 
 
 
