@@ -784,6 +784,7 @@ TILE_CANDIDATES = {
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
+        "kda_grads wy maxnreg 128": {"kda_grads": dict(wy_maxnreg=128)},
         "grams kda_k 32": {"grams": dict(kda_k=32)},
         "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
         "grams k 128": {"grams": dict(k=128)},

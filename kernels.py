@@ -322,8 +322,9 @@ TUNING = {
     'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}),
     # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
-    # bytes offline).
-    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8),
+    # bytes offline); 'wy_maxnreg' (None: uncapped) caps _wy_bwd's registers a thread: at 8 warps it holds 146, one
+    # program an SM; capped at 128, two, with no spills (offline ptxas, Dv = 128); session 52's candidate, not yet timed.
+    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
     # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
     'step': dict(v=32),
     # Scalar decay (section 5). The sequential passes (_la_state_fwd, _la_state_bwd), one program per (V-tile, key
@@ -1992,8 +1993,9 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     dP = torch.empty(B, T, H, C, device=k.device, dtype=idt)
     dL = torch.empty_like(dP)
     # X = A^T dDelta is written over dDelta (no other kernel reads it afterwards)
+    cap = {'maxnreg': kda['wy_maxnreg']} if kda['wy_maxnreg'] else {}
     _wy_bwd_kernel[(NT, B * H)](v, beta, A, vn, do, dvn, dv, dbeta[NK], dP, dL, scale, T, H, DV, min(DV, kda['wy_v']),
-                                C, prec, num_warps=kda['wy_warps'], num_stages=1)
+                                C, prec, num_warps=kda['wy_warps'], num_stages=1, **cap)
     _grads_bwd_kernel[(NK, NT, B * H)](q, k, beta, Gp, dP, dL, h, vn, do, dvn, dh, dq, dk, dbeta, dg, scale, T, NT,
                                        H, DK, DV, BK, BV, DG, C, LOG2C, prec, bool(bounded),
                                        u if fn else dg, A_log if fn else dg, dt_bias.contiguous() if fn else dg,
