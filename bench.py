@@ -786,6 +786,7 @@ TILE_CANDIDATES = {
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
         "kda_grads wy maxnreg 128": {"kda_grads": dict(wy_maxnreg=128)},
         "grams kda_k 32": {"grams": dict(kda_k=32)},
+        "grams chunk maxnreg 128": {"grams": dict(chunk_maxnreg=128)},
         "grams k 32 warps 2": {"grams": dict(k=32, warps=2)},
         "grams k 128": {"grams": dict(k=128)},
         "inverse warps 2": {"inverse": dict(warps=2)},

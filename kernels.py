@@ -302,7 +302,9 @@ TUNING = {
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
     # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
-    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4),
+    # 'chunk_maxnreg' (None: uncapped): _grams_chunk's registers a thread capped (157 at 4 warps, 3 programs an SM;
+    # at 128, 4, no spills offline); session 52's candidate, not yet timed.
+    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=None),
     # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'.
     # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
     # of nine, at 70% (session 52).
@@ -1790,8 +1792,9 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     chunked = GATE == GATE_CHANNEL  # KDA: whole chunks where the gate allows, then the others by blocks
     done = torch.empty(B * H * NT, device=k.device, dtype=torch.int8) if chunked else P  # (any pointer when not)
     if chunked:
+        cap = {'maxnreg': grams['chunk_maxnreg']} if grams['chunk_maxnreg'] else {}
         _grams_chunk_kernel[(NT, B * H)](q, k, beta, Gp, P, L, done, T, H, DK, min(DK, grams['chunk_k']), prec,
-                                         num_warps=grams['chunk_warps'])
+                                         num_warps=grams['chunk_warps'], **cap)
     _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, bounded, done, bool(chunked),
                                          num_warps=grams['warps'])
     _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=TUNING['inverse']['warps'])

@@ -250,9 +250,9 @@ smallv() {  # session 52: the state passes at 3 stages where the V-tile is 32 (2
   timeout ${SV_SECS:-300} python3 bench.py --tiles delta --only "state small-v" --variants deltanet,gdn,kda --jobs 4 2>&1 |
     grep -v Warn | tee $OUT/tiles-small-v.txt | tail -14
 }
-wybwd() {  # session 52: KDA's _wy_bwd with its registers capped at 128 (two programs an SM) at the hybrid's 1k shape, then bench.py's
+wybwd() {  # session 52: KDA's _wy_bwd (two programs an SM) and _grams_chunk (four) with registers capped at 128 at the hybrid's 1k shape, then bench.py's
   for sh in 32,1024,6,128 ""; do
-    timeout ${WB_SECS:-200} python3 bench.py --tiles delta --only "kda_grads wy maxnreg" --variants kda ${sh:+--shape $sh} \
+    timeout ${WB_SECS:-200} python3 bench.py --tiles delta --only "kda_grads wy maxnreg,grams chunk maxnreg" --variants kda ${sh:+--shape $sh} \
       --jobs 2 2>&1 | grep -v Warn | tee -a $OUT/tiles-wy-bwd.txt | tail -8
   done
 }
