@@ -321,7 +321,12 @@ TUNING = {
     # DeltaNet's and GDN's gradient kernels (_wy_grads_bwd; GDN's _wy_grads_bwd_phased at Dk <= 64): V-tile 'v'
     # (smaller tiles were miscompiled or slower), 8 warps at Dk = 128 ([64, 128] fp32 tiles: 64 registers a thread at
     # 4), 'warps_d64' at Dk <= 64 by gate kind (DeltaNet, GDN).
-    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}),
+    # 'split': key tiles a chunk (1: whole Dk rows; 2: two programs of Dk / 2 key columns each, at 'split_warps',
+    # which repeat the [C, C] products for [C, Dk / 2] accumulators; 'maxnreg': their registers a thread capped, for
+    # two programs an SM (at Dk = 128 and 8 warps, offline ptxas: 254 without a cap and no spills, 672 B spilled at
+    # 128); 'stages': _wy_grads_bwd's software pipelining of its V-tile loop (1: none). Session 52's candidates, not
+    # yet timed on the GPU.
+    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, split=1, split_warps=8, maxnreg=None, stages=1),
     # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
     # bytes offline); 'wy_maxnreg' (None: uncapped) caps _wy_bwd's registers a thread: at 8 warps it holds 146, one
@@ -1412,9 +1417,13 @@ def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid):
 def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                          dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                          H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr):
     # DeltaNet (GATE_NONE, every Dk) and GDN (GATE_SCALAR, at Dk > 64; below, _wy_grads_bwd_phased): one program per
-    # (chunk, b h), whole Dk rows -> dq, dk, dv, dbeta, GDN's dg [B, T, H].
+    # (chunk, b h, key tile of BK columns) -> dq, dk for its columns; dv and rowsum(X V) from key tile 0 only (the
+    # others mask those loads and stores off: they move no bytes); dbeta and GDN's dg [B, T, H] as one partial sum per
+    # key tile (every term of theirs is a sum over key channels), at dbeta_ptr / dg_ptr + j B T H, added up by the
+    # caller. BK < Dk (TUNING['wy_grads']['split']) repeats the [C, C] work (X, dP, dL) in each key tile for smaller
+    # [C, BK] accumulators: fewer registers a program.
     # GDN's dg needs only the row sums of dG, so dG is a [C] vector, each [C, Dk] term summed over channels where it
     # is formed: with eg = exp(G_r) a row factor, rowsum(Y beta eg K) + beta rowsum(K M') = beta dbeta_K (dbeta_K:
     # dbeta less rowsum(X V)), one product, and the two q-side terms (eg dQg, M) together as rowsum(Q dq) from the
@@ -1424,6 +1433,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     # against the two-pass kernel too (which reads the [C, 128] tiles twice).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(2)
     b, h = bh // H, bh % H
     rows = tl.arange(0, C)
     r2 = rows[:, None]
@@ -1433,7 +1443,9 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
     tok0 = (b * T + c * C) * H + h
-    ck = tl.arange(0, DK)
+    ck = j * BK + tl.arange(0, BK)                  # this program's key channels
+    vside = (valid & (rows * 0 + j == 0))[:, None]  # dv and rowsum(X V): key tile 0's
+    part = j.to(tl.int64) * T * H * (tl.num_programs(1) // H)           # its partial sums: j * B*T*H
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
     A = _f32_if(tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
 
@@ -1443,10 +1455,10 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     dP = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)                              # rowsum(X V)
-    dqg = tl.zeros([C, DK], dtype=tl.float32)
-    dkd = tl.zeros([C, DK], dtype=tl.float32)
-    Y = tl.zeros([C, DK], dtype=tl.float32)                              # A^T dW = -X S^T
-    sds = tl.zeros([DK], dtype=tl.float32)                               # rowsum(S * dS')
+    dqg = tl.zeros([C, BK], dtype=tl.float32)
+    dkd = tl.zeros([C, BK], dtype=tl.float32)
+    Y = tl.zeros([C, BK], dtype=tl.float32)                              # A^T dW = -X S^T
+    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(S * dS')
     s_base = ((b * NT + c) * H + h) * DK * DV
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
@@ -1454,13 +1466,13 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         d = _f32_if(tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         dO = _f32_if(tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         dd = _f32_if(tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
-        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + x_offs, mask=vside, other=0.).to(tl.float32)
         S = _f32_if(tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == GATE_SCALAR)
         dS = _f32_if(tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == GATE_SCALAR)
         X = _dot(tl.trans(A), dd, PREC)                                 # A^T dDelta [C, BV]
         dP += _dot(dO, tl.trans(d), PREC)
         dL -= _dot(X, tl.trans(d), PREC)
-        tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=vside)
         dbeta += tl.sum(X * vv, 1)
         dqg += _dot(dO, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
@@ -1511,10 +1523,10 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, dq, dk, dG, dbeta, PREC)
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
-    tl.store(dbeta_ptr + tok, dbeta, mask=valid)
+    tl.store(dbeta_ptr + part + tok, dbeta, mask=valid)
     if GATE == GATE_SCALAR:
         dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)  # G = cumsum(g) => reverse
-        tl.store(dg_ptr + tok, dg, mask=valid)
+        tl.store(dg_ptr + part + tok, dg, mask=valid)
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
@@ -1971,18 +1983,30 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE != GATE_CHANNEL:  # DeltaNet, GDN
-        dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
-        dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dbeta
         wy = TUNING['wy_grads']
         warps, BVg = (wy['warps'] if DK > 64 else wy['warps_d64'][GATE]), min(DV, wy['v'])
-        if GATE == GATE_SCALAR and DK <= 64:  # GDN at Dk <= 64: the two-pass form
+        phased = GATE == GATE_SCALAR and DK <= 64  # GDN at Dk <= 64: the two-pass form
+        split, extra = (1 if phased else wy['split']), {}
+        while split > 1 and DK // split < 16:  # a dot's tile needs 16 columns
+            split //= 2
+        if split > 1:
+            warps = wy['split_warps']
+            if wy['maxnreg']:  # registers a thread, capped (ptxas spills above it): more programs per SM
+                extra['maxnreg'] = wy['maxnreg']
+        # dbeta (and GDN's dg) as one partial sum per key tile, added up below
+        dbeta = torch.empty(split, B, T, H, device=k.device, dtype=torch.float32)
+        dg = torch.empty(split, B, T, H, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dbeta
+        if phased:
             _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
                                                      scale, T, NT, H, DK, DV, BVg, C, prec,
                                                      num_warps=warps, num_stages=1)
         else:
-            _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
-                                              T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec,
-                                              num_warps=warps, num_stages=1)
+            _wy_grads_bwd_kernel[(NT, B * H, split)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
+                                                     scale, T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec, DK // split,
+                                                     num_warps=warps, num_stages=wy['stages'], **extra)
+        dbeta = dbeta[0] if split == 1 else dbeta.sum(0)
+        if GATE == GATE_SCALAR:
+            dg = dg[0] if split == 1 else dg.sum(0)
         return dq, dk, dv, dbeta, (dg if GATE == GATE_SCALAR else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device)), torch.empty(0, device=k.device), \
             torch.empty(0, device=k.device)
