@@ -787,6 +787,7 @@ TILE_CANDIDATES = {
         "state out_warps 8": {"state": dict(out_warps=8)},
         "state stages 3": {"state": dict(stages=3, bwd_stages=3)},
         "state small-v stages 3": {"state": dict(small_v_stages=3)},
+        "state v 32 stages 3": {"state": dict(v=32, small_v_stages=3)},
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},

@@ -326,7 +326,8 @@ TUNING = {
     # two programs an SM (at Dk = 128 and 8 warps, offline ptxas: 254 without a cap and no spills, 672 B spilled at
     # 128); 'stages': _wy_grads_bwd's software pipelining of its V-tile loop (1: none). Session 52's candidates, not
     # yet timed on the GPU.
-    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, split=1, split_warps=8, maxnreg=None, stages=1),
+    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, split=1, split_warps=8, split_min_k=64, maxnreg=None,
+                     stages=1),
     # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
     # bytes offline); 'wy_maxnreg' (None: uncapped) caps _wy_bwd's registers a thread: at 8 warps it holds 146, one
@@ -1987,8 +1988,9 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         warps, BVg = (wy['warps'] if DK > 64 else wy['warps_d64'][GATE]), min(DV, wy['v'])
         phased = GATE == GATE_SCALAR and DK <= 64  # GDN at Dk <= 64: the two-pass form
         split, extra = (1 if phased else wy['split']), {}
-        while split > 1 and DK // split < 16:  # a dot's tile needs 16 columns
+        while split > 1 and DK // split < wy['split_min_k']:  # key tiles of 32 columns were miscompiled on Hopper
             split //= 2
+        stages = wy['stages'][GATE] if isinstance(wy['stages'], dict) else wy['stages']  # (by gate kind, or one)
         if split > 1:
             warps = wy['split_warps']
             if wy['maxnreg']:  # registers a thread, capped (ptxas spills above it): more programs per SM
@@ -2003,7 +2005,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         else:
             _wy_grads_bwd_kernel[(NT, B * H, split)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
                                                      scale, T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec, DK // split,
-                                                     num_warps=warps, num_stages=wy['stages'], **extra)
+                                                     num_warps=warps, num_stages=stages, **extra)
         dbeta = dbeta[0] if split == 1 else dbeta.sum(0)
         if GATE == GATE_SCALAR:
             dg = dg[0] if split == 1 else dg.sum(0)

@@ -243,12 +243,12 @@ wysplit() {  # session 52's prepared patch: _wy_grads_bwd by key halves (TUNING[
   local p=notes/runs/fwd-tiles-2026-11-27-52/wy_grads_split.patch
   git apply -R --check $p 2>/dev/null || git apply $p || { echo "wysplit: the patch did not apply"; return; }
   timeout 200 python3 -m pytest -q -n 3 test_kernels.py -k "wy_grads_key_split" 2>&1 | tail -3 | tee $OUT/wysplit-tests.txt
-  timeout ${WS_SECS:-400} python3 bench.py --tiles delta --only "wy_grads split,wy_grads stages" --variants deltanet,gdn \
+  timeout ${WS_SECS:-400} python3 bench.py --tiles delta --only "wy_grads split,wy_grads stages" --variants ${WSV:-deltanet,gdn} \
     --jobs 8 2>&1 | grep -v Warn | tee $OUT/tiles-wy-split.txt | tail -30
 }
 smallv() {  # session 52: the state passes at 3 stages where the V-tile is 32 (2 x 16384 x 16 x 128), checked and timed
-  timeout ${SV_SECS:-300} python3 bench.py --tiles delta --only "state small-v" --variants deltanet,gdn,kda --jobs 4 2>&1 |
-    grep -v Warn | tee $OUT/tiles-small-v.txt | tail -14
+  timeout ${SV_SECS:-300} python3 bench.py --tiles delta --only "state small-v,state v 32 stages" --variants deltanet,gdn,kda --jobs ${SVJ:-6} 2>&1 |
+    grep -v Warn | tee $OUT/tiles-small-v.txt | tail -32
 }
 wybwd() {  # session 52: KDA's _wy_bwd (two programs an SM) and _grams_chunk (four) with registers capped at 128 at the hybrid's 1k shape, then bench.py's
   for sh in 32,1024,6,128 ""; do
