@@ -1784,10 +1784,11 @@ def _state_tile(DK, DV, GATE, backward, BH, device):
         BV //= 2
     return BV, warps
 
-def _state_stages(BV, key):
-    """num_stages of a state pass (TUNING['state'][key], or 'small_v_stages' at V-tiles of 32 or less)."""
+def _state_stages(BV, key, x):
+    """num_stages of a state pass (TUNING['state'][key], or 'small_v_stages' at V-tiles of 32 or less with 16-bit
+    inputs: fp32 tiles need twice the shared memory, 256 KB at 3 stages on Triton 3.6, over Hopper's 227)."""
     t = TUNING['state']
-    return t['small_v_stages'] if (t['small_v_stages'] and BV <= 32) else t[key]
+    return t['small_v_stages'] if (t['small_v_stages'] and BV <= 32 and x.element_size() == 2) else t[key]
 
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
@@ -1846,7 +1847,7 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
                                          ht if ht is not None else any_, qg if decayed else q,
                                          P if output else any_, o if output else any_, scale, T, NT, H, DK, DV, BS,
                                          DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, num_warps=nw, num_stages=_state_stages(BS, 'stages'))
+                                         snapshots, num_warps=nw, num_stages=_state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
     return o, ht, ((w, h, vn, kd, qg) if keep else None)
@@ -1980,7 +1981,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
                                          dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         num_warps=nw, num_stages=_state_stages(BS, 'bwd_stages'))
+                                         num_warps=nw, num_stages=_state_stages(BS, 'bwd_stages', k))
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE != GATE_CHANNEL:  # DeltaNet, GDN

@@ -241,7 +241,7 @@ dnprof() {  # session 52's next: DeltaNet (and KDA) per kernel beside fla's at t
 wysplit() {  # session 52's prepared patch: _wy_grads_bwd by key halves (TUNING['wy_grads'] split / maxnreg / stages),
   # its GPU tests, then the candidates checked against fp64 and timed beside the default (DeltaNet, GDN; bench.py's shapes)
   local p=notes/runs/fwd-tiles-2026-11-27-52/wy_grads_split.patch
-  git apply -R --check $p 2>/dev/null || git apply $p || { echo "wysplit: the patch did not apply"; return; }
+  grep -q split_min_k kernels.py || git apply $p || { echo "wysplit: the patch did not apply"; return; }  # (in kernels.py since session 53)
   timeout 200 python3 -m pytest -q -n 3 test_kernels.py -k "wy_grads_key_split" 2>&1 | tail -3 | tee $OUT/wysplit-tests.txt
   timeout ${WS_SECS:-400} python3 bench.py --tiles delta --only "wy_grads split,wy_grads stages" --variants ${WSV:-deltanet,gdn} \
     --jobs 8 2>&1 | grep -v Warn | tee $OUT/tiles-wy-split.txt | tail -30
