@@ -290,21 +290,23 @@ TUNING = {
     # them, which saves that memory for one more _wy_fwd and state pass.
     'keep': True,
     # Delta rule (section 4). The sequential state passes (_state_fwd, _state_bwd), one program per (V-tile, b, h)
-    # walking every chunk: V-tile 'v' (halved down to 'min_v' while the programs do not cover the SMs: small B*H,
-    # e.g. 2 x 16 heads at T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate
-    # tile beside q, k, w spills at 4; 'out_warps': the forward's pass, which also forms the output; 'stages' /
-    # 'bwd_stages' 2: three buffers of their tiles would pass Hopper's 227 KB of shared memory at Dk = 128 (the forward,
-    # which also loads Q and P_qk, needs 262 KB). 'small_v_stages' (None: as 'stages' / 'bwd_stages'): both passes'
-    # stages where the V-tile was halved to 32 or less, where three buffers fit (DeltaNet at Dk = 128, V-tile 32:
-    # 192 KB, offline) and issue each chunk's loads a step earlier; session 52's candidate, not yet timed.
-    'state': dict(v=64, warps=4, kda_bwd_warps=8, min_v=32, out_warps=4, stages=2, bwd_stages=2, small_v_stages=None),
+    # walking every chunk: V-tile 'v' by gate kind (DeltaNet 32: twice the programs, each with three buffers; GDN, KDA
+    # 64), halved down to 'min_v' while the programs do not cover the SMs (small B*H, e.g. 2 x 16 heads at
+    # T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate tile beside q, k, w
+    # spills at 4; 'out_warps': the forward's pass, which also forms the output; 'stages' / 'bwd_stages' 2: three
+    # buffers of a V-tile of 64 would pass Hopper's 227 KB of shared memory at Dk = 128 (the forward, which also loads
+    # Q and P_qk, needs 262 KB). 'small_v_stages' 3 where the V-tile is 32 or less and the inputs 16-bit (192 KB at
+    # Dk = 128): each chunk's loads issue a full step before its dots; the backward pass only at Dk >=
+    # 'small_v_bwd_min_k' (at Dk = 64 its third buffer was slower).
+    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32,
+                  out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
     # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
-    # 'chunk_maxnreg' (None: uncapped): _grams_chunk's registers a thread capped (157 at 4 warps, 3 programs an SM;
-    # at 128, 4, no spills offline); session 52's candidate, not yet timed.
-    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=None),
+    # 'chunk_maxnreg' 128: _grams_chunk's registers a thread capped (157 uncapped at 4 warps, 3 programs an SM; at
+    # 128, 4, no spills offline): its forward 1-2% shorter (session 53).
+    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128),
     # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'.
     # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
     # of nine, at 70% (session 52).
@@ -321,17 +323,14 @@ TUNING = {
     # DeltaNet's and GDN's gradient kernels (_wy_grads_bwd; GDN's _wy_grads_bwd_phased at Dk <= 64): V-tile 'v'
     # (smaller tiles were miscompiled or slower), 8 warps at Dk = 128 ([64, 128] fp32 tiles: 64 registers a thread at
     # 4), 'warps_d64' at Dk <= 64 by gate kind (DeltaNet, GDN).
-    # 'split': key tiles a chunk (1: whole Dk rows; 2: two programs of Dk / 2 key columns each, at 'split_warps',
-    # which repeat the [C, C] products for [C, Dk / 2] accumulators; 'maxnreg': their registers a thread capped, for
-    # two programs an SM (at Dk = 128 and 8 warps, offline ptxas: 254 without a cap and no spills, 672 B spilled at
-    # 128); 'stages': _wy_grads_bwd's software pipelining of its V-tile loop (1: none). Session 52's candidates, not
-    # yet timed on the GPU.
-    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, split=1, split_warps=8, split_min_k=64, maxnreg=None,
-                     stages=1),
+    # 'stages': the V-tile loop's software pipelining by gate kind (DeltaNet 2: 1.5% faster at Dk = 128; GDN 1: 2 was
+    # 5-7% slower). Tried and slower (session 53): two programs a chunk by key halves (+10%, their [C, C] work done
+    # twice; key tiles of 32 miscompiled).
+    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, stages={0: 2, 1: 1}),
     # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
     # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
     # bytes offline); 'wy_maxnreg' (None: uncapped) caps _wy_bwd's registers a thread: at 8 warps it holds 146, one
-    # program an SM; capped at 128, two, with no spills (offline ptxas, Dv = 128); session 52's candidate, not yet timed.
+    # program an SM; capped at 128, two, with no spills (offline ptxas, Dv = 128), and no faster (session 53).
     'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
     # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
     'step': dict(v=32),
@@ -1418,13 +1417,9 @@ def _gate_grads(Y, dqg, dkd, sds, qq, kk, beta, Gm, Gn_row, valid):
 def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
                          dq_ptr, dk_ptr, dv_ptr, dbeta_ptr, dg_ptr, scale, T, NT,
                          H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, BK: tl.constexpr):
+                         LOG2C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     # DeltaNet (GATE_NONE, every Dk) and GDN (GATE_SCALAR, at Dk > 64; below, _wy_grads_bwd_phased): one program per
-    # (chunk, b h, key tile of BK columns) -> dq, dk for its columns; dv and rowsum(X V) from key tile 0 only (the
-    # others mask those loads and stores off: they move no bytes); dbeta and GDN's dg [B, T, H] as one partial sum per
-    # key tile (every term of theirs is a sum over key channels), at dbeta_ptr / dg_ptr + j B T H, added up by the
-    # caller. BK < Dk (TUNING['wy_grads']['split']) repeats the [C, C] work (X, dP, dL) in each key tile for smaller
-    # [C, BK] accumulators: fewer registers a program.
+    # (chunk, b h), whole Dk rows -> dq, dk, dv, dbeta, GDN's dg [B, T, H].
     # GDN's dg needs only the row sums of dG, so dG is a [C] vector, each [C, Dk] term summed over channels where it
     # is formed: with eg = exp(G_r) a row factor, rowsum(Y beta eg K) + beta rowsum(K M') = beta dbeta_K (dbeta_K:
     # dbeta less rowsum(X V)), one product, and the two q-side terms (eg dQg, M) together as rowsum(Q dq) from the
@@ -1434,7 +1429,6 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     # against the two-pass kernel too (which reads the [C, 128] tiles twice).
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
-    j = tl.program_id(2)
     b, h = bh // H, bh % H
     rows = tl.arange(0, C)
     r2 = rows[:, None]
@@ -1444,9 +1438,7 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     n = tl.minimum(T - c * C, C)
     tok = (b * T + t) * H + h
     tok0 = (b * T + c * C) * H + h
-    ck = j * BK + tl.arange(0, BK)                  # this program's key channels
-    vside = (valid & (rows * 0 + j == 0))[:, None]  # dv and rowsum(X V): key tile 0's
-    part = j.to(tl.int64) * T * H * (tl.num_programs(1) // H)           # its partial sums: j * B*T*H
+    ck = tl.arange(0, DK)
     beta = tl.load(beta_ptr + tok, mask=valid, other=0.).to(tl.float32)
     A = _f32_if(tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
 
@@ -1456,10 +1448,10 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
     dP = tl.zeros([C, C], dtype=tl.float32)
     dL = tl.zeros([C, C], dtype=tl.float32)
     dbeta = tl.zeros([C], dtype=tl.float32)                              # rowsum(X V)
-    dqg = tl.zeros([C, BK], dtype=tl.float32)
-    dkd = tl.zeros([C, BK], dtype=tl.float32)
-    Y = tl.zeros([C, BK], dtype=tl.float32)                              # A^T dW = -X S^T
-    sds = tl.zeros([BK], dtype=tl.float32)                               # rowsum(S * dS')
+    dqg = tl.zeros([C, DK], dtype=tl.float32)
+    dkd = tl.zeros([C, DK], dtype=tl.float32)
+    Y = tl.zeros([C, DK], dtype=tl.float32)                              # A^T dW = -X S^T
+    sds = tl.zeros([DK], dtype=tl.float32)                               # rowsum(S * dS')
     s_base = ((b * NT + c) * H + h) * DK * DV
     for iv in range(DV // BV):
         cv = iv * BV + tl.arange(0, BV)
@@ -1467,13 +1459,13 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         d = _f32_if(tl.load(vn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         dO = _f32_if(tl.load(do_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
         dd = _f32_if(tl.load(dvn_ptr + x_offs, mask=valid[:, None], other=0.), GATE == GATE_SCALAR)
-        vv = tl.load(v_ptr + x_offs, mask=vside, other=0.).to(tl.float32)
+        vv = tl.load(v_ptr + x_offs, mask=valid[:, None], other=0.).to(tl.float32)
         S = _f32_if(tl.load(h_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == GATE_SCALAR)
         dS = _f32_if(tl.load(dh_ptr + s_base + ck[:, None] * DV + cv[None, :]), GATE == GATE_SCALAR)
         X = _dot(tl.trans(A), dd, PREC)                                 # A^T dDelta [C, BV]
         dP += _dot(dO, tl.trans(d), PREC)
         dL -= _dot(X, tl.trans(d), PREC)
-        tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=vside)
+        tl.store(dv_ptr + x_offs, (X * beta[:, None]).to(dv_ptr.dtype.element_ty), mask=valid[:, None])
         dbeta += tl.sum(X * vv, 1)
         dqg += _dot(dO, tl.trans(S), PREC)
         dkd += _dot(d, tl.trans(dS), PREC)
@@ -1524,10 +1516,10 @@ def _wy_grads_bwd_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_
         dq, dk, dG, dbeta = _grams_bwd(dP, dL, beta, qq, kk, dq, dk, dG, dbeta, PREC)
         tl.store(dq_ptr + tok[:, None] * DK + ck[None, :], dq.to(dq_ptr.dtype.element_ty), mask=valid[:, None])
         tl.store(dk_ptr + tok[:, None] * DK + ck[None, :], dk.to(dk_ptr.dtype.element_ty), mask=valid[:, None])
-    tl.store(dbeta_ptr + part + tok, dbeta, mask=valid)
+    tl.store(dbeta_ptr + tok, dbeta, mask=valid)
     if GATE == GATE_SCALAR:
         dg = tl.cumsum(dG + tl.where(rows == n - 1, dGn, 0.), axis=0, reverse=True)  # G = cumsum(g) => reverse
-        tl.store(dg_ptr + part + tok, dg, mask=valid)
+        tl.store(dg_ptr + tok, dg, mask=valid)
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_ptr, vn_ptr, do_ptr, dvn_ptr, dh_ptr,
@@ -1779,7 +1771,7 @@ def _state_tile(DK, DV, GATE, backward, BH, device):
     and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle."""
     t = TUNING['state']
     warps = t['kda_bwd_warps'] if (backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128) else t['warps']
-    BV = min(DV, t['v'])
+    BV = min(DV, t['v'][GATE] if isinstance(t['v'], dict) else t['v'])
     while BV > t['min_v'] and (DV // BV) * BH < _sm_count(device):
         BV //= 2
     return BV, warps
@@ -1788,7 +1780,10 @@ def _state_stages(BV, key, x):
     """num_stages of a state pass (TUNING['state'][key], or 'small_v_stages' at V-tiles of 32 or less with 16-bit
     inputs: fp32 tiles need twice the shared memory, 256 KB at 3 stages on Triton 3.6, over Hopper's 227)."""
     t = TUNING['state']
-    return t['small_v_stages'] if (t['small_v_stages'] and BV <= 32 and x.element_size() == 2) else t[key]
+    small = t['small_v_stages'] and BV <= 32 and x.element_size() == 2
+    if key == 'bwd_stages' and x.shape[-1] < t['small_v_bwd_min_k']:
+        small = False
+    return t['small_v_stages'] if small else t[key]
 
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
@@ -1987,29 +1982,17 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     if GATE != GATE_CHANNEL:  # DeltaNet, GDN
         wy = TUNING['wy_grads']
         warps, BVg = (wy['warps'] if DK > 64 else wy['warps_d64'][GATE]), min(DV, wy['v'])
-        phased = GATE == GATE_SCALAR and DK <= 64  # GDN at Dk <= 64: the two-pass form
-        split, extra = (1 if phased else wy['split']), {}
-        while split > 1 and DK // split < wy['split_min_k']:  # key tiles of 32 columns were miscompiled on Hopper
-            split //= 2
         stages = wy['stages'][GATE] if isinstance(wy['stages'], dict) else wy['stages']  # (by gate kind, or one)
-        if split > 1:
-            warps = wy['split_warps']
-            if wy['maxnreg']:  # registers a thread, capped (ptxas spills above it): more programs per SM
-                extra['maxnreg'] = wy['maxnreg']
-        # dbeta (and GDN's dg) as one partial sum per key tile, added up below
-        dbeta = torch.empty(split, B, T, H, device=k.device, dtype=torch.float32)
-        dg = torch.empty(split, B, T, H, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dbeta
-        if phased:
+        dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
+        dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dbeta
+        if GATE == GATE_SCALAR and DK <= 64:  # GDN at Dk <= 64: the two-pass form
             _wy_grads_bwd_phased_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
                                                      scale, T, NT, H, DK, DV, BVg, C, prec,
                                                      num_warps=warps, num_stages=1)
         else:
-            _wy_grads_bwd_kernel[(NT, B * H, split)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg,
-                                                     scale, T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec, DK // split,
-                                                     num_warps=warps, num_stages=stages, **extra)
-        dbeta = dbeta[0] if split == 1 else dbeta.sum(0)
-        if GATE == GATE_SCALAR:
-            dg = dg[0] if split == 1 else dg.sum(0)
+            _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
+                                              T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec,
+                                              num_warps=warps, num_stages=stages)
         return dq, dk, dv, dbeta, (dg if GATE == GATE_SCALAR else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device)), torch.empty(0, device=k.device), \
             torch.empty(0, device=k.device)

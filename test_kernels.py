@@ -747,19 +747,6 @@ def test_triton_wy_fwd_column_split(gate, strength, split, monkeypatch):
     triton_check(2 if CUDA else 1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
 
 
-@pytest.mark.parametrize("gate,strength,D,T", [("none", "-", 128, 130), ("gdn", "strong", 128, 130), ("none", "-", 128, 65)])
-def test_triton_wy_grads_key_split(gate, strength, D, T, monkeypatch):
-    # TUNING['wy_grads']['split'] = 2: DeltaNet's and GDN's gradient kernel as two programs a chunk, each with half the
-    # key columns (dv and rowsum(X V) from the first only; dbeta and GDN's dg as two partial sums), forward and
-    # backward against the fp64 reference (triton_check): a program that ignored its key index would leave half of
-    # dq, dk unwritten; dbeta, dg summed wrongly would be off by the other half's terms
-    monkeypatch.setitem(kernels.TUNING, "wy_grads", dict(kernels.TUNING["wy_grads"], split=2, split_min_k=16 if not CUDA
-                                                         else kernels.TUNING["wy_grads"]["split_min_k"]))
-    D = D if CUDA else 32 if gate == "none" else 128  # the interpreter: two key tiles of 16 (GDN: Dk > 64, or it takes the
-    # two-pass kernel); the GPU: two of 64 (tiles of 32 were miscompiled there: split_min_k)
-    triton_check(2 if CUDA else 1, T, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
-
-
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
 def test_triton_gate_in_kernel_bf16(gate):
     # bf16 u (du comes back in bf16): the same kernels given the gate formed in torch (fp32) are the reference here;
