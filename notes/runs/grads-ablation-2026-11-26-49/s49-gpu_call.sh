@@ -247,7 +247,7 @@ wysplit() {  # session 52's prepared patch: _wy_grads_bwd by key halves (TUNING[
     --jobs 8 2>&1 | grep -v Warn | tee $OUT/tiles-wy-split.txt | tail -30
 }
 smallv() {  # session 52: the state passes at 3 stages where the V-tile is 32 (2 x 16384 x 16 x 128), checked and timed
-  timeout ${SV_SECS:-300} python3 bench.py --tiles delta --only "state small-v,state v 32 stages" --variants deltanet,gdn,kda --jobs ${SVJ:-6} 2>&1 |
+  timeout ${SV_SECS:-300} python3 bench.py --tiles delta --only "state small-v,state v 64" --variants deltanet,gdn,kda --jobs ${SVJ:-6} 2>&1 |
     grep -v Warn | tee $OUT/tiles-small-v.txt | tail -32
 }
 wybwd() {  # session 52: KDA's _wy_bwd (two programs an SM) and _grams_chunk (four) with registers capped at 128 at the hybrid's 1k shape, then bench.py's
