@@ -298,8 +298,9 @@ TUNING = {
     # Q and P_qk, needs 262 KB). 'small_v_stages' 3 where the V-tile is 32 or less and the inputs 16-bit (192 KB at
     # Dk = 128): each chunk's loads issue a full step before its dots; the backward pass only at Dk >=
     # 'small_v_bwd_min_k' (at Dk = 64 its third buffer was slower).
+    # 'gn_ahead' (KDA, off: not yet timed on a GPU): both passes load G_n one chunk ahead (_state_fwd_kernel's note).
     'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32,
-                  out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128),
+                  out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128, gn_ahead=False),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
@@ -1090,12 +1091,16 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
-                      SNAPSHOTS: tl.constexpr):
+                      SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
     # output's rows rather than K and Q. DECAYED (KDA): k_ptr holds Kd = K exp(G_n - G) and q_ptr Qg = Q exp(G) (from
     # _wy_fwd), and only G_n is read from G.
+    # GN_AHEAD (DECAYED only, TUNING['state']['gn_ahead']): G_n of chunk c + 1 is loaded during chunk c and carried
+    # in registers. Loaded in its own chunk, G_n is the one load the pipeliner leaves synchronous (it feeds no dot
+    # operand), and its conversion to the state's row layout (shared memory) waits for it before the first dot: a
+    # full memory round trip a chunk that the third buffer's earlier tile loads cannot hide.
     # OUTPUT (the forward): O = scale (Qg S + P_qk Delta) formed here from the state in registers. SNAPSHOTS: the
     # chunk-start states h[c] and Delta stored for the backward (h is the pass's largest write: [Dk, Dv] per chunk,
     # twice a [C, Dk] tile at C = 64, and the pass is bound by bandwidth): in the backward's recompute (without
@@ -1111,17 +1116,25 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
         S = tl.zeros([DK, BV], dtype=tl.float32)
+    if DECAYED and GN_AHEAD:  # chunk 0's G_n (its last row is min(T, C) - 1)
+        Gn_ahead = tl.load(G_ptr + ((b * T + tl.minimum(T, C) - 1) * H + h) * DG + ck)
     for c in range(NT):
         t = c * C + rows
         valid = t < T
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
+        if DECAYED and GN_AHEAD:
+            # exp(G_n) of this chunk from the value loaded a chunk ago (its register is then free for the next one)
+            decay_n = tl.exp(Gn_ahead)[:, None]
+            n1 = tl.minimum(T - (c + 1) * C, C)
+            Gn_ahead = tl.load(G_ptr + ((b * T + (c + 1) * C + n1 - 1) * H + h) * DG + ck,
+                               mask=ck < (NT - 1 - c) * DK, other=0.)  # none after the last chunk
         if SNAPSHOTS:
             tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
-        if DECAYED:
+        if DECAYED and not GN_AHEAD:
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
-        else:
+        elif not DECAYED:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
@@ -1141,7 +1154,9 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         if GATE == GATE_SCALAR:
             d = d * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G))^T Delta
-        if GATE != GATE_NONE:
+        if DECAYED and GN_AHEAD:
+            S = S * decay_n
+        elif GATE != GATE_NONE:
             S = S * tl.exp(Gn_col)
         S += _dot(tl.trans(kk), d, PREC)
     if STORE_HT:
@@ -1350,9 +1365,10 @@ def _grams_bwd(dP, dL, beta, q, k, dq, dk, dG, dbeta, PREC: tl.constexpr):
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
                       H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr):
+                      PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr,
+                      GN_AHEAD: tl.constexpr = False):
     # DECAYED (KDA): k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read
-    # from G.
+    # from G. GN_AHEAD: G_n loaded one chunk ahead, as in _state_fwd_kernel (here the next chunk is c - 1, a whole one).
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1364,6 +1380,8 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
         dS = tl.zeros([DK, BV], dtype=tl.float32)
+    if DECAYED and GN_AHEAD:  # the last chunk's G_n (row T - 1)
+        Gn_ahead = tl.load(G_ptr + ((b * T + T - 1) * H + h) * DG + ck)
     for cc in range(NT):
         c = NT - 1 - cc
         t = c * C + rows
@@ -1371,10 +1389,14 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
+        if DECAYED and GN_AHEAD:
+            decay_n = tl.exp(Gn_ahead)[:, None]  # this chunk's, loaded a chunk ago
+            Gn_ahead = tl.load(G_ptr + ((b * T + c * C - 1) * H + h) * DG + ck,
+                               mask=ck < c * DK, other=0.)  # chunk c - 1's last row; none before chunk 0
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
-        if DECAYED:
+        if DECAYED and not GN_AHEAD:
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
-        else:
+        elif not DECAYED:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
         P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
@@ -1388,7 +1410,9 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         if GATE == GATE_SCALAR:
             dO = dO.to(tl.float32) * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp G)^T dO = Q^T (exp(G) dO)
-        if GATE != GATE_NONE:
+        if DECAYED and GN_AHEAD:
+            dS = dS * decay_n
+        elif GATE != GATE_NONE:
             dS = dS * tl.exp(Gn_col)
         dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
     if STORE_DH0:
@@ -1842,7 +1866,8 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
                                          ht if ht is not None else any_, qg if decayed else q,
                                          P if output else any_, o if output else any_, scale, T, NT, H, DK, DV, BS,
                                          DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, num_warps=nw, num_stages=_state_stages(BS, 'stages', k))
+                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), num_warps=nw,
+                                         num_stages=_state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
     return o, ht, ((w, h, vn, kd, qg) if keep else None)
@@ -1976,7 +2001,8 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
                                          dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
                                          H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         num_warps=nw, num_stages=_state_stages(BS, 'bwd_stages', k))
+                                         bool(decayed and TUNING['state']['gn_ahead']), num_warps=nw,
+                                         num_stages=_state_stages(BS, 'bwd_stages', k))
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if GATE != GATE_CHANNEL:  # DeltaNet, GDN

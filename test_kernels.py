@@ -747,6 +747,23 @@ def test_triton_wy_fwd_column_split(gate, strength, split, monkeypatch):
     triton_check(2 if CUDA else 1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
 
 
+@pytest.mark.parametrize("T,strength", [(1, "mild"), (64, "strong"), (65, "mild"), (130, "medium")])
+def test_triton_kda_gn_ahead(T, strength, monkeypatch):
+    # TUNING['state']['gn_ahead']: KDA's forward state pass loads each chunk's G_n one chunk ahead (T = 1: one chunk,
+    # nothing ahead; 64: the last chunk full; 65, 130: a partial last chunk, whose last row is not row 63). The same
+    # output, final state and gradients as without it, and against the fp64 reference with and without a state
+    D = 128 if CUDA else 16
+    dtype = torch.bfloat16 if CUDA else F32
+    x = triton_inputs(2 if CUDA else 1, T, 2, D, D, "kda", strength, dtype, 0)
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], gn_ahead=False))
+    base = run(kernels.delta_rule_triton, x)
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], gn_ahead=True))
+    ahead = run(kernels.delta_rule_triton, x)
+    for a, b in list(zip(base[:2], ahead[:2])) + [(base[2][n], ahead[2][n]) for n in base[2]]:
+        assert torch.equal(a, b)
+    for with_state in (True, False):
+        triton_check(2 if CUDA else 1, T, 2, D, D, "kda", strength, dtype, with_state=with_state)
+
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
 def test_triton_gate_in_kernel_bf16(gate):
     # bf16 u (du comes back in bf16): the same kernels given the gate formed in torch (fp32) are the reference here;
