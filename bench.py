@@ -788,6 +788,8 @@ TILE_CANDIDATES = {
         "state gn ahead": {"state": dict(gn_ahead=True)},
         "state gn ahead v 32": {"state": dict(gn_ahead=True, v={0: 32, 1: 64, 2: 32})},
         "state gn ahead small-v stages 2": {"state": dict(gn_ahead=True, small_v_stages=None)},
+        "state one-wave v 16": {"state": dict(one_wave_v=16)},
+        "state gn ahead one-wave v 16": {"state": dict(gn_ahead=True, one_wave_v=16)},
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},

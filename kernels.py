@@ -299,7 +299,9 @@ TUNING = {
     # Dk = 128): each chunk's loads issue a full step before its dots; the backward pass only at Dk >=
     # 'small_v_bwd_min_k' (at Dk = 64 its third buffer was slower).
     # 'gn_ahead' (KDA, off: not yet timed on a GPU): both passes load G_n one chunk ahead (_state_fwd_kernel's note).
-    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32,
+    # 'one_wave_v' (None: off; not yet timed): V-tiles halved below min_v, down to this, while twice the programs still
+    # fit in one wave (B*H so small that most SMs idle: the hybrid's 32k layer has B*H = 6, 24 programs at V-tile 32).
+    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32, one_wave_v=None,
                   out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128, gn_ahead=False),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
@@ -1792,11 +1794,15 @@ def _warps(DK, DV):
 
 def _state_tile(DK, DV, GATE, backward, BH, device):
     """-> (V-tile, warps) of the sequential state passes (TUNING['state']): 8 warps for KDA's backward at Dk = 128,
-    and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle."""
+    and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle, then (one_wave_v) further
+    while twice the programs still fit in one wave."""
     t = TUNING['state']
     warps = t['kda_bwd_warps'] if (backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128) else t['warps']
     BV = min(DV, t['v'][GATE] if isinstance(t['v'], dict) else t['v'])
-    while BV > t['min_v'] and (DV // BV) * BH < _sm_count(device):
+    sms = _sm_count(device)
+    while BV > t['min_v'] and (DV // BV) * BH < sms:
+        BV //= 2
+    while t['one_wave_v'] and BV > t['one_wave_v'] and 2 * (DV // BV) * BH <= sms:  # twice the programs, one wave
         BV //= 2
     return BV, warps
 

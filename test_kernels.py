@@ -764,6 +764,19 @@ def test_triton_kda_gn_ahead(T, strength, monkeypatch):
     for with_state in (True, False):
         triton_check(2 if CUDA else 1, T, 2, D, D, "kda", strength, dtype, with_state=with_state)
 
+@pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "strong"), ("kda", "medium")])
+def test_triton_state_one_wave_v_tiles(gate, strength, monkeypatch):
+    # TUNING['state']['one_wave_v']: the state passes' V-tiles halved below min_v while twice the programs fit in one
+    # wave (B*H = 2 here against a GPU's SM count, or a pretended large one on CPU, where one "SM" never halves):
+    # V-tiles of 16, forward and backward against the fp64 reference, with a partial last chunk
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], one_wave_v=16))
+    if not CUDA:
+        monkeypatch.setattr(kernels, "_sm_count", lambda device: 10**6)
+    D = 128 if CUDA else 32
+    assert kernels._state_tile(D, D, 0, False, 2, torch.device(DEV))[0] == 16
+    triton_check(1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
+
+
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
 def test_triton_gate_in_kernel_bf16(gate):
     # bf16 u (du comes back in bf16): the same kernels given the gate formed in torch (fp32) are the reference here;

@@ -258,9 +258,9 @@ wybwd() {  # session 52: KDA's _wy_bwd (two programs an SM) and _grams_chunk (fo
 }
 gnahead() {  # session 53: KDA's state passes with G_n loaded a chunk ahead (TUNING['state']['gn_ahead']): its GPU test,
   # then checked against fp64 and timed beside the default at bench.py's shapes and the hybrid's 32k layer (1 x 32768 x 6 x 128)
-  timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k gn_ahead 2>&1 | tail -3 | tee $OUT/gn-ahead-tests.txt
+  timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "gn_ahead or one_wave" 2>&1 | tail -3 | tee $OUT/gn-ahead-tests.txt
   for sh in "" 1,32768,6,128; do
-    timeout ${GA_SECS:-240} python3 bench.py --tiles delta --only "state gn ahead" --variants kda ${sh:+--shape $sh} \
+    timeout ${GA_SECS:-240} python3 bench.py --tiles delta --only "state gn ahead,state one-wave" --variants kda ${sh:+--shape $sh} \
       --jobs ${GAJ:-4} 2>&1 | grep -v Warn | tee -a $OUT/tiles-gn-ahead.txt | tail -14
   done
 }
