@@ -264,15 +264,26 @@ gnahead() {  # session 53: KDA's state passes with G_n loaded a chunk ahead (TUN
       --jobs ${GAJ:-4} 2>&1 | grep -v Warn | tee -a $OUT/tiles-gn-ahead.txt | tail -14
   done
 }
+patched() {  # a copy of the tree with one prepared patch applied (each on its own: the patches touch the same lines)
+  local p=$1 d=/tmp/tree-$(basename $1 .patch)
+  rm -rf $d && cp -a . $d && (cd $d && git apply $p) || { echo "the patch $p did not apply"; return 1; }
+  echo $d
+}
 gsplit() {  # session 53: a helper's patch, KDA's _grads_bwd as two kernels (TUNING['kda_grads']['split']): its GPU test,
   # then its candidates checked against fp64 and timed beside the default at bench.py's shapes and the hybrid's 1k layer
-  local p=notes/runs/state-pass-2026-11-27-53/grads-bwd-split.patch
-  grep -q "_grads_vside_kernel" kernels.py || git apply $p || { echo "gsplit: the patch did not apply"; return; }
-  timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "grads_split" 2>&1 | tail -3 | tee $OUT/gsplit-tests.txt
+  local d; d=$(patched notes/runs/state-pass-2026-11-27-53/grads-bwd-split.patch | tail -1) || return
+  (cd $d && timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "grads_split" 2>&1 | tail -3 | tee $OUT/gsplit-tests.txt
   for sh in "" 32,1024,6,128; do
     timeout ${GS_SECS:-240} python3 bench.py --tiles delta --only "kda_grads split" --variants kda ${sh:+--shape $sh} \
       --jobs ${GSJ:-4} 2>&1 | grep -v Warn | tee -a $OUT/tiles-gsplit.txt | tail -14
-  done
+  done)
+}
+cgfuse() {  # session 53: a helper's patch, KDA's gate cumsum formed inside _grams_chunk (TUNING['grams']['fuse_cumsum']):
+  # its GPU tests, then its candidates checked and timed beside the default at bench.py's shapes
+  local d; d=$(patched notes/runs/state-pass-2026-11-27-53/cumsum-grams.patch | tail -1) || return
+  (cd $d && timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "fused_cumsum or grams_by_chunk" 2>&1 | tail -3 | tee $OUT/cgfuse-tests.txt
+  timeout ${CG_SECS:-240} python3 bench.py --tiles delta --only "grams fuse cumsum" --variants kda --jobs ${CGJ:-4} 2>&1 |
+    grep -v Warn | tee $OUT/tiles-cgfuse.txt | tail -10)
 }
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
