@@ -285,6 +285,13 @@ cgfuse() {  # session 53: a helper's patch, KDA's gate cumsum formed inside _gra
   timeout ${CG_SECS:-240} python3 bench.py --tiles delta --only "grams fuse cumsum" --variants kda --jobs ${CGJ:-4} 2>&1 |
     grep -v Warn | tee $OUT/tiles-cgfuse.txt | tail -10)
 }
+wuinpass() {  # session 53: a helper's patch, DeltaNet's W and U formed inside the forward state pass where its programs cover
+  # the SMs (TUNING['state']['wu_in_pass']): its GPU test (bench's checks run at B*H = 4, where the path is off), then timed
+  local d; d=$(patched notes/runs/state-pass-2026-11-27-53/deltanet-wu-in-state.patch | tail -1) || return
+  (cd $d && timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "wu_in_state" 2>&1 | tail -3 | tee $OUT/wuinpass-tests.txt
+  timeout ${WU_SECS:-240} python3 bench.py --tiles delta --only "state wu in pass" --variants deltanet --jobs ${WUJ:-4} 2>&1 |
+    grep -v Warn | tee $OUT/tiles-wuinpass.txt | tail -12)
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
