@@ -1792,13 +1792,17 @@ def _warps(DK, DV):
     # [64, 128] fp32 tiles are 64 registers per thread at 4 warps; 8 warps halve that (fewer spills)
     return 8 if max(DK, DV) >= 128 else 4
 
+def _by_gate(setting, GATE):
+    """A TUNING value given per gate kind ({GATE_NONE: .., GATE_SCALAR: .., ...}) or one for all."""
+    return setting[GATE] if isinstance(setting, dict) else setting
+
 def _state_tile(DK, DV, GATE, backward, BH, device):
     """-> (V-tile, warps) of the sequential state passes (TUNING['state']): 8 warps for KDA's backward at Dk = 128,
     and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle, then (one_wave_v) further
     while twice the programs still fit in one wave."""
     t = TUNING['state']
     warps = t['kda_bwd_warps'] if (backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128) else t['warps']
-    BV = min(DV, t['v'][GATE] if isinstance(t['v'], dict) else t['v'])
+    BV = min(DV, _by_gate(t['v'], GATE))
     sms = _sm_count(device)
     while BV > t['min_v'] and (DV // BV) * BH < sms:
         BV //= 2
@@ -2014,7 +2018,6 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     if GATE != GATE_CHANNEL:  # DeltaNet, GDN
         wy = TUNING['wy_grads']
         warps, BVg = (wy['warps'] if DK > 64 else wy['warps_d64'][GATE]), min(DV, wy['v'])
-        stages = wy['stages'][GATE] if isinstance(wy['stages'], dict) else wy['stages']  # (by gate kind, or one)
         dbeta = torch.empty(B, T, H, device=k.device, dtype=torch.float32)
         dg = torch.empty(B, T, H, device=k.device, dtype=torch.float32) if GATE == GATE_SCALAR else dbeta
         if GATE == GATE_SCALAR and DK <= 64:  # GDN at Dk <= 64: the two-pass form
@@ -2024,7 +2027,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
         else:
             _wy_grads_bwd_kernel[(NT, B * H)](q, k, v, beta, Gp, A, h, vn, do, dvn, dh, dq, dk, dv, dbeta, dg, scale,
                                               T, NT, H, DK, DV, BVg, C, LOG2C, GATE, prec,
-                                              num_warps=warps, num_stages=stages)
+                                              num_warps=warps, num_stages=_by_gate(wy['stages'], GATE))
         return dq, dk, dv, dbeta, (dg if GATE == GATE_SCALAR else torch.empty(0, device=k.device)), \
             (dh0 if dh0 is not None else torch.empty(0, device=k.device)), torch.empty(0, device=k.device), \
             torch.empty(0, device=k.device)
