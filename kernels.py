@@ -298,11 +298,17 @@ TUNING = {
     # Q and P_qk, needs 262 KB). 'small_v_stages' 3 where the V-tile is 32 or less and the inputs 16-bit (192 KB at
     # Dk = 128): each chunk's loads issue a full step before its dots; the backward pass only at Dk >=
     # 'small_v_bwd_min_k' (at Dk = 64 its third buffer was slower).
-    # 'gn_ahead' (KDA, off: not yet timed on a GPU): both passes load G_n one chunk ahead (_state_fwd_kernel's note).
-    # 'one_wave_v' (None: off; not yet timed): V-tiles halved below min_v, down to this, while twice the programs still
-    # fit in one wave (B*H so small that most SMs idle: the hybrid's 32k layer has B*H = 6, 24 programs at V-tile 32).
-    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32, one_wave_v=None,
-                  out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128, gn_ahead=False),
+    # 'gn_ahead' (KDA): both passes load G_n one chunk ahead (_state_fwd_kernel's note): a plain load of it in the
+    # loop was one memory round trip a chunk that no number of buffers hid.
+    # 'one_wave_v': V-tiles halved below min_v, down to this, while twice the programs still fit in one wave, where
+    # T >= 'one_wave_min_t' (B*H so small that most SMs idle on a long walk: the hybrid's 32k layer has B*H = 6, 24
+    # programs at V-tile 32; each halving doubles the programs' reads of K and Q, which pays only on a long walk).
+    # 'wu_in_pass' (DeltaNet): the least Dk at which the forward pass forms Delta from A, beta, K and V itself and
+    # stores W, with no _wy_fwd (its reads of A, K, V and W, U's round trip: ~1 KB a token and head in bf16 at
+    # Dk = Dv = 128, half that at 64), only where the pass's programs cover the SMs (_wu_in_pass).
+    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32, one_wave_v=16,
+                  one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
+                  gn_ahead=True, wu_in_pass=64),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
@@ -1090,10 +1096,10 @@ def _wy_fwd_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, w_ptr, u_ptr, q_ptr, kd
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, q_ptr, P_ptr, o_ptr, scale, T, NT,
-                      H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                      H, A_ptr, beta_ptr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
-                      SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False):
+                      SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False, WU_IN_PASS: tl.constexpr = False):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
@@ -1107,6 +1113,11 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # chunk-start states h[c] and Delta stored for the backward (h is the pass's largest write: [Dk, Dv] per chunk,
     # twice a [C, Dk] tile at C = 64, and the pass is bound by bandwidth): in the backward's recompute (without
     # OUTPUT), or in the forward too where TUNING['keep'] has the backward reuse them instead of recomputing.
+    # WU_IN_PASS (DeltaNet only, TUNING['state']['wu_in_pass']): no _wy_fwd before the pass. u_ptr holds V, and
+    # Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
+    # update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV] dot). W itself
+    # is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV programs: program
+    # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1120,6 +1131,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         S = tl.zeros([DK, BV], dtype=tl.float32)
     if DECAYED and GN_AHEAD:  # chunk 0's G_n (its last row is min(T, C) - 1)
         Gn_ahead = tl.load(G_ptr + ((b * T + tl.minimum(T, C) - 1) * H + h) * DG + ck)
+    if WU_IN_PASS:  # chunk 0's beta: loaded a chunk ahead, as GN_AHEAD's G_n (below)
+        beta_ahead = tl.load(beta_ptr + (b * T + rows) * H + h, mask=rows < T, other=0.)
     for c in range(NT):
         t = c * C + rows
         valid = t < T
@@ -1138,11 +1151,31 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         elif not DECAYED:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
-        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-        uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
-        # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
-        # when the state already predicts v: docs/mixers.md §7 item 8)
-        d = uu - _dot(ww, S, PREC)
+        if WU_IN_PASS:
+            kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+            vv = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+            # beta of the next chunk now: its rows are H apart, too narrow for the pipeliner's asynchronous copies
+            # (4 bytes at least), so a load in its own chunk would wait a memory round trip before the first dot
+            beta = beta_ahead.to(tl.float32)
+            beta_ahead = tl.load(beta_ptr + tok + C * H, mask=t + C < T, other=0.)  # (none after the last chunk)
+            # A diag(beta): A's column j scaled by beta_j ([C, C], cheaper than scaling the [C, Dk] K tile);
+            # zero on padded rows and columns
+            Ab = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+            Ab = Ab * beta[None, :]
+            # V - K S in fp32, so the residual is rounded against itself when it becomes a dot operand (it can
+            # be tiny when the state already predicts v: docs/mixers.md §7 item 8)
+            d = _dot(Ab, vv - _dot(kk, S, PREC), PREC)
+            if SNAPSHOTS:  # this program's share of W's key columns, for the backward
+                cw = iv * (DK * BV // DV) + tl.arange(0, DK * BV // DV)
+                kw = tl.load(k_ptr + tok[:, None] * DK + cw[None, :], mask=valid[:, None], other=0.)
+                tl.store(w_ptr + tok[:, None] * DK + cw[None, :], _dot(Ab, kw, PREC).to(w_ptr.dtype.element_ty),
+                         mask=valid[:, None])
+        else:
+            ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+            uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
+            # Delta = U - W S, subtracted in fp32 before the single cast (the residual can be tiny
+            # when the state already predicts v: docs/mixers.md §7 item 8)
+            d = uu - _dot(ww, S, PREC)
         if SNAPSHOTS:
             tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
         if OUTPUT:
@@ -1153,7 +1186,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
                 qs = qs * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp(G)) S, a row factor
             o = scale * (qs + _dot(Pq, d, PREC))
             tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
-        kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        if not WU_IN_PASS:  # (loaded above there)
+            kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         if GATE == GATE_SCALAR:
             d = d * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G))^T Delta
         if DECAYED and GN_AHEAD:
@@ -1796,17 +1830,18 @@ def _by_gate(setting, GATE):
     """A TUNING value given per gate kind ({GATE_NONE: .., GATE_SCALAR: .., ...}) or one for all."""
     return setting[GATE] if isinstance(setting, dict) else setting
 
-def _state_tile(DK, DV, GATE, backward, BH, device):
+def _state_tile(DK, DV, GATE, backward, BH, T, device):
     """-> (V-tile, warps) of the sequential state passes (TUNING['state']): 8 warps for KDA's backward at Dk = 128,
-    and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle, then (one_wave_v) further
-    while twice the programs still fit in one wave."""
+    and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle, then (one_wave_v, at
+    T >= one_wave_min_t) further while twice the programs still fit in one wave."""
     t = TUNING['state']
     warps = t['kda_bwd_warps'] if (backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128) else t['warps']
     BV = min(DV, _by_gate(t['v'], GATE))
     sms = _sm_count(device)
     while BV > t['min_v'] and (DV // BV) * BH < sms:
         BV //= 2
-    while t['one_wave_v'] and BV > t['one_wave_v'] and 2 * (DV // BV) * BH <= sms:  # twice the programs, one wave
+    long_walk = t['one_wave_v'] and T >= t['one_wave_min_t']
+    while long_walk and BV > t['one_wave_v'] and 2 * (DV // BV) * BH <= sms:  # twice the programs, one wave
         BV //= 2
     return BV, warps
 
@@ -1818,6 +1853,16 @@ def _state_stages(BV, key, x):
     if key == 'bwd_stages' and x.shape[-1] < t['small_v_bwd_min_k']:
         small = False
     return t['small_v_stages'] if small else t[key]
+
+def _wu_in_pass(GATE, DK, DV, BV, BH, device):
+    """Whether DeltaNet's forward state pass forms W and U itself (TUNING['state']['wu_in_pass'], _state_fwd_kernel's
+    WU_IN_PASS): only where its (Dv / V-tile) B*H programs cover the SMs, where the pass is bound by bandwidth, which
+    _wy_fwd's round trip costs (with fewer programs each program's latency bounds it, and its two more dots a chunk
+    would lengthen it: 2 x 16384 x 16 heads keeps _wy_fwd), and where each program's share of W's key columns,
+    Dk V-tile / Dv, fills a dot's 16."""
+    min_k = TUNING['state']['wu_in_pass']
+    return bool(min_k is not None and DK >= min_k and GATE == GATE_NONE and (DV // BV) * BH >= _sm_count(device)
+                and DK * BV // DV >= 16)
 
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
@@ -1844,23 +1889,26 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     return P, A
 
 def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0, keep=False):
-    """W, U from A, then the sequential pass. The forward (P = P_qk given): -> the output O (v's dtype), formed in the
-    pass, the final state (fp32; None unless asked for) and, with keep, what the backward reads (below; else None).
-    The backward's recompute (P None): -> W, the state snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n -
-    G), Qg = Q exp(G) (k's dtype; else None)."""
+    """W, U from A, then the sequential pass (DeltaNet where _wu_in_pass: the pass alone, W stored by it). The
+    forward (P = P_qk given): -> the output O (v's dtype), formed in the pass, the final state (fp32; None unless asked
+    for) and, with keep, what the backward reads (below; else None). The backward's recompute (P None): -> W, the state
+    snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
     B, T, H, DK, DV, NT, BV, prec = _meta(k, k, v)
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
+    BS, nw = _state_tile(DK, DV, GATE, False, B * H, T, k.device)
+    wu = _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)
     w = torch.empty_like(k)
-    u = torch.empty_like(v)
+    u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
     kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
     split, wwarps = TUNING['wy_fwd']['split'], TUNING['wy_fwd']['warps']
     while split > 1 and min(DK, DV) // split < 16:  # a dot's tile needs 16 columns: small heads take fewer programs
         split //= 2
-    _wy_fwd_kernel[(NT, B * H, split)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T, H,
-                                       DK, DV, DG, DK // split, DV // split, C, GATE, prec, decayed,
-                                       num_warps=wwarps or _warps(DK // split, DV // split))
+    if not wu:
+        _wy_fwd_kernel[(NT, B * H, split)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T,
+                                           H, DK, DV, DG, DK // split, DV // split, C, GATE, prec, decayed,
+                                           num_warps=wwarps or _warps(DK // split, DV // split))
     output = P is not None
     snapshots = not output or keep
     o = torch.empty_like(v) if output else None
@@ -1868,15 +1916,14 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype) if snapshots else None
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     any_ = o if output else vn  # any pointer, in place of an absent tensor
-    BS, nw = _state_tile(DK, DV, GATE, False, B * H, k.device)
     if output:
         nw = TUNING['state']['out_warps']
     _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h if snapshots else any_,
                                          vn if snapshots else any_, h0 if h0 is not None else any_,
                                          ht if ht is not None else any_, qg if decayed else q,
-                                         P if output else any_, o if output else any_, scale, T, NT, H, DK, DV, BS,
-                                         DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), num_warps=nw,
+                                         P if output else any_, o if output else any_, scale, T, NT, H, A, beta, DK,
+                                         DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
+                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, num_warps=nw,
                                          num_stages=_state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
@@ -1999,7 +2046,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     Gp = G if G is not None else k
     idt = _storage(prec)
     h0 = initial_state.contiguous().float() if initial_state is not None else None
-    BS, nw = _state_tile(DK, DV, GATE, True, B * H, k.device)
+    BS, nw = _state_tile(DK, DV, GATE, True, B * H, T, k.device)
     if h is None:  # the forward did not keep them
         w, h, vn, kd, qg = _states(q, k, v, beta, G, A, h0, False, GATE, DG)
     dvn = torch.empty(B, T, H, DV, device=k.device, dtype=idt)

@@ -749,7 +749,7 @@ def test_triton_wy_fwd_column_split(gate, strength, split, monkeypatch):
 
 @pytest.mark.parametrize("T,strength", [(1, "mild"), (64, "strong"), (65, "mild"), (130, "medium")])
 def test_triton_kda_gn_ahead(T, strength, monkeypatch):
-    # TUNING['state']['gn_ahead']: KDA's forward state pass loads each chunk's G_n one chunk ahead (T = 1: one chunk,
+    # TUNING['state']['gn_ahead'] (the default): KDA's state passes load each chunk's G_n one chunk ahead (T = 1: one chunk,
     # nothing ahead; 64: the last chunk full; 65, 130: a partial last chunk, whose last row is not row 63). The same
     # output, final state and gradients as without it, and against the fp64 reference with and without a state
     D = 128 if CUDA else 16
@@ -766,15 +766,50 @@ def test_triton_kda_gn_ahead(T, strength, monkeypatch):
 
 @pytest.mark.parametrize("gate,strength", [("none", "-"), ("gdn", "strong"), ("kda", "medium")])
 def test_triton_state_one_wave_v_tiles(gate, strength, monkeypatch):
-    # TUNING['state']['one_wave_v']: the state passes' V-tiles halved below min_v while twice the programs fit in one
-    # wave (B*H = 2 here against a GPU's SM count, or a pretended large one on CPU, where one "SM" never halves):
-    # V-tiles of 16, forward and backward against the fp64 reference, with a partial last chunk
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], one_wave_v=16))
+    # TUNING['state']['one_wave_v'] (the default, 16, at T >= one_wave_min_t): the state passes' V-tiles halved below
+    # min_v while twice the programs fit in one wave (B*H = 2 here against a GPU's SM count, or a pretended large one
+    # on CPU, where one "SM" never halves): V-tiles of 16, forward and backward against the fp64 reference, with a
+    # partial last chunk (the least T lowered to 130 for the test; at the default, short sequences keep their tiles)
+    dev = torch.device(DEV)
     if not CUDA:
         monkeypatch.setattr(kernels, "_sm_count", lambda device: 10**6)
     D = 128 if CUDA else 32
-    assert kernels._state_tile(D, D, 0, False, 2, torch.device(DEV))[0] == 16
+    assert kernels._state_tile(D, D, 0, False, 2, 130, dev)[0] == 32
+    assert kernels._state_tile(D, D, 0, False, 2, kernels.TUNING["state"]["one_wave_min_t"], dev)[0] == 16
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], one_wave_v=16, one_wave_min_t=130))
+    assert kernels._state_tile(D, D, 0, False, 2, 130, dev)[0] == 16
     triton_check(1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
+
+# (T, Dk, Dv, V-tile, dtype, initial state): W's key columns shared out over 2 or 4 programs a head; on the GPU also
+# Dk 64, Dv 128 at V-tile 32 (shares of 16 columns, the least a dot takes)
+WU_CASES = ([(130, 128, 128, 32, torch.bfloat16, True), (65, 64, 128, 32, torch.bfloat16, False),
+             (130, 128, 128, 64, torch.bfloat16, True), (130, 128, 128, 32, F32, True)] if CUDA else
+            [(130, 32, 32, 16, F32, True), (150, 32, 64, 32, torch.bfloat16, False)])
+
+@pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state", WU_CASES, ids=_id)
+def test_triton_deltanet_wu_in_state_pass(T, dk, dv, v_tile, dtype, with_state, monkeypatch):
+    # TUNING['state']['wu_in_pass']: DeltaNet's forward state pass forms Delta = A diag(beta) (V - K S) itself and
+    # stores W (each of a head's Dv / V-tile programs its share of W's key columns: 2 to 4 programs here), with no
+    # _wy_fwd launch, where the programs cover the SMs (a pretended single SM here; at 132 SMs, 8 x 16 heads and not
+    # 2 x 16). Forward and backward against the fp64 reference with keep on (the backward reads the pass's W) and off
+    # (the backward's recompute takes the same path), a partial last chunk, with or without an initial state
+    dev = torch.device(DEV)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
+    assert kernels._wu_in_pass(0, 128, 128, 32, 8 * 16, dev)  # on by default (Dk >= 64) at 8 x 16 heads
+    assert kernels._wu_in_pass(0, 64, 64, 32, 8 * 16, dev) and not kernels._wu_in_pass(0, 32, 64, 32, 8 * 16, dev)
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], wu_in_pass=16,
+                                                      v={**kernels.TUNING["state"]["v"], 0: v_tile}))
+    assert kernels._wu_in_pass(0, 128, 128, 32, 8 * 16, dev) and not kernels._wu_in_pass(0, 128, 128, 32, 2 * 16, dev)
+    assert not kernels._wu_in_pass(1, 128, 128, 32, 8 * 16, dev)  # DeltaNet only
+    assert not kernels._wu_in_pass(0, 16, 128, 32, 8 * 16, dev)  # W's shares would be 4 columns
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 1)
+    launches = []
+    watch_launches(monkeypatch, "_wy_fwd_kernel", launches.append)
+    for keep in (True, False):
+        monkeypatch.setitem(kernels.TUNING, "keep", keep)
+        launches.clear()
+        triton_check(1, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
+        assert not launches, (keep, len(launches))
 
 
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
