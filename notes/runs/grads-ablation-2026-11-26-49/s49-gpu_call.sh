@@ -261,7 +261,7 @@ gnahead() {  # session 53: KDA's state passes with G_n loaded a chunk ahead (TUN
   # then checked against fp64 and timed beside the default at bench.py's shapes and the hybrid's 32k layer (1 x 32768 x 6 x 128)
   timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "gn_ahead or one_wave" 2>&1 | tail -3 | tee $OUT/gn-ahead-tests.txt
   for sh in "" 1,32768,6,128; do
-    timeout ${GA_SECS:-240} python3 bench.py --tiles delta --only "state gn ahead,state one-wave" --variants kda ${sh:+--shape $sh} \
+    timeout ${GA_SECS:-240} python3 bench.py --tiles delta --only "state gn ahead off,state one-wave off" --variants kda ${sh:+--shape $sh} \
       --jobs ${GAJ:-4} 2>&1 | grep -v Warn | tee -a $OUT/tiles-gn-ahead.txt | tail -14
   done
 }
@@ -285,13 +285,6 @@ cgfuse() {  # session 53: a helper's patch, KDA's gate cumsum formed inside _gra
   (cd $d && timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "fused_cumsum or grams_by_chunk" 2>&1 | tail -3 | tee $OUT/cgfuse-tests.txt
   timeout ${CG_SECS:-240} python3 bench.py --tiles delta --only "grams fuse cumsum" --variants kda --jobs ${CGJ:-4} 2>&1 |
     grep -v Warn | tee $OUT/tiles-cgfuse.txt | tail -10)
-}
-wuinpass() {  # session 53: a helper's patch, DeltaNet's W and U formed inside the forward state pass where its programs cover
-  # the SMs (TUNING['state']['wu_in_pass']): its GPU test (bench's checks run at B*H = 4, where the path is off), then timed
-  local d; d=$(patched notes/runs/state-pass-2026-11-27-53/deltanet-wu-in-state.patch | tail -1) || return
-  (cd $d && timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "wu_in_state" 2>&1 | tail -3 | tee $OUT/wuinpass-tests.txt
-  timeout ${WU_SECS:-240} python3 bench.py --tiles delta --only "state wu in pass" --variants deltanet --jobs ${WUJ:-4} 2>&1 |
-    grep -v Warn | tee $OUT/tiles-wuinpass.txt | tail -12)
 }
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
