@@ -286,6 +286,11 @@ cgfuse() {  # session 53: a helper's patch, KDA's gate cumsum formed inside _gra
   timeout ${CG_SECS:-240} python3 bench.py --tiles delta --only "grams fuse cumsum" --variants kda --jobs ${CGJ:-4} 2>&1 |
     grep -v Warn | tee $OUT/tiles-cgfuse.txt | tail -10)
 }
+kprof() {  # session 54: per kernel beside fla's where issue 41's kernel targets are short (DeltaNet fwd+bwd, KDA fwd at Dk 64)
+  for vs in deltanet:8,4096,16,128 kda:8,4096,16,64; do
+    timeout ${KP_SECS:-200} python3 bench.py --profile --variants ${vs%%:*} --shape ${vs#*:} 2>&1 | grep -v Warn | tee $OUT/profile-${vs%%:*}-${vs#*:}.txt | head -60
+  done
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
