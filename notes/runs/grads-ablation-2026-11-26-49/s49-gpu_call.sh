@@ -291,6 +291,13 @@ kprof() {  # session 54: per kernel beside fla's where issue 41's kernel targets
     timeout ${KP_SECS:-200} python3 bench.py --profile --variants ${vs%%:*} --shape ${vs#*:} 2>&1 | grep -v Warn | tee $OUT/profile-${vs%%:*}-${vs#*:}.txt | head -60
   done
 }
+fwd64() {  # session 54: KDA's _wy_fwd and cumsum tiles at Dk 64 (its forward ÷ fla 0.78, _wy_fwd 0.334 ms of 0.91), then
+  # DeltaNet's state-pass tiles with W, U formed in the pass (fwd+bwd ÷ fla 0.67 at 8 x 4096 x 16 x 128)
+  timeout ${F6_SECS:-280} python3 bench.py --tiles delta --only "wy_fwd,cumsum" --variants kda --jobs ${F6J:-6} 2>&1 |
+    grep -v Warn | tee $OUT/tiles-fwd64.txt | tail -24
+  timeout ${F6_SECS:-280} python3 bench.py --tiles delta --only "state out_warps 8,state v 64,state warps 8,state wu in pass off" \
+    --variants deltanet --jobs ${F6J:-6} 2>&1 | grep -v Warn | tee $OUT/tiles-dnstate.txt | tail -18
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
