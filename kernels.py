@@ -320,10 +320,13 @@ TUNING = {
     # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
     # of nine, at 70% (session 52).
     'cumsum': dict(d=32, warps=2),
-    # _wy_fwd: 'split' programs a chunk, each with Dk / split key and Dv / split value columns, and 'warps' (None: 8
-    # for [C, 128] tiles, else 4). Whole rows (split 1) hold KDA's 184 registers a thread, one program per SM; split 2
-    # at 8 warps took 5% off it at the hybrid's 1k shape (4 warps 4%; split 4 added 30%; session 52).
-    'wy_fwd': dict(split=2, warps=8),
+    # _wy_fwd: 'split' programs a chunk, each with Dk / split key and Dv / split value columns ('split_d64' by gate
+    # kind at Dk <= 64), and 'warps' (None: 8 for [C, 128] tiles, else 4). At Dk = 128 whole rows (split 1) hold
+    # KDA's 184 registers a thread, one program per SM; split 2 at 8 warps took 5% off it at the hybrid's 1k shape
+    # (4 warps 4%; split 4 added 30%; session 52). At Dk = 64 KDA's whole rows are the fastest: its forward 10%
+    # shorter than at split 2 (session 54), whose [C, 32] tiles leave each program too little work (DeltaNet and GDN
+    # at Dk = 64 not yet timed that way).
+    'wy_fwd': dict(split=2, split_d64={0: 2, 1: 2, 2: 1}, warps=8),
     # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
     # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
     # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
@@ -1902,7 +1905,8 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
     kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
-    split, wwarps = TUNING['wy_fwd']['split'], TUNING['wy_fwd']['warps']
+    wt = TUNING['wy_fwd']
+    split, wwarps = _by_gate(wt['split_d64'], GATE) if DK <= 64 else wt['split'], wt['warps']
     while split > 1 and min(DK, DV) // split < 16:  # a dot's tile needs 16 columns: small heads take fewer programs
         split //= 2
     if not wu:

@@ -737,12 +737,14 @@ def test_triton_cumsum_column_tiles(gate, monkeypatch):
 
 
 @pytest.mark.parametrize("gate,strength,split", [("none", "-", 1), ("gdn", "strong", 4), ("kda", "medium", 1),
-                                                 ("kda", "medium", 4)])
+                                                 ("kda", "medium", 2), ("kda", "medium", 4)])
 def test_triton_wy_fwd_column_split(gate, strength, split, monkeypatch):
-    # TUNING['wy_fwd']['split'] (the default, 2: _wy_fwd's W, U and KDA's Kd, Qg by two programs a chunk, each with
-    # half the columns and its gate channels) is what every other test runs; here split 1 (whole rows, one program a
-    # chunk) and 4, forward and backward against the fp64 reference (triton_check)
-    monkeypatch.setitem(kernels.TUNING, "wy_fwd", dict(kernels.TUNING["wy_fwd"], split=split, warps=None))
+    # TUNING['wy_fwd']['split'] (the default at Dk > 64, 2: _wy_fwd's W, U and KDA's Kd, Qg by two programs a chunk,
+    # each with half the columns and its gate channels; 'split_d64', whole rows, at Dk <= 64) is what every other test
+    # runs; here split 1 (whole rows, one program a chunk), 2 and 4 at any Dk, forward and backward against the fp64
+    # reference (triton_check)
+    monkeypatch.setitem(kernels.TUNING, "wy_fwd",
+                        dict(kernels.TUNING["wy_fwd"], split=split, split_d64=split, warps=None))
     D = 128 if CUDA else 32
     triton_check(2 if CUDA else 1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
 

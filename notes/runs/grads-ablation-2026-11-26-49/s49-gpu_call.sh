@@ -288,7 +288,7 @@ cgfuse() {  # session 53: a helper's patch, KDA's gate cumsum formed inside _gra
 }
 kprof() {  # session 54: per kernel beside fla's where issue 41's kernel targets are short (DeltaNet fwd+bwd, KDA fwd at Dk 64)
   for vs in deltanet:8,4096,16,128 kda:8,4096,16,64; do
-    timeout ${KP_SECS:-200} python3 bench.py --profile --variants ${vs%%:*} --shape ${vs#*:} 2>&1 | grep -v Warn | tee $OUT/profile-${vs%%:*}-${vs#*:}.txt | head -60
+    timeout ${KP_SECS:-200} python3 bench.py --profile --variants ${vs%%:*} --shape ${vs#*:} 2>&1 | grep -v Warn | tee $OUT/profile-${vs%%:*}-$(echo ${vs#*:} | tr , x).txt | head -60
   done
 }
 fwd64() {  # session 54: KDA's _wy_fwd and cumsum tiles at Dk 64 (its forward ÷ fla 0.78, _wy_fwd 0.334 ms of 0.91), then
