@@ -790,6 +790,8 @@ TILE_CANDIDATES = {
         "state one-wave off": {"state": dict(one_wave_v=None)},
         "state wu in pass off": {"state": dict(wu_in_pass=None)},
         "state wu in pass at Dk 128": {"state": dict(wu_in_pass=128)},
+        "state w free": {"state": dict(w_free=True)},
+        "state w free stages 2": {"state": dict(w_free=True, small_v_bwd_min_k=256)},
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},

@@ -306,9 +306,11 @@ TUNING = {
     # 'wu_in_pass' (DeltaNet): the least Dk at which the forward pass forms Delta from A, beta, K and V itself and
     # stores W, with no _wy_fwd (its reads of A, K, V and W, U's round trip: ~1 KB a token and head in bf16 at
     # Dk = Dv = 128, half that at 64), only where the pass's programs cover the SMs (_wu_in_pass).
+    # 'w_free' (DeltaNet where wu_in_pass applies; off: not yet timed on a GPU): W is not stored at all; the backward
+    # pass forms W^T dDelta = K^T diag(beta) (A^T dDelta) from A, beta and the K tile it reads anyway (_state_bwd_kernel).
     'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32, one_wave_v=16,
                   one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
-                  gn_ahead=True, wu_in_pass=64),
+                  gn_ahead=True, wu_in_pass=64, w_free=False),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
@@ -1102,7 +1104,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
                       H, A_ptr, beta_ptr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
-                      SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False, WU_IN_PASS: tl.constexpr = False):
+                      SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False, WU_IN_PASS: tl.constexpr = False,
+                      W_FREE: tl.constexpr = False):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
@@ -1120,7 +1123,8 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
     # update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV] dot). W itself
     # is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV programs: program
-    # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored.
+    # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored;
+    # with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from A, beta and K.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1168,7 +1172,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             # V - K S in fp32, so the residual is rounded against itself when it becomes a dot operand (it can
             # be tiny when the state already predicts v: docs/mixers.md §7 item 8)
             d = _dot(Ab, vv - _dot(kk, S, PREC), PREC)
-            if SNAPSHOTS:  # this program's share of W's key columns, for the backward
+            if SNAPSHOTS and not W_FREE:  # this program's share of W's key columns, for the backward
                 cw = iv * (DK * BV // DV) + tl.arange(0, DK * BV // DV)
                 kw = tl.load(k_ptr + tok[:, None] * DK + cw[None, :], mask=valid[:, None], other=0.)
                 tl.store(w_ptr + tok[:, None] * DK + cw[None, :], _dot(Ab, kw, PREC).to(w_ptr.dtype.element_ty),
@@ -1402,12 +1406,15 @@ def _grams_bwd(dP, dL, beta, q, k, dq, dk, dG, dbeta, PREC: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "NT", "H"])
 def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, T, NT,
-                      H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                      H, A_ptr, beta_ptr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
                       PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr,
-                      GN_AHEAD: tl.constexpr = False):
+                      GN_AHEAD: tl.constexpr = False, W_FREE: tl.constexpr = False):
     # DECAYED (KDA): k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read
     # from G. GN_AHEAD: G_n loaded one chunk ahead, as in _state_fwd_kernel (here the next chunk is c - 1, a whole one).
+    # W_FREE (DeltaNet, TUNING['state']['w_free']): no W was stored; W = A diag(beta) K, so W^T dDelta =
+    # K^T diag(beta) (A^T dDelta): A (8 KB a chunk against W's 16 at Dk = 128) and beta in W's place, one more
+    # [C, C] x [C, BV] dot; beta, whose rows are H apart (too narrow for asynchronous copies), a chunk ahead.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1421,6 +1428,8 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dS = tl.zeros([DK, BV], dtype=tl.float32)
     if DECAYED and GN_AHEAD:  # the last chunk's G_n (row T - 1)
         Gn_ahead = tl.load(G_ptr + ((b * T + T - 1) * H + h) * DG + ck)
+    if W_FREE:  # the last chunk's beta
+        beta_ahead = tl.load(beta_ptr + (b * T + (NT - 1) * C + rows) * H + h, mask=(NT - 1) * C + rows < T, other=0.)
     for cc in range(NT):
         c = NT - 1 - cc
         t = c * C + rows
@@ -1446,14 +1455,23 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dd = scale * _dot(tl.trans(P), dO, PREC) + kds
         tl.store(dvn_ptr + tok[:, None] * DV + cv[None, :], dd.to(dvn_ptr.dtype.element_ty), mask=valid[:, None])
         qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-        ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+        if W_FREE:
+            beta = beta_ahead.to(tl.float32)
+            beta_ahead = tl.load(beta_ptr + tok - C * H, mask=t >= C, other=0.)  # chunk c - 1's (none before 0)
+            Aa = tl.load(A_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
+            x = _dot(tl.trans(Aa), dd, PREC) * beta[:, None]  # diag(beta) A^T dDelta
+        else:
+            ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         if GATE == GATE_SCALAR:
             dO = dO.to(tl.float32) * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp G)^T dO = Q^T (exp(G) dO)
         if DECAYED and GN_AHEAD:
             dS = dS * decay_n
         elif GATE != GATE_NONE:
             dS = dS * tl.exp(Gn_col)
-        dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
+        if W_FREE:
+            dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(kk), x, PREC)  # W^T dDelta = K^T x
+        else:
+            dS += scale * _dot(tl.trans(qq), dO, PREC) - _dot(tl.trans(ww), dd, PREC)
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
@@ -1867,6 +1885,15 @@ def _wu_in_pass(GATE, DK, DV, BV, BH, device):
     return bool(min_k is not None and DK >= min_k and GATE == GATE_NONE and (DV // BV) * BH >= _sm_count(device)
                 and DK * BV // DV >= 16)
 
+def _w_free(GATE, k, v):
+    """Whether the forward stores no W (TUNING['state']['w_free'], where _wu_in_pass: DeltaNet), the backward pass
+    forming W^T dDelta from A, beta and K. From the shapes alone, so that the fake function agrees."""
+    B, T, H, DK = k.shape
+    DV = v.shape[-1]
+    if not TUNING['state']['w_free'] or GATE != GATE_NONE:
+        return False
+    return _wu_in_pass(GATE, DK, DV, _state_tile(DK, DV, GATE, False, B * H, T, k.device)[0], B * H, k.device)
+
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
     bounded gate (lower_bound), which lets KDA's diagonal blocks skip their span test and dyadic split."""
@@ -1901,7 +1928,8 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, T, k.device)
     wu = _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)
-    w = torch.empty_like(k)
+    wfree = _w_free(GATE, k, v)
+    w = torch.empty(0, device=k.device, dtype=k.dtype) if wfree else torch.empty_like(k)
     u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
     kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
@@ -1922,12 +1950,13 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     any_ = o if output else vn  # any pointer, in place of an absent tensor
     if output:
         nw = TUNING['state']['out_warps']
-    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, w, u, Gp, h if snapshots else any_,
+    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, k if wfree else w, u, Gp, h if snapshots else any_,
                                          vn if snapshots else any_, h0 if h0 is not None else any_,
                                          ht if ht is not None else any_, qg if decayed else q,
                                          P if output else any_, o if output else any_, scale, T, NT, H, A, beta, DK,
                                          DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, num_warps=nw,
+                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, wfree,
+                                         num_warps=nw,
                                          num_stages=_state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
@@ -1997,7 +2026,8 @@ def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt
     def kept(shape, like, channel=False):  # as _delta_rule_fwd's: absent ones empty, in k's dtype
         there = keep and (GATE == GATE_CHANNEL or not channel)
         return like.new_empty(shape if there else (0,), dtype=like.dtype if there else k.dtype)
-    return (v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt), kept(k.shape, k),
+    wshape = (0,) if _w_free(GATE, k, v) else k.shape  # no W stored (TUNING['state']['w_free'])
+    return (v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt), kept(wshape, k),
             kept((B, triton.cdiv(T, TRITON_CHUNK), H, DK, DV), k), kept(v.shape, v), kept(k.shape, k, True),
             kept(k.shape, k, True))
 
@@ -2059,10 +2089,12 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     if dht is not None:
         dht = dht.contiguous().float()
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: the state pass reads Kd, Qg
-    _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, w, Gp, P, do, dvn, dh,
-                                         dht if dht is not None else dh, dh0 if dh0 is not None else dh, scale, T, NT,
-                                         H, DK, DV, BS, DG, C, GATE, prec, dht is not None, dh0 is not None, decayed,
-                                         bool(decayed and TUNING['state']['gn_ahead']), num_warps=nw,
+    wfree = w.numel() == 0  # the forward stored no W (_w_free)
+    _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, k if wfree else w, Gp, P, do,
+                                         dvn, dh, dht if dht is not None else dh, dh0 if dh0 is not None else dh,
+                                         scale, T, NT, H, A, beta, DK, DV, BS, DG, C, GATE, prec, dht is not None,
+                                         dh0 is not None, decayed, bool(decayed and TUNING['state']['gn_ahead']),
+                                         wfree, num_warps=nw,
                                          num_stages=_state_stages(BS, 'bwd_stages', k))
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

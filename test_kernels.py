@@ -814,6 +814,26 @@ def test_triton_deltanet_wu_in_state_pass(T, dk, dv, v_tile, dtype, with_state, 
         assert not launches, (keep, len(launches))
 
 
+@pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state", WU_CASES, ids=_id)
+def test_triton_deltanet_w_free(T, dk, dv, v_tile, dtype, with_state, monkeypatch):
+    # TUNING['state']['w_free'] (with wu_in_pass): the forward stores no W and the backward pass forms W^T dDelta =
+    # K^T diag(beta) (A^T dDelta) itself, beta loaded a chunk ahead (T 130, 150, 65: a partial first-visited chunk).
+    # Forward and backward against the fp64 reference with keep on (W's slot empty) and off (the recompute stores
+    # none either), with or without an initial state; the fake function's W agrees in shape
+    dev = torch.device(DEV)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 1)
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], wu_in_pass=16, w_free=True,
+                                                      v={**kernels.TUNING["state"]["v"], 0: v_tile}))
+    x = triton_inputs(1, T, 2, dk, dv, "none", "-", dtype, 0)
+    assert kernels._w_free(int(kernels.GATE_NONE), x["k"], x["v"])
+    assert not kernels._w_free(int(kernels.GATE_SCALAR), x["k"], x["v"])  # DeltaNet only
+    out = torch.ops.kernels.delta_rule_fwd(x["q"], x["k"], x["v"], x["beta"], None, dk ** -0.5, None, False, keep=True)
+    assert out[5].numel() == 0 and out[6].numel() > 0  # no W; the snapshots kept
+    for keep in (True, False):
+        monkeypatch.setitem(kernels.TUNING, "keep", keep)
+        triton_check(1, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
+
+
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
 def test_triton_gate_in_kernel_bf16(gate):
     # bf16 u (du comes back in bf16): the same kernels given the gate formed in torch (fp32) are the reference here;
@@ -1860,9 +1880,10 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
             kernels.short_conv(x, w, b, norm=norm, path="triton", doc_pos=doc_pos).float().sum().backward()
             kernels.short_conv_step(x[:, 0].detach(), torch.zeros(2, 3, 32, device=DEV, dtype=dtype), w, b,
                                     norm=norm, path="triton")
-    # the other setting that launches other forms of the kernels (TUNING['keep'] off: the backward's recompute), at
-    # D = 128
+    # the other settings that launch other forms of the kernels (TUNING['keep'] off: the backward's recompute; and
+    # TUNING['state']['w_free']: DeltaNet's backward pass without W), at D = 128
     monkeypatch.setitem(kernels.TUNING, "keep", False)
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], w_free=True))
     for dtype in (torch.bfloat16, F32):
         for gate in ("none", "gdn", "kda"):
             x = triton_inputs(1, T, nh, 128, 128, gate, "mild", dtype)
