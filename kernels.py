@@ -302,7 +302,8 @@ TUNING = {
     # loop was one memory round trip a chunk that no number of buffers hid.
     # 'one_wave_v': V-tiles halved below min_v, down to this, while twice the programs still fit in one wave, where
     # T >= 'one_wave_min_t' (B*H so small that most SMs idle on a long walk: the hybrid's 32k layer has B*H = 6, 24
-    # programs at V-tile 32; each halving doubles the programs' reads of K and Q, which pays only on a long walk).
+    # programs at V-tile 32). Each halving doubles the programs' reads of K and Q; timed at T = 32768 only, so shorter
+    # sequences (the tests' shapes among them) keep the tiles the benchmarks time.
     # 'wu_in_pass' (DeltaNet): the least Dk at which the forward pass forms Delta from A, beta, K and V itself and
     # stores W, with no _wy_fwd (its reads of A, K, V and W, U's round trip: ~1 KB a token and head in bf16 at
     # Dk = Dv = 128, half that at 64), only where the pass's programs cover the SMs (_wu_in_pass).
