@@ -814,10 +814,11 @@ def test_triton_deltanet_wu_in_state_pass(T, dk, dv, v_tile, dtype, with_state, 
         assert not launches, (keep, len(launches))
 
 
-@pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state", WU_CASES, ids=_id)
+@pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state", WU_CASES + [(128, 32, 32, 16, F32, False)], ids=_id)
 def test_triton_deltanet_w_free(T, dk, dv, v_tile, dtype, with_state, monkeypatch):
     # TUNING['state']['w_free'] (with wu_in_pass): the forward stores no W and the backward pass forms W^T dDelta =
-    # K^T diag(beta) (A^T dDelta) itself, beta loaded a chunk ahead (T 130, 150, 65: a partial first-visited chunk).
+    # K^T diag(beta) (A^T dDelta) itself, beta loaded a chunk ahead (T 130, 150, 65: a partial first-visited chunk;
+    # 128: whole chunks).
     # Forward and backward against the fp64 reference with keep on (W's slot empty) and off (the recompute stores
     # none either), with or without an initial state; the fake function's W agrees in shape
     dev = torch.device(DEV)
@@ -829,9 +830,9 @@ def test_triton_deltanet_w_free(T, dk, dv, v_tile, dtype, with_state, monkeypatc
     assert not kernels._w_free(int(kernels.GATE_SCALAR), x["k"], x["v"])  # DeltaNet only
     out = torch.ops.kernels.delta_rule_fwd(x["q"], x["k"], x["v"], x["beta"], None, dk ** -0.5, None, False, keep=True)
     assert out[5].numel() == 0 and out[6].numel() > 0  # no W; the snapshots kept
-    for keep in (True, False):
+    for keep in (True, False):  # two sequences: beta's rows of the second start at b T
         monkeypatch.setitem(kernels.TUNING, "keep", keep)
-        triton_check(1, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
+        triton_check(2, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
 
 
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
