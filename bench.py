@@ -792,6 +792,8 @@ TILE_CANDIDATES = {
         "state wu in pass at Dk 128": {"state": dict(wu_in_pass=128)},
         "state w free": {"state": dict(w_free=True)},
         "state w free stages 2": {"state": dict(w_free=True, small_v_bwd_min_k=256)},
+        "state w free bwd warps 8": {"state": dict(w_free=True, bwd_warps=8)},
+        "state bwd warps 8": {"state": dict(bwd_warps=8)},
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},

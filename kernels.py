@@ -293,11 +293,12 @@ TUNING = {
     # walking every chunk: V-tile 'v' by gate kind (DeltaNet 32: twice the programs, each with three buffers; GDN, KDA
     # 64), halved down to 'min_v' while the programs do not cover the SMs (small B*H, e.g. 2 x 16 heads at
     # T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate tile beside q, k, w
-    # spills at 4; 'out_warps': the forward's pass, which also forms the output; 'stages' / 'bwd_stages' 2: three
-    # buffers of a V-tile of 64 would pass Hopper's 227 KB of shared memory at Dk = 128 (the forward, which also loads
-    # Q and P_qk, needs 262 KB). 'small_v_stages' 3 where the V-tile is 32 or less and the inputs 16-bit (192 KB at
-    # Dk = 128): each chunk's loads issue a full step before its dots; the backward pass only at Dk >=
-    # 'small_v_bwd_min_k' (at Dk = 64 its third buffer was slower).
+    # spills at 4 ('bwd_warps': the other backward passes' when set; None: 'warps'); 'out_warps': the forward's
+    # pass, which also forms the output; 'stages' / 'bwd_stages' 2: three buffers of a V-tile of 64 would pass
+    # Hopper's 227 KB of shared memory at Dk = 128 (the forward, which also loads Q and P_qk, needs 262 KB).
+    # 'small_v_stages' 3 where the V-tile is 32 or less and the inputs 16-bit (192 KB at Dk = 128): each chunk's
+    # loads issue a full step before its dots; the backward pass only at Dk >= 'small_v_bwd_min_k' (at Dk = 64 its
+    # third buffer was slower).
     # 'gn_ahead' (KDA): both passes load G_n one chunk ahead (_state_fwd_kernel's note): a plain load of it in the
     # loop was one memory round trip a chunk that no number of buffers hid.
     # 'one_wave_v': V-tiles halved below min_v, down to this, while twice the programs still fit in one wave, where
@@ -307,9 +308,10 @@ TUNING = {
     # 'wu_in_pass' (DeltaNet): the least Dk at which the forward pass forms Delta from A, beta, K and V itself and
     # stores W, with no _wy_fwd (its reads of A, K, V and W, U's round trip: ~1 KB a token and head in bf16 at
     # Dk = Dv = 128, half that at 64), only where the pass's programs cover the SMs (_wu_in_pass).
-    # 'w_free' (DeltaNet where wu_in_pass applies; off: not yet timed on a GPU): W is not stored at all; the backward
-    # pass forms W^T dDelta = K^T diag(beta) (A^T dDelta) from A, beta and the K tile it reads anyway (_state_bwd_kernel).
-    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, min_v=32, one_wave_v=16,
+    # 'w_free' (DeltaNet where wu_in_pass applies; off: not yet timed on a GPU): W is not stored at all; the
+    # backward pass forms W^T dDelta = K^T diag(beta) (A^T dDelta) from A, beta and the K tile it reads anyway
+    # (_state_bwd_kernel).
+    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, bwd_warps=None, min_v=32, one_wave_v=16,
                   one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
                   gn_ahead=True, wu_in_pass=64, w_free=False),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
@@ -1857,7 +1859,10 @@ def _state_tile(DK, DV, GATE, backward, BH, T, device):
     and V-tiles halved down to min_v while (Dv / V-tile) * B*H programs leave SMs idle, then (one_wave_v, at
     T >= one_wave_min_t) further while twice the programs still fit in one wave."""
     t = TUNING['state']
-    warps = t['kda_bwd_warps'] if (backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128) else t['warps']
+    if backward and GATE == GATE_CHANNEL and max(DK, DV) >= 128:
+        warps = t['kda_bwd_warps']
+    else:
+        warps = (t['bwd_warps'] or t['warps']) if backward else t['warps']
     BV = min(DV, _by_gate(t['v'], GATE))
     sms = _sm_count(device)
     while BV > t['min_v'] and (DV // BV) * BH < sms:

@@ -301,7 +301,7 @@ fwd64() {  # session 54: KDA's _wy_fwd and cumsum tiles at Dk 64 (its forward ÷
 wfree() {  # session 54: DeltaNet's forward without W, its backward pass forming W^T dDelta from A, beta, K
   # (TUNING['state']['w_free']): its GPU test, then checked against fp64 and timed beside the default
   timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "w_free" 2>&1 | tail -3 | tee $OUT/wfree-tests.txt
-  timeout ${WF_SECS:-240} python3 bench.py --tiles delta --only "state w free" --variants deltanet --jobs ${WFJ:-4} 2>&1 |
+  timeout ${WF_SECS:-240} python3 bench.py --tiles delta --only "state w free,state bwd warps 8" --variants deltanet --jobs ${WFJ:-4} 2>&1 |
     grep -v Warn | tee $OUT/tiles-wfree.txt | tail -10
 }
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
