@@ -2095,7 +2095,8 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     if dht is not None:
         dht = dht.contiguous().float()
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: the state pass reads Kd, Qg
-    wfree = GATE == GATE_NONE and T > 0 and w.numel() == 0  # the forward stored no W (_w_free); T = 0 stores none
+    # the forward stored no W (_w_free; at T = 0 every tensor is empty)
+    wfree = bool(GATE == GATE_NONE and T > 0 and w.numel() == 0)
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, k if wfree else w, Gp, P, do,
                                          dvn, dh, dht if dht is not None else dh, dh0 if dh0 is not None else dh,
                                          scale, T, NT, H, A, beta, DK, DV, BS, DG, C, GATE, prec, dht is not None,
