@@ -1896,9 +1896,8 @@ def _w_free(GATE, k, v):
     forming W^T dDelta from A, beta and K. From the shapes alone, so that the fake function agrees."""
     B, T, H, DK = k.shape
     DV = v.shape[-1]
-    if not TUNING['state']['w_free'] or GATE != GATE_NONE:
-        return False
-    return _wu_in_pass(GATE, DK, DV, _state_tile(DK, DV, GATE, False, B * H, T, k.device)[0], B * H, k.device)
+    BV = _state_tile(DK, DV, GATE, False, B * H, T, k.device)[0]
+    return bool(TUNING['state']['w_free']) and _wu_in_pass(GATE, DK, DV, BV, B * H, k.device)
 
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
@@ -1934,7 +1933,7 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, T, k.device)
     wu = _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)
-    wfree = _w_free(GATE, k, v)
+    wfree = wu and bool(TUNING['state']['w_free'])  # as _w_free, which the fake function calls
     w = torch.empty(0, device=k.device, dtype=k.dtype) if wfree else torch.empty_like(k)
     u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
