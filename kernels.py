@@ -313,7 +313,7 @@ TUNING = {
     # (_state_bwd_kernel).
     'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, bwd_warps=None, min_v=32, one_wave_v=16,
                   one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
-                  gn_ahead=True, wu_in_pass=64, w_free=False),
+                  gn_ahead=True, wu_in_pass=64, w_free=True),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
