@@ -794,6 +794,10 @@ TILE_CANDIDATES = {
         "state w free stages 2": {"state": dict(w_free=True, small_v_bwd_min_k=256)},
         "state w free bwd warps 8": {"state": dict(w_free=True, bwd_warps=8)},
         "state bwd warps 8": {"state": dict(bwd_warps=8)},
+        "state kda in pass": {"state": dict(kda_in_pass=64)},
+        "state kda in pass warps 8": {"state": dict(kda_in_pass=64, kda_in_pass_warps=8)},
+        "state kda in pass v 32": {"state": dict(kda_in_pass=64, kda_in_pass_v=32)},
+        "state kda in pass v 32 warps 8": {"state": dict(kda_in_pass=64, kda_in_pass_v=32, kda_in_pass_warps=8)},
         "kda_grads k 32": {"kda_grads": dict(k=32)},
         "kda_grads warps 4": {"kda_grads": dict(warps=4)},
         "kda_grads wy 64/8": {"kda_grads": dict(wy_v=64)},
@@ -876,9 +880,10 @@ def rel_rms(a, ref):
     return ((a - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def reference_errors(fn, ref_fn, x, diff, seed=0, names=("o", "ht")):
+def reference_errors(fn, ref_fn, x, diff, seed=0, names=("o", "ht"), no_grad=False):
     """fn(**x) -> (o, final state | None) against ref_fn on fp64 copies: {name: relative RMS error} of the output, the
-    final state and the gradients of x[diff] (random cotangents for both outputs)."""
+    final state and the gradients of x[diff] (random cotangents for both outputs); no_grad: also the outputs of fn
+    called without autograd ('<name> no grad': the path the timed forward takes, which may differ)."""
     leaves = {n: (t.detach().clone().requires_grad_(n in diff) if torch.is_tensor(t) else t) for n, t in x.items()}
     ref = {n: (t.detach().double().requires_grad_(n in diff) if torch.is_tensor(t) else t) for n, t in x.items()}
     out, rout = fn(**leaves), ref_fn(**ref)
@@ -894,6 +899,10 @@ def reference_errors(fn, ref_fn, x, diff, seed=0, names=("o", "ht")):
     grads = torch.autograd.grad(loss, [leaves[n] for n in diff])
     rgrads = torch.autograd.grad(rloss, [ref[n] for n in diff])
     errs |= {n: rel_rms(a, b) for n, a, b in zip(diff, grads, rgrads)}
+    if no_grad:
+        with torch.no_grad():
+            out = fn(**{n: (t.detach() if torch.is_tensor(t) else t) for n, t in x.items()})
+        errs |= {f"{name} no grad": rel_rms(a, b) for name, a, b in zip(names, out, rout) if b is not None}
     return errs
 
 
@@ -953,10 +962,12 @@ def tiles_check(family, name, device="cuda", tiny=False):
     failed, out = [], {}
     with tuned(TILE_CANDIDATES[family][name]):
         for label, fn, ref, x, diff, dtype in tile_cases(family, device, tiny):
-            errs = out[label] = reference_errors(fn, ref, x, diff, names=("y" if family == "conv" else "o", "ht"))
+            errs = out[label] = reference_errors(fn, ref, x, diff, names=("y" if family == "conv" else "o", "ht"),
+                                                 no_grad=True)
             j = 0 if dtype == torch.bfloat16 else 1
             slack = 2.5 if (j == 0 and device == "cpu") else 1.0
-            bad = {n: e for n, e in errs.items() if not e < slack * TILE_TOL.get(n, TILE_TOL_GRAD)[j]}
+            bad = {n: e for n, e in errs.items()
+                   if not e < slack * TILE_TOL.get(n.removesuffix(" no grad"), TILE_TOL_GRAD)[j]}
             print(f"  {name}: {label}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()), flush=True)
             if bad:
                 failed.append(f"{label}: {bad}")

@@ -245,11 +245,14 @@ def test_tile_candidates_name_tuning_settings():
 
 @pytest.mark.skipif(not INTERPRET, reason='needs CUDA or TRITON_INTERPRET=1 (conftest.py sets it without CUDA)')
 def test_tiles_check_against_the_reference(monkeypatch):
-    """One candidate per family through the checker at CPU sizes: within the bounds, and a bound of 0 fails it."""
+    """One candidate per family through the checker at CPU sizes: within the bounds, the no-grad forward checked too
+    (KDA's in-pass candidate takes its own path there), and a bound of 0 fails it."""
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    for family, name in (('delta', 'wy_grads warps 4'), ('scalar', 'fused none'), ('conv', 'bwd L 64')):
+    for family, name in (('delta', 'wy_grads warps 4'), ('delta', 'state kda in pass'), ('scalar', 'fused none'),
+                         ('conv', 'bwd L 64')):
         errs = bench.tiles_check(family, name, device, tiny=True)
         assert errs and all(0 <= e < 1e-3 for case in errs.values() for e in case.values()), (family, errs)
+        assert all('o no grad' in case or 'y no grad' in case for case in errs.values()), errs
     monkeypatch.setattr(bench, 'TILE_TOL_GRAD', (0.0, 0.0))
     with pytest.raises(AssertionError, match='errors over the bounds'):
         bench.tiles_check('conv', 'default', device, tiny=True)

@@ -304,6 +304,12 @@ wfree() {  # session 54: DeltaNet's forward without W, its backward pass forming
   timeout ${WF_SECS:-240} python3 bench.py --tiles delta --only "state w free,state bwd warps 8" --variants deltanet --jobs ${WFJ:-4} 2>&1 |
     grep -v Warn | tee $OUT/tiles-wfree.txt | tail -10
 }
+kdapass() {  # session 55: KDA's no-grad forward with Kd, Qg, Delta formed in the state pass (TUNING['state']['kda_in_pass']):
+  # its GPU test, then the candidates checked against fp64 and timed beside the default at bench.py's shapes
+  timeout 240 python3 -m pytest -q -n 5 test_kernels.py -k "kda_in_state_pass" 2>&1 | tail -3 | tee $OUT/kdapass-tests.txt
+  timeout ${KP2_SECS:-300} python3 bench.py --tiles delta --only "state kda in pass" --variants kda --jobs ${KPJ:-5} 2>&1 |
+    grep -v Warn | tee $OUT/tiles-kdapass.txt | tail -16
+}
 kbench() {  # the kernel table, one bench.py run with its warm phase (session 48)
   timeout ${KBT_SECS:-590} python3 bench.py --jobs ${KJOBS:-6} ${KARGS:-} 2>&1 | grep -v Warn | tee $OUT/bench.txt
 }
