@@ -1126,15 +1126,15 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # chunk-start states h[c] and Delta stored for the backward (h is the pass's largest write: [Dk, Dv] per chunk,
     # twice a [C, Dk] tile at C = 64, and the pass is bound by bandwidth): in the backward's recompute (without
     # OUTPUT), or in the forward too where TUNING['keep'] has the backward reuse them instead of recomputing.
-    # WU_IN_PASS (DeltaNet, TUNING['state']['wu_in_pass']; KDA with DECAY_IN_PASS): no _wy_fwd before the pass. u_ptr holds V, and
-    # Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
+    # WU_IN_PASS (DeltaNet, TUNING['state']['wu_in_pass']; KDA with DECAY_IN_PASS): no _wy_fwd before the pass.
+    # u_ptr holds V, and Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
     # update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV] dot). W itself
     # is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV programs: program
     # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored;
     # with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from A, beta and K.
     # DECAY_IN_PASS (KDA's forward where it stores nothing for a backward, TUNING['state']['kda_in_pass']; with
-    # WU_IN_PASS): k_ptr and q_ptr hold K and Q, and the pass forms K exp(G) (for Delta = A diag(beta) (V - K exp(G) S)),
-    # Kd and Qg itself from the chunk's [C, Dk] fp32 gate tile, rounded to k's dtype as _wy_fwd stores them: no
+    # WU_IN_PASS): k_ptr and q_ptr hold K and Q, and the pass forms K exp(G) (for Delta = A diag(beta) (V - K exp(G)
+    # S)), Kd and Qg itself from the chunk's [C, Dk] fp32 gate tile, rounded to k's dtype as _wy_fwd stores them: no
     # _wy_fwd, whose four [C, Dk] writes and reads of K, Q, G make most of the no-grad forward's bytes at Dk = 64.
     tl.static_assert(not DECAY_IN_PASS or (DECAYED and WU_IN_PASS and not SNAPSHOTS))
     iv = tl.program_id(0)
@@ -1998,7 +1998,9 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
                                          DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
                                          snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, wfree, kin,
                                          num_warps=nw,
-                                         num_stages=_state_stages(BS, 'stages', k))
+                                         # (kin beyond Dk 64: the gate tile's buffers at 3 stages pass 227 KB)
+                                         num_stages=min(2, _state_stages(BS, 'stages', k)) if kin and DK > 64 else
+                                         _state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
     return o, ht, ((w, h, vn, kd, qg) if keep else None)

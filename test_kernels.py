@@ -837,10 +837,12 @@ def test_triton_deltanet_w_free(T, dk, dv, v_tile, dtype, with_state, monkeypatc
 
 # (T, Dk, Dv, V-tile, dtype, initial state, gate strength): a partial last chunk or a partial only chunk, one to four
 # V-tiles a head, gates down to -1000 ('strong')
-KDA_IN_CASES = ([(130, 64, 64, 64, torch.bfloat16, True, "medium"), (130, 64, 64, 32, torch.bfloat16, False, "strong"),
+KDA_IN_CASES = ([(130, 64, 64, 64, torch.bfloat16, True, "medium"), (40, 64, 64, 32, torch.bfloat16, True, "strong"),
+                 (130, 64, 64, 32, torch.bfloat16, False, "strong"),
                  (65, 64, 128, 32, torch.bfloat16, True, "medium"), (130, 128, 128, 64, torch.bfloat16, True, "medium"),
                  (130, 64, 64, 32, F32, True, "strong")] if CUDA else
-                [(130, 32, 32, 16, F32, True, "medium"), (65, 32, 64, 16, torch.bfloat16, False, "strong")])
+                [(130, 32, 32, 16, F32, True, "medium"), (65, 32, 64, 16, torch.bfloat16, False, "strong"),
+                 (40, 32, 32, 32, F32, True, "strong")])
 
 @pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state,strength", KDA_IN_CASES, ids=_id)
 def test_triton_kda_in_state_pass(T, dk, dv, v_tile, dtype, with_state, strength, monkeypatch):
