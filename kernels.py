@@ -323,8 +323,10 @@ TUNING = {
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
     # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
     # 'chunk_maxnreg' 128: _grams_chunk's registers a thread capped (157 uncapped at 4 warps, 3 programs an SM; at
-    # 128, 4, no spills offline): its forward 1-2% shorter (session 53).
-    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128),
+    # 128, 4, no spills offline): its forward 1-2% shorter (session 53). 'chunk_k_d64', 'chunk_warps_d64': the same
+    # at Dk <= 64 (None: as at Dk = 128, where they were timed).
+    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128, chunk_k_d64=None,
+                  chunk_warps_d64=None),
     # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'.
     # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
     # of nine, at 70% (session 52).
@@ -1948,8 +1950,10 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     done = torch.empty(B * H * NT, device=k.device, dtype=torch.int8) if chunked else P  # (any pointer when not)
     if chunked:
         cap = {'maxnreg': grams['chunk_maxnreg']} if grams['chunk_maxnreg'] else {}
-        _grams_chunk_kernel[(NT, B * H)](q, k, beta, Gp, P, L, done, T, H, DK, min(DK, grams['chunk_k']), prec,
-                                         num_warps=grams['chunk_warps'], **cap)
+        ck, cw = grams['chunk_k'], grams['chunk_warps']
+        if DK <= 64:
+            ck, cw = grams['chunk_k_d64'] or ck, grams['chunk_warps_d64'] or cw
+        _grams_chunk_kernel[(NT, B * H)](q, k, beta, Gp, P, L, done, T, H, DK, min(DK, ck), prec, num_warps=cw, **cap)
     _grams_block_kernel[(NT, 10, B * H)](q, k, beta, Gp, P, L, T, H, DK, BK, GATE, prec, bounded, done, bool(chunked),
                                          num_warps=grams['warps'])
     _inverse_kernel[(NT, B * H)](L, A, T, H, iprec, num_warps=TUNING['inverse']['warps'])
