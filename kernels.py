@@ -311,9 +311,9 @@ TUNING = {
     # 'w_free' (DeltaNet where wu_in_pass applies): W is not stored at all; the backward pass forms
     # W^T dDelta = K^T diag(beta) (A^T dDelta) from A, beta and the K tile it reads anyway (_state_bwd_kernel).
     # 'kda_in_pass' (KDA's forward where it stores nothing for a backward: no grad, or 'keep' off; None: never; off
-    # until timed on a GPU): the largest Dk at which the pass forms W, U, Kd and Qg's work itself from K, Q, V, G, A
-    # and beta, with no _wy_fwd (_kda_in_pass); 'kda_in_pass_v' its V-tile and 'kda_in_pass_warps' its warps (None:
-    # the pass's usual ones).
+    # until timed on a GPU): the largest Dk at which the pass forms K exp(G), Kd, Qg and Delta itself from K, Q, V,
+    # G, A and beta, with no _wy_fwd (_kda_in_pass); 'kda_in_pass_v' its V-tile and 'kda_in_pass_warps' its warps
+    # (None: the pass's usual ones).
     'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, bwd_warps=None, min_v=32, one_wave_v=16,
                   one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
                   gn_ahead=True, wu_in_pass=64, w_free=True, kda_in_pass=None, kda_in_pass_v=None,
@@ -1129,11 +1129,12 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # twice a [C, Dk] tile at C = 64, and the pass is bound by bandwidth): in the backward's recompute (without
     # OUTPUT), or in the forward too where TUNING['keep'] has the backward reuse them instead of recomputing.
     # WU_IN_PASS (DeltaNet, TUNING['state']['wu_in_pass']; KDA with DECAY_IN_PASS): no _wy_fwd before the pass.
-    # u_ptr holds V, and Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
-    # update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV] dot). W itself
-    # is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV programs: program
-    # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored;
-    # with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from A, beta and K.
+    # u_ptr holds V, and Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and
+    # the K tile the update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV]
+    # dot). W itself is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV
+    # programs: program iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv),
+    # rounded as stored; with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from
+    # A, beta and K.
     # DECAY_IN_PASS (KDA's forward where it stores nothing for a backward, TUNING['state']['kda_in_pass']; with
     # WU_IN_PASS): k_ptr and q_ptr hold K and Q, and the pass forms K exp(G) (for Delta = A diag(beta) (V - K exp(G)
     # S)), Kd and Qg itself from the chunk's [C, Dk] fp32 gate tile, rounded to k's dtype as _wy_fwd stores them: no
