@@ -320,5 +320,10 @@ kbench() {  # the kernel table, one bench.py run with its warm phase (session 48
 }
 cleanup() { pkill -9 -f "[t]rain\.py"; pkill -9 -f "[t]orch\.distributed\.run"; sleep 2; }
 cleanup  # a warm machine may hold the previous call's orphans (session 44, call C)
-for step in "$@"; do echo "== $step $(date +%T)"; $step; cleanup; done
+pair_steps() {  # "a+b": step a on GPU 0 and step b on GPU 1 at once (a 2-GPU kind; each times against its own baseline)
+  local a=${1%%+*} b=${1#*+}
+  (export CUDA_VISIBLE_DEVICES=0; $a > $OUT/pair-$a.log 2>&1) & (export CUDA_VISIBLE_DEVICES=1; $b > $OUT/pair-$b.log 2>&1) &
+  wait; for s in $a $b; do echo "-- $s (GPU $([ $s = $a ] && echo 0 || echo 1))"; tail -n ${PAIR_TAIL:-40} $OUT/pair-$s.log; done
+}
+for step in "$@"; do echo "== $step $(date +%T)"; case $step in *+*) pair_steps $step;; *) $step;; esac; cleanup; done
 logs
