@@ -1978,8 +1978,11 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     wfree = wu and bool(TUNING['state']['w_free'])  # as _w_free, which the fake function calls
     w = torch.empty(0, device=k.device, dtype=k.dtype) if wfree or kin else torch.empty_like(k)  # (kin: no snapshots)
     u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
-    decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes (formed in it with kin)
-    kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed and not kin else (k, q) if kin else (None, None)
+    decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
+    if kin:  # the pass reads K and Q in their places and forms Kd, Qg itself
+        kd, qg = k, q
+    else:
+        kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
     wt = TUNING['wy_fwd']
     split, wwarps = _by_gate(wt['split_d64'], GATE) if DK <= 64 else wt['split'], wt['warps']
     while split > 1 and min(DK, DV) // split < 16:  # a dot's tile needs 16 columns: small heads take fewer programs
