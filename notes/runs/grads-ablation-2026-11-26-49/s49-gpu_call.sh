@@ -130,9 +130,10 @@ keeptrain() {  # the models under the presets side by side
     --jobs 3 --json $OUT/train-keep.json 2>&1 | grep -v Warn | tee $OUT/train-keep.txt | grep -E "^\||^measure|^device"
   set +f
 }
-kt() {  # every kernel test (session 47: the four settings on by default, the replaced forms removed)
-  local nw=${NW:-8}; [ $nw -gt 8 ] && nw=8  # more workers run one 80 GB card out of memory (session 53: 14 -> 121 OOM failures)
-  timeout ${KA_SECS:-330} python3 -m pytest -q -n $nw test_kernels.py ${KSEL:+-k "$KSEL"} 2>&1 | tee $OUT/kerneltests.txt | tail -4
+kt() {  # every kernel test (session 47: the four settings on by default, the replaced forms removed); on a several-GPU
+  # kind 8 workers a GPU, each worker's GPU set by scratch/gpu_spread.py (more than 8 on one 80 GB card run out of memory)
+  local g=$(nvidia-smi -L | wc -l) nw=${NW:-8}; [ -n "$CUDA_VISIBLE_DEVICES" ] && g=1; [ $nw -gt $((8 * g)) ] && nw=$((8 * g))
+  SPREAD_GPUS=$g PYTHONPATH=$PYTHONPATH:$PWD/scratch timeout ${KA_SECS:-330} python3 -m pytest -q -p gpu_spread -n $nw test_kernels.py ${KSEL:+-k "$KSEL"} 2>&1 | tee $OUT/kerneltests.txt | tail -4
 }
 trainctx() {  # the README's training table: softmax and the hybrid at every context, one bench.py --train run
   local mix="${MIX:-softmax kda*3,softmax}"; set -f
@@ -320,10 +321,10 @@ kbench() {  # the kernel table, one bench.py run with its warm phase (session 48
 }
 cleanup() { pkill -9 -f "[t]rain\.py"; pkill -9 -f "[t]orch\.distributed\.run"; sleep 2; }
 cleanup  # a warm machine may hold the previous call's orphans (session 44, call C)
-pair_steps() {  # "a+b": step a on GPU 0 and step b on GPU 1 at once (a 2-GPU kind; each times against its own baseline)
-  local a=${1%%+*} b=${1#*+}
-  (export CUDA_VISIBLE_DEVICES=0; $a > $OUT/pair-$a.log 2>&1) & (export CUDA_VISIBLE_DEVICES=1; $b > $OUT/pair-$b.log 2>&1) &
-  wait; for s in $a $b; do echo "-- $s (GPU $([ $s = $a ] && echo 0 || echo 1))"; tail -n ${PAIR_TAIL:-40} $OUT/pair-$s.log; done
+pair_steps() {  # "a+b+...": step a on GPU 0, b on GPU 1, ... at once (a several-GPU kind; each times against its own baseline)
+  local IFS=+ i=0 s; local steps=($1); unset IFS
+  for s in "${steps[@]}"; do (export CUDA_VISIBLE_DEVICES=$i; $s > $OUT/pair-$s.log 2>&1) & i=$((i + 1)); done
+  wait; i=0; for s in "${steps[@]}"; do echo "-- $s (GPU $i)"; tail -n ${PAIR_TAIL:-40} $OUT/pair-$s.log; i=$((i + 1)); done
 }
 for step in "$@"; do echo "== $step $(date +%T)"; case $step in *+*) pair_steps $step;; *) $step;; esac; cleanup; done
 logs
