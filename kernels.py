@@ -310,22 +310,18 @@ TUNING = {
     # Dk = Dv = 128, half that at 64), only where the pass's programs cover the SMs (_wu_in_pass).
     # 'w_free' (DeltaNet where wu_in_pass applies): W is not stored at all; the backward pass forms
     # W^T dDelta = K^T diag(beta) (A^T dDelta) from A, beta and the K tile it reads anyway (_state_bwd_kernel).
-    # 'kda_in_pass' (KDA's forward where it stores nothing for a backward: no grad, or 'keep' off; None: never; off
-    # until timed on a GPU): the largest Dk at which the pass forms K exp(G), Kd, Qg and Delta itself from K, Q, V,
-    # G, A and beta, with no _wy_fwd (_kda_in_pass); 'kda_in_pass_v' its V-tile and 'kda_in_pass_warps' its warps
-    # (None: the pass's usual ones).
     'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, bwd_warps=None, min_v=32, one_wave_v=16,
                   one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
-                  gn_ahead=True, wu_in_pass=64, w_free=True, kda_in_pass=None, kda_in_pass_v=None,
-                  kda_in_pass_warps=None),
+                  gn_ahead=True, wu_in_pass=64, w_free=True),
     # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
     # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
     # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
     # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
     # 'chunk_maxnreg' 128: _grams_chunk's registers a thread capped (157 uncapped at 4 warps, 3 programs an SM; at
     # 128, 4, no spills offline): its forward 1-2% shorter (session 53). 'chunk_k_d64', 'chunk_warps_d64': the same
-    # at Dk <= 64 (None: as at Dk = 128, where they were timed).
-    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128, chunk_k_d64=None,
+    # at Dk <= 64 (None: as at Dk = 128): whole 64-column rows made KDA's forward at 8 x 4096 x 16 x 64 4% shorter
+    # than tiles of 32, 8 warps 2-11% longer (session 56).
+    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128, chunk_k_d64=64,
                   chunk_warps_d64=None),
     # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'.
     # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
@@ -1114,7 +1110,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
                       SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False, WU_IN_PASS: tl.constexpr = False,
-                      W_FREE: tl.constexpr = False, DECAY_IN_PASS: tl.constexpr = False):
+                      W_FREE: tl.constexpr = False):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
@@ -1128,18 +1124,12 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # chunk-start states h[c] and Delta stored for the backward (h is the pass's largest write: [Dk, Dv] per chunk,
     # twice a [C, Dk] tile at C = 64, and the pass is bound by bandwidth): in the backward's recompute (without
     # OUTPUT), or in the forward too where TUNING['keep'] has the backward reuse them instead of recomputing.
-    # WU_IN_PASS (DeltaNet, TUNING['state']['wu_in_pass']; KDA with DECAY_IN_PASS): no _wy_fwd before the pass.
-    # u_ptr holds V, and Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and
-    # the K tile the update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV]
-    # dot). W itself is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV
-    # programs: program iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv),
-    # rounded as stored; with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from
-    # A, beta and K.
-    # DECAY_IN_PASS (KDA's forward where it stores nothing for a backward, TUNING['state']['kda_in_pass']; with
-    # WU_IN_PASS): k_ptr and q_ptr hold K and Q, and the pass forms K exp(G) (for Delta = A diag(beta) (V - K exp(G)
-    # S)), Kd and Qg itself from the chunk's [C, Dk] fp32 gate tile, rounded to k's dtype as _wy_fwd stores them: no
-    # _wy_fwd, whose four [C, Dk] writes and reads of K, Q, G make most of the no-grad forward's bytes at Dk = 64.
-    tl.static_assert(not DECAY_IN_PASS or (DECAYED and WU_IN_PASS and not SNAPSHOTS))
+    # WU_IN_PASS (DeltaNet only, TUNING['state']['wu_in_pass']): no _wy_fwd before the pass. u_ptr holds V, and
+    # Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
+    # update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV] dot). W itself
+    # is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV programs: program
+    # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored;
+    # with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from A, beta and K.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1163,7 +1153,6 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         tok0 = (b * T + c * C) * H + h
         if DECAYED and GN_AHEAD:
             # exp(G_n) of this chunk from the value loaded a chunk ago (its register is then free for the next one)
-            gn = Gn_ahead
             decay_n = tl.exp(Gn_ahead)[:, None]
             n1 = tl.minimum(T - (c + 1) * C, C)
             Gn_ahead = tl.load(G_ptr + ((b * T + (c + 1) * C + n1 - 1) * H + h) * DG + ck,
@@ -1171,20 +1160,11 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         if SNAPSHOTS:
             tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
         if DECAYED and not GN_AHEAD:
-            gn = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)
-            Gn_col = gn[:, None]
+            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
         elif not DECAYED:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         if WU_IN_PASS:
             kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-            if DECAY_IN_PASS:  # K exp(G) for K S, Kd for the update, Qg for the output (exp(G) <= 1, 0 on padded rows)
-                Gt = tl.load(G_ptr + tok[:, None] * DG + ck[None, :], mask=valid[:, None], other=0.)
-                eg = tl.exp(tl.where(valid[:, None], Gt, float('-inf')))
-                kf = kk.to(tl.float32)
-                kdec = (kf * tl.exp(tl.where(valid[:, None], gn[None, :] - Gt, float('-inf')))).to(kk.dtype)
-                qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-                qdec = (qq.to(tl.float32) * eg).to(qq.dtype)
-                kk = (kf * eg).to(kk.dtype)
             vv = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
             # beta of the next chunk now: its rows are H apart, too narrow for the pipeliner's asynchronous copies
             # (4 bytes at least), so a load in its own chunk would wait a memory round trip before the first dot
@@ -1211,10 +1191,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         if SNAPSHOTS:
             tl.store(vn_ptr + tok[:, None] * DV + cv[None, :], d.to(vn_ptr.dtype.element_ty), mask=valid[:, None])
         if OUTPUT:
-            if DECAY_IN_PASS:
-                qq = qdec
-            else:
-                qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
+            qq = tl.load(q_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
             Pq = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
             qs = _dot(qq, S, PREC)
             if GATE == GATE_SCALAR:
@@ -1223,8 +1200,6 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             tl.store(o_ptr + tok[:, None] * DV + cv[None, :], o.to(o_ptr.dtype.element_ty), mask=valid[:, None])
         if not WU_IN_PASS:  # (loaded above there)
             kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
-        if DECAY_IN_PASS:
-            kk = kdec
         if GATE == GATE_SCALAR:
             d = d * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G))^T Delta
         if DECAYED and GN_AHEAD:
@@ -1918,14 +1893,6 @@ def _wu_in_pass(GATE, DK, DV, BV, BH, device):
     return bool(min_k is not None and DK >= min_k and GATE == GATE_NONE and (DV // BV) * BH >= _sm_count(device)
                 and DK * BV // DV >= 16)
 
-def _kda_in_pass(GATE, DK, output, snapshots):
-    """Whether KDA's forward state pass forms K exp(G), Kd, Qg and Delta itself, with no _wy_fwd (TUNING['state']
-    ['kda_in_pass'], _state_fwd_kernel's DECAY_IN_PASS): only where the pass writes the output and no snapshots (the
-    backward's recompute and TUNING['keep'] need _wy_fwd's Kd, Qg and W stored), and at Dk up to the setting, where
-    the [C, Dk] fp32 gate tile and its exps fit beside the state in the pass's registers."""
-    max_k = TUNING['state']['kda_in_pass']
-    return bool(max_k is not None and GATE == GATE_CHANNEL and output and not snapshots and DK <= max_k)
-
 def _w_free(GATE, k, v):
     """Whether the forward stores no W (TUNING['state']['w_free'], where _wu_in_pass: DeltaNet), the backward pass
     forming W^T dDelta from A, beta and K. From the shapes alone, so that the fake function agrees."""
@@ -1969,20 +1936,12 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, T, k.device)
-    output = P is not None
-    snapshots = not output or keep
-    kin = _kda_in_pass(GATE, DK, output, snapshots)
-    if kin and TUNING['state']['kda_in_pass_v']:
-        BS = min(DV, TUNING['state']['kda_in_pass_v'])
-    wu = kin or _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)
+    wu = _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)
     wfree = wu and bool(TUNING['state']['w_free'])  # as _w_free, which the fake function calls
-    w = torch.empty(0, device=k.device, dtype=k.dtype) if wfree or kin else torch.empty_like(k)  # (kin: no snapshots)
+    w = torch.empty(0, device=k.device, dtype=k.dtype) if wfree else torch.empty_like(k)
     u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
-    if kin:  # the pass reads K and Q in their places and forms Kd, Qg itself
-        kd, qg = k, q
-    else:
-        kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
+    kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
     wt = TUNING['wy_fwd']
     split, wwarps = _by_gate(wt['split_d64'], GATE) if DK <= 64 else wt['split'], wt['warps']
     while split > 1 and min(DK, DV) // split < 16:  # a dot's tile needs 16 columns: small heads take fewer programs
@@ -1991,24 +1950,23 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
         _wy_fwd_kernel[(NT, B * H, split)](k, v, beta, Gp, A, w, u, q, kd if decayed else w, qg if decayed else w, T,
                                            H, DK, DV, DG, DK // split, DV // split, C, GATE, prec, decayed,
                                            num_warps=wwarps or _warps(DK // split, DV // split))
+    output = P is not None
+    snapshots = not output or keep
     o = torch.empty_like(v) if output else None
     vn = torch.empty_like(v) if snapshots else None  # Delta
     h = torch.empty(B, NT, H, DK, DV, device=k.device, dtype=k.dtype) if snapshots else None
     ht = torch.empty(B, H, DK, DV, device=k.device, dtype=torch.float32) if output_final_state else None
     any_ = o if output else vn  # any pointer, in place of an absent tensor
     if output:
-        nw = TUNING['state']['kda_in_pass_warps'] if kin and TUNING['state']['kda_in_pass_warps'] else \
-            TUNING['state']['out_warps']
+        nw = TUNING['state']['out_warps']
     _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, k if wfree else w, u, Gp, h if snapshots else any_,
                                          vn if snapshots else any_, h0 if h0 is not None else any_,
                                          ht if ht is not None else any_, qg if decayed else q,
                                          P if output else any_, o if output else any_, scale, T, NT, H, A, beta, DK,
                                          DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, wfree, kin,
+                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, wfree,
                                          num_warps=nw,
-                                         # (kin beyond Dk 64: the gate tile's buffers at 3 stages pass 227 KB)
-                                         num_stages=min(2, _state_stages(BS, 'stages', k)) if kin and DK > 64 else
-                                         _state_stages(BS, 'stages', k))
+                                         num_stages=_state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
     return o, ht, ((w, h, vn, kd, qg) if keep else None)

@@ -668,10 +668,10 @@ def test_triton_kda_grams_by_chunk(strength, dtype, monkeypatch):
     elif strength in ("medium", "strong"):
         assert formed <= B * nh * len(flags), (formed, len(flags))  # at most the short last chunks
 
-@pytest.mark.parametrize("bk,warps", [(64, 8), (16, 4)])
+@pytest.mark.parametrize("bk,warps", [(64, 8), (32, 4), (16, 4)])
 def test_triton_kda_grams_chunk_d64_tiles(bk, warps, monkeypatch):
     # TUNING['grams']['chunk_k_d64'], ['chunk_warps_d64']: _grams_chunk's key tile and warps at Dk <= 64 (a whole row
-    # of 64, or tiles of 16: one to four key tiles a program), taken there and not at Dk = 128; against the fp64
+    # of 64, tiles of 32 or of 16: one to four key tiles a program), taken there and not at Dk = 128; against the fp64
     # reference with every full chunk formed by it ('mild')
     monkeypatch.setitem(kernels.TUNING, "grams", dict(kernels.TUNING["grams"], chunk_k_d64=bk, chunk_warps_d64=warps))
     tiles = []
@@ -852,54 +852,6 @@ def test_triton_deltanet_w_free(T, dk, dv, v_tile, dtype, with_state, monkeypatc
     for keep in (True, False):  # two sequences: beta's rows of the second start at b T
         monkeypatch.setitem(kernels.TUNING, "keep", keep)
         triton_check(2, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
-
-
-# (T, Dk, Dv, V-tile, dtype, initial state, gate strength): a partial last chunk or a partial only chunk, one to four
-# V-tiles a head, gates down to -1000 ('strong')
-KDA_IN_CASES = ([(130, 64, 64, 64, torch.bfloat16, True, "medium"), (40, 64, 64, 32, torch.bfloat16, True, "strong"),
-                 (130, 64, 64, 32, torch.bfloat16, False, "strong"),
-                 (65, 64, 128, 32, torch.bfloat16, True, "medium"), (130, 128, 128, 64, torch.bfloat16, True, "medium"),
-                 (130, 64, 64, 32, F32, True, "strong")] if CUDA else
-                [(130, 32, 32, 16, F32, True, "medium"), (65, 32, 64, 16, torch.bfloat16, False, "strong"),
-                 (40, 32, 32, 32, F32, True, "strong")])
-
-@pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state,strength", KDA_IN_CASES, ids=_id)
-def test_triton_kda_in_state_pass(T, dk, dv, v_tile, dtype, with_state, strength, monkeypatch):
-    # TUNING['state']['kda_in_pass']: KDA's forward pass, where it stores nothing for a backward, forms K exp(G), Kd,
-    # Qg and Delta = A diag(beta) (V - K exp(G) S) itself from K, Q, V, G (no _wy_fwd). Against the fp64 reference,
-    # forward (no grad: the output and final state) and forward and backward with keep off (the forward takes the
-    # pass, the backward's recompute _wy_fwd); with keep on the forward keeps _wy_fwd (it stores Kd, Qg, W)
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], kda_in_pass=dk, kda_in_pass_v=v_tile))
-    assert kernels._kda_in_pass(int(kernels.GATE_CHANNEL), dk, True, False)
-    assert not kernels._kda_in_pass(int(kernels.GATE_CHANNEL), 2 * dk, True, False)  # above the setting
-    assert not kernels._kda_in_pass(int(kernels.GATE_CHANNEL), dk, True, True)  # snapshots: _wy_fwd's stores
-    assert not kernels._kda_in_pass(int(kernels.GATE_NONE), dk, True, False)  # KDA only
-    launches = []
-    watch_launches(monkeypatch, "_wy_fwd_kernel", launches.append)
-    x = triton_inputs(2, T, 2, dk, dv, "kda", strength, dtype, 0)
-    if not with_state:
-        x = dict(x, initial_state=None)
-    ref = kernels.delta_rule_recurrent(**{n: (t.double() if torch.is_tensor(t) else t) for n, t in x.items()},
-                                       output_final_state=True)
-    j = 0 if dtype == torch.bfloat16 else 1
-    slack = 2.5 if (j == 0 and not CUDA) else 1.0
-    for gn_ahead, warps in ((False, 8), (True, None)):  # G_n loaded in its chunk, or a chunk ahead (the default)
-        monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], gn_ahead=gn_ahead,
-                                                          kda_in_pass_warps=warps))
-        with torch.no_grad():
-            o, ht = kernels.delta_rule_triton(**x, output_final_state=True)
-        assert not launches, len(launches)
-        errs = {"o": rms_err(o, ref[0]), "ht": rms_err(ht, ref[1])}
-        print(f"T={T} D={dk}/{dv} v-tile {v_tile} {strength} {str(dtype)[6:]} gn ahead {gn_ahead} no grad: " +
-              " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
-        assert all(e < slack * TRITON_TOL[n][j] for n, e in errs.items()), errs
-    monkeypatch.setitem(kernels.TUNING, "keep", False)
-    triton_check(2, T, 2, dk, dv, "kda", strength, dtype, with_state=with_state)
-    assert len(launches) == 1, len(launches)  # the backward's recompute only
-    monkeypatch.setitem(kernels.TUNING, "keep", True)
-    launches.clear()
-    triton_check(1, T, 2, dk, dv, "kda", strength, dtype, with_state=with_state)
-    assert len(launches) == 1, len(launches)  # the forward's (which keeps W, Kd, Qg for the backward)
 
 
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
@@ -1949,10 +1901,9 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
             kernels.short_conv_step(x[:, 0].detach(), torch.zeros(2, 3, 32, device=DEV, dtype=dtype), w, b,
                                     norm=norm, path="triton")
     # the other settings that launch other forms of the kernels (TUNING['keep'] off: the backward's recompute; and
-    # TUNING['state']['w_free']: DeltaNet's backward pass without W; 'kda_in_pass': KDA's forward pass forming Kd, Qg
-    # and Delta itself), at D = 128
+    # TUNING['state']['w_free']: DeltaNet's backward pass without W), at D = 128
     monkeypatch.setitem(kernels.TUNING, "keep", False)
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], w_free=True, kda_in_pass=128))
+    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], w_free=True))
     for dtype in (torch.bfloat16, F32):
         for gate in ("none", "gdn", "kda"):
             x = triton_inputs(1, T, nh, 128, 128, gate, "mild", dtype)

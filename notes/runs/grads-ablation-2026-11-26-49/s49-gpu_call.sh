@@ -138,7 +138,7 @@ kt() {  # every kernel test (session 47: the four settings on by default, the re
 trainctx() {  # the README's training table: softmax and the hybrid at every context, one bench.py --train run
   local mix="${MIX:-softmax kda*3,softmax}"; set -f
   timeout ${TC_SECS:-580} python3 bench.py --train --contexts ${CTX:-1024,4096,8192,16384,32768} --mixers $mix \
-    --jobs ${JOBS:-3} --json $OUT/train-ctx.json 2>&1 | grep -v Warn | tee $OUT/train-ctx.txt | grep -E "^\||^measure|^device|^command"
+    --jobs ${JOBS:-3} --json $OUT/${TC_OUT:-train-ctx}.json 2>&1 | grep -v Warn | tee $OUT/${TC_OUT:-train-ctx}.txt | grep -E "^\||^measure|^device|^command"
   set +f
 }
 cp4() {  # issue 45: CP over 4 GPUs. 1 GPU at 98,304 and 114,688 and CP over 2 at 98,304 side by side (GPUs 0 | 1 | 2,3),
@@ -304,6 +304,9 @@ wfree() {  # session 54: DeltaNet's forward without W, its backward pass forming
   timeout 240 python3 -m pytest -q -n 4 test_kernels.py -k "w_free" 2>&1 | tail -3 | tee $OUT/wfree-tests.txt
   timeout ${WF_SECS:-240} python3 bench.py --tiles delta --only "state w free,state bwd warps 8" --variants deltanet --jobs ${WFJ:-4} 2>&1 |
     grep -v Warn | tee $OUT/tiles-wfree.txt | tail -10
+}
+mix4k() {  # issue 41: every mixer at 4k, one bench.py --train run (TC_OUT: beside trainctx on another GPU)
+  CTX=4096 MIX="softmax kda*3,softmax kda gdn deltanet mamba2 retnet" JOBS=4 TC_OUT=train-4k-mixers trainctx
 }
 kdapass() {  # session 55: KDA's no-grad forward with Kd, Qg, Delta formed in the state pass (TUNING['state']['kda_in_pass']):
   # its GPU test, then the candidates checked against fp64 and timed beside the default at bench.py's shapes
