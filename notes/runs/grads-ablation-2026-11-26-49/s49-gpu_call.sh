@@ -308,6 +308,15 @@ wfree() {  # session 54: DeltaNet's forward without W, its backward pass forming
 mix4k() {  # issue 41: every mixer at 4k, one bench.py --train run (TC_OUT: beside trainctx on another GPU)
   CTX=4096 MIX="softmax kda*3,softmax kda gdn deltanet mamba2 retnet" JOBS=4 TC_OUT=train-4k-mixers trainctx
 }
+losscheck() {  # issue 41 point 5: the hybrid's 200-step loss check (compiled and eager, side by side on one GPU) against
+  # the stored runs of 2026-11-26 (notes/perf.md, "The loss check"), compared by notes/loss_compare.py
+  local a="config/kda_hybrid.py --dataset=pystdlib --batch_size=16 --block_size=1024 --gradient_accumulation_steps=1 --max_iters=200 --lr_decay_iters=200 --warmup_iters=20 --eval_interval=1000 --eval_iters=10 --log_interval=1 --wandb_log=False"
+  timeout ${LC_SECS:-280} python3 train.py $a --out_dir=/tmp/lc-now > $OUT/losscheck-now.txt 2>&1 &
+  timeout ${LC_SECS:-280} python3 train.py $a --compile=False --out_dir=/tmp/lc-now-eager > $OUT/losscheck-now-eager.txt 2>&1 &
+  wait
+  python3 notes/loss_compare.py notes/runs/losscheck-2026-11-26-{before,after,eager}.txt $OUT/losscheck-now{,-eager}.txt | tee $OUT/losscheck-compare.txt
+}
+confirmlc() { confirm; losscheck; }  # (one GPU's share of a two-GPU call)
 kdapass() {  # session 55: KDA's no-grad forward with Kd, Qg, Delta formed in the state pass (TUNING['state']['kda_in_pass']):
   # its GPU test, then the candidates checked against fp64 and timed beside the default at bench.py's shapes
   timeout 240 python3 -m pytest -q -n 5 test_kernels.py -k "kda_in_state_pass" 2>&1 | tail -3 | tee $OUT/kdapass-tests.txt
