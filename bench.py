@@ -1631,7 +1631,7 @@ def train_bench(args, mixers, contexts):
             print(head + f"error: {r['error'][:100]} |" + " |" * (10 + docs + len(CATEGORIES)))
             continue
         c = r.get("categories", {})
-        print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".2f")]
+        print(head + " | ".join([f(r["tokens_per_s"], ",.0f"), f(r.get("x_softmax"), ".3f")]
                                 + [f(r.get("x_off"), ".2f")] * docs
                                 + [f(r["mfu"] and 100 * r["mfu"], ".1f") + ("%" if r["mfu"] else ""),
                                    f(r.get("peak_mib"), ",.0f"), f(r["ms"], ".1f")]

@@ -122,7 +122,7 @@ def test_train_table_ratios(monkeypatch, capsys, tmp_path):
     rows = [s for s in capsys.readouterr().out.splitlines() if s.startswith('|')]
     assert len({s.count('|') for s in rows}) == 1  # every row has the header's columns
     kda = [c.strip() for c in rows[3].strip('|').split('|')]
-    assert kda[:3] == ['kda', '1024 (8)', '200'] and kda[3] == '0.67'
+    assert kda[:3] == ['kda', '1024 (8)', '200'] and kda[3] == '0.667'
     assert kda[-2:] == ['69.00', '1.15']  # (140 - 71) / (90 - 30)
     assert 'OutOfMemoryError' in rows[5]
     saved = json.load(open(tmp_path / 'r.json'))
@@ -150,7 +150,7 @@ def test_train_table_documents_column(monkeypatch, capsys):
             if s.startswith('|')]
     assert rows[0][3:5] == ['× softmax', '÷ off'] and len({len(r) for r in rows}) == 1
     assert [r[0] for r in rows[2:]] == ['softmax', 'softmax +docs', 'kda', 'kda +docs']
-    assert rows[3][3:5] == ['0.80', '0.80'] and rows[4][3:5] == ['0.67', ''] and rows[5][3:5] == ['0.63', '0.95']
+    assert rows[3][3:5] == ['0.800', '0.80'] and rows[4][3:5] == ['0.667', ''] and rows[5][3:5] == ['0.633', '0.95']
 
 
 def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
@@ -175,7 +175,7 @@ def test_train_table_compile_modes_and_idle(monkeypatch, capsys):
     head = rows[0]
     assert [r[0] for r in rows[2:]] == ['softmax [default]', 'kda [default]', 'softmax [reduce-overhead]',
                                         'kda [reduce-overhead]']
-    assert [r[3] for r in rows[2:]] == ['1.00', '0.50', '1.00', '0.75']
+    assert [r[3] for r in rows[2:]] == ['1.000', '0.500', '1.000', '0.750']
     assert rows[3][head.index('profiled idle ms')] == '0.50' and rows[3][head.index('profiled idle %')] == '2.5'
     assert rows[3][head.index('idle ms (timed)')] == '0.30' and rows[3][head.index('idle % (timed)')] == '3.0'
 
@@ -203,7 +203,7 @@ def test_train_table_tuning_presets(monkeypatch, capsys):
     rows = [[c.strip() for c in s.strip('|').split('|')] for s in capsys.readouterr().out.splitlines()
             if s.startswith('|')]
     assert [r[0] for r in rows[2:]] == ['softmax', 'kda [default]', 'kda [recompute]']
-    assert [r[3] for r in rows[2:]] == ['1.00', '0.55', '0.50']
+    assert [r[3] for r in rows[2:]] == ['1.000', '0.550', '0.500']
     cmd = []
     monkeypatch.setattr(bench.subprocess, 'run', lambda c, **kw: cmd.append(c) or types.SimpleNamespace(
         stdout='CELL {"mixer": "kda"}', stderr='', returncode=0))
