@@ -668,11 +668,11 @@ def test_triton_kda_grams_by_chunk(strength, dtype, monkeypatch):
     elif strength in ("medium", "strong"):
         assert formed <= B * nh * len(flags), (formed, len(flags))  # at most the short last chunks
 
-@pytest.mark.parametrize("bk,warps", [(64, 8), (32, 4), (16, 4)])
+@pytest.mark.parametrize("bk,warps", [(64, 8), (16, 4), (None, None)])
 def test_triton_kda_grams_chunk_d64_tiles(bk, warps, monkeypatch):
     # TUNING['grams']['chunk_k_d64'], ['chunk_warps_d64']: _grams_chunk's key tile and warps at Dk <= 64 (a whole row
-    # of 64, tiles of 32 or of 16: one to four key tiles a program), taken there and not at Dk = 128; against the fp64
-    # reference with every full chunk formed by it ('mild')
+    # of 64, or tiles of 16: one to four key tiles a program; None: Dk 128's 'chunk_k', 32), taken there and not at
+    # Dk = 128; against the fp64 reference with every full chunk formed by it ('mild')
     monkeypatch.setitem(kernels.TUNING, "grams", dict(kernels.TUNING["grams"], chunk_k_d64=bk, chunk_warps_d64=warps))
     tiles = []
     watch_launches(monkeypatch, "_grams_chunk_kernel", lambda a: tiles.append(a[10]))  # its BK
@@ -684,7 +684,7 @@ def test_triton_kda_grams_chunk_d64_tiles(bk, warps, monkeypatch):
     D = 64 if CUDA else 32
     for dtype in ([torch.bfloat16, F32] if CUDA else [F32]):
         kda_reference_check(2, 2, 130, D, "mild", dtype, f"grams chunk d64 k {bk}")
-    assert tiles and all(t == min(D, bk) for t in tiles), tiles
+    assert tiles and all(t == min(D, bk or kernels.TUNING["grams"]["chunk_k"]) for t in tiles), tiles
 
 
 @pytest.mark.parametrize("bound,dtype", [(None, F32), (-5.0, F32)] + [(-5.0, torch.bfloat16)] * CUDA, ids=_id)

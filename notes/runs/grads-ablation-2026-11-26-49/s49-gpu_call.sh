@@ -317,12 +317,6 @@ losscheck() {  # issue 41 point 5: the hybrid's 200-step loss check (compiled an
   python3 notes/loss_compare.py notes/runs/losscheck-2026-11-26-{before,after,eager}.txt $OUT/losscheck-now{,-eager}.txt | tee $OUT/losscheck-compare.txt
 }
 confirmlc() { confirm; losscheck; }  # (one GPU's share of a two-GPU call)
-kdapass() {  # session 55: KDA's no-grad forward with Kd, Qg, Delta formed in the state pass (TUNING['state']['kda_in_pass']):
-  # its GPU test, then the candidates checked against fp64 and timed beside the default at bench.py's shapes
-  timeout 240 python3 -m pytest -q -n 5 test_kernels.py -k "kda_in_state_pass" 2>&1 | tail -3 | tee $OUT/kdapass-tests.txt
-  timeout ${KP2_SECS:-300} python3 bench.py --tiles delta --only "state kda in pass" --variants kda --shape ${KPS:-8,4096,16,64} \
-    --jobs ${KPJ:-5} 2>&1 | grep -v Warn | tee $OUT/tiles-kdapass.txt | tail -8
-}
 grams64() {  # session 55: KDA's _grams_chunk at Dk 64 by its own key tile and warps (TUNING['grams']['chunk_k_d64'], ...)
   timeout 200 python3 -m pytest -q -n 4 test_kernels.py -k "grams_chunk_d64" 2>&1 | tail -3 | tee $OUT/grams64-tests.txt
   timeout ${G64_SECS:-240} python3 bench.py --tiles delta --only "grams chunk d64" --variants kda --shape 8,4096,16,64 \
