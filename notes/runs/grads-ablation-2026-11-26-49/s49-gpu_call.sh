@@ -175,6 +175,42 @@ for k in ("CP2-T98304", "CP4-T98304"):
         print(f"losses 1GPU vs {k}: largest difference {max(same):.4f} over {len(same)} steps")
 PY
 }
+cpbase() {  # issue 45 (57): one GPU at 98,304 and at 114,688 side by side, then CP over 2 at 98,304 (two visible GPUs)
+  timeout ${CPB_SECS:-560} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+sys.argv = ["bench.py", "--multi_gpu", "cpbase"]
+import bench
+out, res = os.environ["OUT"], {}
+g = os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",")
+c = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={bench.long_rows_dataset()}"]
+runs = [(1, c + ["--block_size=98304"], 30, "1GPU-T98304", g[0]), (1, c + ["--block_size=114688"], 30, "1GPU-T114688", g[1])]
+with ThreadPoolExecutor(2) as pool:
+    for a, r in zip(runs, pool.map(lambda a: bench.train_run(*a), runs)):
+        res[a[3]] = r
+json.dump(res, open(f"{out}/cpbase.json", "w"), indent=1)
+res["CP2-T98304"] = bench.train_run(2, c + ["--block_size=98304", "--context_parallel=2"], 30, "CP2-T98304", ",".join(g[:2]))
+json.dump(res, open(f"{out}/cpbase.json", "w"), indent=1)
+PY
+}
+cp4long() {  # issue 45 (57): the longest context over 4 GPUs with recompute (CPL: multiples of 98,304 to try, longest
+  # first, until one trains), then CP over 4 at 98,304 (against cpbase's one GPU and CP over 2 on the same machine)
+  timeout ${CPL_SECS:-560} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
+import json, os, sys
+sys.argv = ["bench.py", "--multi_gpu", "cp4long"]
+import bench
+out, res = os.environ["OUT"], {}
+def save():
+    json.dump(res, open(f"{out}/cp4long.json", "w"), indent=1)
+c = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={bench.long_rows_dataset()}", "--context_parallel=4"]
+for m in [int(x) for x in os.environ.get("CPL", "12,8").split(",")]:
+    T = m * 98304
+    r = res[f"CP4-T{T}-AC"] = bench.train_run(4, c + [f"--block_size={T}", "--activation_checkpointing=True"], 8, f"CP4-T{T}-AC"); save()
+    if "tokens_s" in r:
+        break
+res["CP4-T98304"] = bench.train_run(4, c + ["--block_size=98304"], 20, "CP4-T98304"); save()
+PY
+}
 prof1() {  # session 49: DDP and FSDP on one GPU (FSDP-1 ran at 0.77x DDP-1 in the dp table), 5 steps each profiled
   for f in "" "--fsdp=True"; do echo "-- $f"
     PROF_AFTER=20 PROF_STEPS=5 PROF_OUT=$OUT/prof1${f:+-fsdp} PROF_TRACE=$OUT/trace1${f:+-fsdp}.json timeout ${PROF_SECS:-200} \
@@ -327,10 +363,13 @@ kbench() {  # the kernel table, one bench.py run with its warm phase (session 48
 }
 cleanup() { pkill -9 -f "[t]rain\.py"; pkill -9 -f "[t]orch\.distributed\.run"; sleep 2; }
 cleanup  # a warm machine may hold the previous call's orphans (session 44, call C)
-pair_steps() {  # "a+b+...": step a on GPU 0, b on GPU 1, ... at once (a several-GPU kind; each times against its own baseline)
-  local IFS=+ i=0 s; local steps=($1); unset IFS
-  for s in "${steps[@]}"; do (export CUDA_VISIBLE_DEVICES=$i; $s > $OUT/pair-$s.log 2>&1) & i=$((i + 1)); done
-  wait; i=0; for s in "${steps[@]}"; do echo "-- $s (GPU $i)"; tail -n ${PAIR_TAIL:-40} $OUT/pair-$s.log; i=$((i + 1)); done
+pair_steps() {  # "a+b+...": step a on GPU 0, b on GPU 1, ... at once (a several-GPU kind; each times against its own
+  # baseline); "a+b+c@2,3": step c on GPUs 2 and 3
+  local IFS=+ i=0 s n g; local steps=($1); unset IFS
+  for s in "${steps[@]}"; do n=${s%@*}; g=${s#*@}; [ "$g" = "$s" ] && g=$i
+    (export CUDA_VISIBLE_DEVICES=$g; $n > $OUT/pair-$n.log 2>&1) & i=$((i + 1)); done
+  wait; i=0; for s in "${steps[@]}"; do n=${s%@*}; g=${s#*@}; [ "$g" = "$s" ] && g=$i
+    echo "-- $n (GPU $g)"; tail -n ${PAIR_TAIL:-40} $OUT/pair-$n.log; i=$((i + 1)); done
 }
 for step in "$@"; do echo "== $step $(date +%T)"; case $step in *+*) pair_steps $step;; *) $step;; esac; cleanup; done
 logs
