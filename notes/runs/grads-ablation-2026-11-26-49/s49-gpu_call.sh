@@ -352,6 +352,16 @@ losscheck() {  # issue 41 point 5: the hybrid's 200-step loss check (compiled an
   wait
   python3 notes/loss_compare.py notes/runs/losscheck-2026-11-26-{before,after,eager}.txt $OUT/losscheck-now{,-eager}.txt | tee $OUT/losscheck-compare.txt
 }
+lcold() {  # (57): the loss check of 11-24's code (6f04bad, the stored 'after' run, scratch/old) beside today's, compiled,
+  # and today's with the chunked torch kernels (--kernels=torch, eager): same data, same init, one GPU
+  local a="config/kda_hybrid.py --dataset=pystdlib --batch_size=16 --block_size=1024 --gradient_accumulation_steps=1 --max_iters=200 --lr_decay_iters=200 --warmup_iters=20 --eval_interval=1000 --eval_iters=10 --log_interval=1"
+  (cd scratch/old && timeout ${LC_SECS:-330} python3 train.py $a --out_dir=/tmp/lc-old > $OUT/losscheck-old-6f04bad.txt 2>&1) &
+  timeout ${LC_SECS:-330} python3 train.py $a --wandb_log=False --out_dir=/tmp/lc-now > $OUT/losscheck-now.txt 2>&1 &
+  [ $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) -lt 100000 ] && wait  # (three fit an H200, two an H100)
+  timeout ${LC_SECS:-330} python3 train.py $a --wandb_log=False --kernels=torch --compile=False --out_dir=/tmp/lc-torch > $OUT/losscheck-now-torch.txt 2>&1 &
+  wait
+  python3 notes/loss_compare.py notes/runs/losscheck-2026-11-26-{before,after}.txt $OUT/losscheck-{old-6f04bad,now,now-torch}.txt | tee $OUT/losscheck-compare.txt
+}
 confirmlc() { confirm; losscheck; }  # (one GPU's share of a two-GPU call)
 grams64() {  # session 55: KDA's _grams_chunk at Dk 64 by its own key tile and warps (TUNING['grams']['chunk_k_d64'], ...)
   timeout 200 python3 -m pytest -q -n 4 test_kernels.py -k "grams_chunk_d64" 2>&1 | tail -3 | tee $OUT/grams64-tests.txt
