@@ -672,7 +672,8 @@ last_done = 0.0                   # when the host saw the last reported step end
 # not finite (found_inf); the host stops the run when it reads that step, before any eval or save. With the fp16
 # grad scaler (its own skipping) or an optimizer that cannot skip, the check stays before each step (one sync).
 lagged = bool(optimizer.defaults.get('fused')) and not scaler.is_enabled()
-pending = None                    # lagged: (iter, (numbers on their way to the host, event), t0) of the last step
+pending = None                    # lagged: (iter, (numbers on their way to the host, event), t0, start event) of the last step
+last_end = None                   # lagged on CUDA: the GPU event that ended the last reported step (None after an eval)
 
 
 def step_numbers(step_loss, grad_norm):
@@ -698,21 +699,27 @@ def to_host(numbers):
         return numbers, None
     host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
     host.copy_(numbers, non_blocking=True)
-    done = torch.cuda.Event()
+    done = torch.cuda.Event(enable_timing=True)  # also the step's end on the GPU's timeline (settle)
     done.record()
     return host, done
 
 
 def settle():
-    """Lagged: wait for the pending step's numbers, check and report them."""
-    global pending
-    n, (host, done), t0 = pending
+    """Lagged: wait for the pending step's numbers, check and report them. On CUDA the step's time is read off the
+    GPU's timeline, from the end of the step before it (or, after an eval or at the start, from this step's start) to
+    its end: the host sees a step end late whenever it is busy queuing the next one, so its own clock gave each step
+    roughly the right time but the last one too little (2-4x its tokens/s at long steps)."""
+    global pending, last_end
+    n, (host, done), t0, start = pending
     pending = None
+    gpu_dt = None
     if done is not None:
         done.synchronize()
+        gpu_dt = (last_end or start).elapsed_time(done) / 1000
+        last_end = done
     values = host.tolist()
     check(n, values)
-    report(n, values, t0)
+    report(n, values, t0, gpu_dt)
 
 
 def check(n, values):
@@ -731,14 +738,16 @@ def check(n, values):
         warn_at = 2 * lossf  # the next warning when it doubles again
 
 
-def report(n, values, t0):
+def report(n, values, t0, gpu_dt=None):
     """Step n's iter line (every log_interval steps; a progress bar between them) and the stop signal the ranks
-    agreed on. Its time: from its start, or from the end of the step before it if that came later (lagged: it was
-    queued while that one ran), to when the host saw it end."""
+    agreed on. Its time: gpu_dt where given (settle), else from its start, or from the end of the step before it if
+    that came later, to when the host saw it end."""
     global last_done, time_sum, time_n, local_iter_num, smooth, running_mfu, bar, stop_signal
     lossf, _, stopf, peak, _ = values
     now = time.time()
     dt, last_done = now - max(t0, last_done), now
+    if gpu_dt is not None:
+        dt = gpu_dt
     time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
     local_iter_num += 1
     smooth = 0.9 * smooth + 0.1 * lossf
@@ -790,6 +799,7 @@ while True:
         param_group['lr'] = lr
 
     if evaluating:
+        last_end = None  # the next step's time starts at its own start, not at the end of the step before the eval
         if bar is not None:
             bar.close()
             bar = None
@@ -821,6 +831,10 @@ while True:
 
     # forward/backward with gradient accumulation; DDP and FSDP sync gradients on the last micro-step only
     t0 = time.time()  # the step's time, without the eval above
+    start = None
+    if lagged and device_type == 'cuda':
+        start = torch.cuda.Event(enable_timing=True)  # where this step begins on the GPU's timeline (settle)
+        start.record()
     step_loss = torch.zeros((), device=device)  # the mean loss over the micro-steps
     for micro_step in range(gradient_accumulation_steps):
         if sharded:
@@ -864,7 +878,7 @@ while True:
     if lagged:  # the previous step's numbers now, while the GPU works through this step's queued kernels
         if pending is not None:
             settle()
-        pending = (iter_num, to_host(numbers), t0)
+        pending = (iter_num, to_host(numbers), t0, start)
     else:
         report(iter_num, values, t0)
     iter_num += 1

@@ -362,6 +362,12 @@ lcold() {  # (57): the loss check of 11-24's code (6f04bad, the stored 'after' r
   wait
   python3 notes/loss_compare.py notes/runs/losscheck-2026-11-26-{before,after}.txt $OUT/losscheck-{old-6f04bad,now,now-torch}.txt | tee $OUT/losscheck-compare.txt
 }
+lastdt() {  # (57): train.py's step times read off the GPU's timeline: the last step's time against the others',
+  # compiled at 4k (as confirm) and eager with evals every 5 steps
+  timeout 200 python3 train.py config/kda_hybrid.py --dataset=pystdlib --gradient_accumulation_steps=1 --max_iters=31 --eval_interval=100000 --eval_iters=1 --log_interval=1 --wandb_log=False --block_size=4096 --batch_size=8 --out_dir=/tmp/lastdt-c > $OUT/lastdt-compiled.txt 2>&1
+  timeout 100 python3 train.py config/kda_hybrid.py --dataset=pystdlib --gradient_accumulation_steps=1 --max_iters=16 --eval_interval=5 --eval_iters=2 --log_interval=1 --wandb_log=False --block_size=1024 --batch_size=8 --compile=False --out_dir=/tmp/lastdt-e > $OUT/lastdt-eager.txt 2>&1
+  grep -hE "^iter|^step|Error" $OUT/lastdt-*.txt | cut -c1-100 | tail -40
+}
 confirmlc() { confirm; losscheck; }  # (one GPU's share of a two-GPU call)
 grams64() {  # session 55: KDA's _grams_chunk at Dk 64 by its own key tile and warps (TUNING['grams']['chunk_k_d64'], ...)
   timeout 200 python3 -m pytest -q -n 4 test_kernels.py -k "grams_chunk_d64" 2>&1 | tail -3 | tee $OUT/grams64-tests.txt
