@@ -715,7 +715,7 @@ def settle():
     gpu_dt = None
     if done is not None:
         done.synchronize()
-        gpu_dt = (last_end or start).elapsed_time(done) / 1000
+        gpu_dt = (last_end if last_end is not None else start).elapsed_time(done) / 1000
         last_end = done
     values = host.tolist()
     check(n, values)
