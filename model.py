@@ -861,6 +861,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.cp = None  # context parallelism (set_context_parallel)
         self.recompute = False  # activation checkpointing while training (train.py's activation_checkpointing)
+        self.loss_only = False  # without gradients, a forward with targets returns the loss alone (train.py's eval
+                                # without a task): the logits made LOSS_CHUNK tokens at a time, never whole
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
@@ -917,7 +919,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, caches=None):
         """idx [B, T] → logits [B, T, V] (and the mean cross-entropy if targets is given; -1 targets are ignored; the
-        logits then come back detached, or None while training with self.recompute: loss_head). With caches (a list
+        logits then come back detached, or None: loss_head). With caches (a list
         from new_caches), only the last position's logits are returned and the caches advance by T tokens.
         config.documents: each document of a row is its own sequence (see documents); not with caches: a prompt, and
         what is decoded after it, is one document."""
@@ -940,18 +942,24 @@ class GPT(nn.Module):
             return self.lm_head(x[:, -1:, :]), None  # generation needs only the next-token logits
         return self.lm_head(x), None
 
-    LOSS_CHUNK = 8192  # tokens per piece of the output layer and loss under recompute
+    LOSS_CHUNK = 8192  # tokens per piece of the output layer and loss under recompute (training) or loss_only (eval)
 
     def loss_head(self, x, targets):
         """(logits, loss) from the final norm's output x: the output layer and the mean cross-entropy (-1 targets
         ignored; under context parallelism this rank's share, context_parallel.loss). A method of its own so that
-        train.py can compile it apart from the blocks under FSDP. With self.recompute while training, the logits
-        come back None: they are made LOSS_CHUNK tokens at a time and recomputed in the backward, so that the
-        [tokens, vocab] logits (and their gradient) never exist whole, which at long contexts outweighs the blocks."""
-        if self.recompute and torch.is_grad_enabled() and targets.numel() > self.LOSS_CHUNK:
+        train.py can compile it apart from the blocks under FSDP. With self.recompute while training, or
+        self.loss_only without gradients (an eval), the logits come back None: they are made LOSS_CHUNK tokens at a
+        time (while training recomputed in the backward), so that the [tokens, vocab] logits (and their gradient)
+        never exist whole, which at long contexts outweighs the blocks (an eval's whole logits held 27.6 GiB a rank
+        at 1,179,648 tokens over 4 GPUs)."""
+        grad = torch.is_grad_enabled()
+        if (self.recompute if grad else self.loss_only) and targets.numel() > self.LOSS_CHUNK:
             xs, ts = x.flatten(0, 1).split(self.LOSS_CHUNK), targets.flatten().split(self.LOSS_CHUNK)
-            total = sum(torch.utils.checkpoint.checkpoint(self._loss_sum, a, b, use_reentrant=False)
-                        for a, b in zip(xs, ts))
+            if grad:
+                total = sum(torch.utils.checkpoint.checkpoint(self._loss_sum, a, b, use_reentrant=False)
+                            for a, b in zip(xs, ts))
+            else:
+                total = sum(self._loss_sum(a, b) for a, b in zip(xs, ts))
             count = (targets != -1).sum().float()
             if self.cp is not None:  # this rank's share (context_parallel.loss)
                 return None, total * self.cp.size / self.cp.total(count)

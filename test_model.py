@@ -66,6 +66,24 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(mixer, docum
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
+def test_loss_only_eval_gives_the_same_loss_without_the_logits():
+    """model.loss_only (train.py's eval without a task): without gradients the loss is made LOSS_CHUNK tokens at a time
+    (16 of 2 × 37, the last piece short, some targets ignored) and equals the plain forward's, the logits None; with
+    gradients (training without recompute) it changes nothing."""
+    model = make('kda*3,softmax', n_layer=4).eval()
+    idx, targets = torch.randint(0, 97, (2, 37)), torch.randint(0, 97, (2, 37))
+    targets[1, 30:] = -1
+    with torch.no_grad():
+        logits, plain = model(idx, targets)
+        model.loss_only, model.LOSS_CHUNK = True, 16
+        none, pieces = model(idx, targets)
+    assert none is None and logits.shape == (2, 37, 97)
+    torch.testing.assert_close(pieces, plain, rtol=1e-6, atol=0)
+    logits, loss = model(idx, targets)  # with gradients: the plain head
+    assert logits is not None and loss.requires_grad
+    torch.testing.assert_close(loss.detach(), plain, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize('mixer', PATTERNS)
 @pytest.mark.parametrize('prefix', [1, 5, 20])
 def test_prefill_then_decode_equals_full_forward(mixer, prefix):

@@ -423,6 +423,7 @@ model.to(device)
 if cp is not None:
     model.set_context_parallel(cp)
 model.recompute = activation_checkpointing
+model.loss_only = task is None  # the eval's loss without its whole [tokens, vocab] logits (they count only for a task)
 sharded = ddp and fsdp
 if fsdp and not ddp:
     print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
