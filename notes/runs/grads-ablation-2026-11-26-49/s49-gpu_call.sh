@@ -193,7 +193,7 @@ res["CP2-T98304"] = bench.train_run(2, c + ["--block_size=98304", "--context_par
 json.dump(res, open(f"{out}/cpbase.json", "w"), indent=1)
 PY
 }
-cp4long() {  # issue 45 (57): the longest context over 4 GPUs with recompute (CPL: multiples of 98,304 to try, longest
+cp4long() {  # issue 45 (57): the longest context over 4 GPUs (CPN: ranks) with recompute (CPL: multiples of 98,304 to try, longest
   # first, until one trains), then CP over 4 at 98,304 (against cpbase's one GPU and CP over 2 on the same machine)
   timeout ${CPL_SECS:-560} python3 - <<'PY' 2>&1 | grep -v "^W[0-9][0-9][0-9][0-9] \|Warning"
 import json, os, sys
@@ -202,13 +202,14 @@ import bench
 out, res = os.environ["OUT"], {}
 def save():
     json.dump(res, open(f"{out}/cp4long.json", "w"), indent=1)
-c = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={bench.long_rows_dataset()}", "--context_parallel=4"]
+n = int(os.environ.get("CPN", 4))  # ranks (8 on an 8-GPU host)
+c = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={bench.long_rows_dataset()}", f"--context_parallel={n}"]
 for m in [int(x) for x in os.environ.get("CPL", "12,8").split(",")]:
     T = m * 98304
-    r = res[f"CP4-T{T}-AC"] = bench.train_run(4, c + [f"--block_size={T}", "--activation_checkpointing=True"], 8, f"CP4-T{T}-AC"); save()
+    r = res[f"CP{n}-T{T}-AC"] = bench.train_run(n, c + [f"--block_size={T}", "--activation_checkpointing=True"], 8, f"CP{n}-T{T}-AC"); save()
     if "tokens_s" in r:
         break
-res["CP4-T98304"] = bench.train_run(4, c + ["--block_size=98304"], 20, "CP4-T98304"); save()
+res[f"CP{n}-T98304"] = bench.train_run(n, c + ["--block_size=98304"], 20, f"CP{n}-T98304"); save()
 PY
 }
 prof1() {  # session 49: DDP and FSDP on one GPU (FSDP-1 ran at 0.77x DDP-1 in the dp table), 5 steps each profiled
