@@ -278,6 +278,8 @@ else:
                         f"--nproc_per_node={context_parallel} train.py ...")
     ddp_local_rank, ddp_world_size, dp_rank, dp_world, cp = 0, 1, 0, 1, None
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
+if device_type == 'cuda' and ':' in device:  # e.g. --device=cuda:1 without torchrun: CUDA events, pinned copies and
+    torch.cuda.set_device(device)             # Triton's launches go to the current device, which must be this one
 compile = (device_type == 'cuda') if compile is None else compile
 kernel_lib.TUNING['keep'] = bool(kernel_states)
 # CUDA graphs (torch.compile's 'reduce-overhead' and 'max-autotune'): the compiled forward and backward replay as a few
@@ -665,7 +667,6 @@ smooth = 0.0                      # exponential moving average of the step loss 
 time_sum, time_n = 0.0, 0         # this run's step times after its first (which may compile), evals excluded: the ETA
 eval_time = 0.0                   # the last eval's time (s): the ETA counts the evals to come too
 bar = None                        # the progress bar of the steps up to the next iter line (log_interval > 1, terminal)
-last_done = 0.0                   # when the host saw the last reported step end (time.time())
 # The host reads each step's numbers (loss, gradient norm, stop signal) one step late: it queues step N + 1's kernels
 # before it waits for step N's numbers, so the GPU does not idle at every step's boundary while the host launches
 # the optimizer and the next forward (what a sync there cost: notes/perf.md 2026-11-27 (51)). Nothing
@@ -695,9 +696,10 @@ def step_numbers(step_loss, grad_norm):
 
 
 def to_host(numbers):
-    """Start the copy of a step's numbers to the host -> (host tensor, event to wait on); on CUDA nothing waits now."""
+    """Start the copy of a step's numbers to the host -> (host tensor, the step's end: on CUDA an event to wait on,
+    nothing waits now; elsewhere the step ran as it was called, and its end is now)."""
     if device_type != 'cuda':
-        return numbers, None
+        return numbers, time.time()
     host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
     host.copy_(numbers, non_blocking=True)
     done = torch.cuda.Event(enable_timing=True)  # also the step's end on the GPU's timeline (settle)
@@ -709,18 +711,20 @@ def settle():
     """Lagged: wait for the pending step's numbers, check and report them. On CUDA the step's time is read off the
     GPU's timeline, from the end of the step before it (or, after an eval or at the start, from this step's start) to
     its end: the host sees a step end late whenever it is busy queuing the next one, so its own clock gave each step
-    roughly the right time but the last one too little (2-4x its tokens/s at long steps)."""
+    roughly the right time but the last one too little (2-4x its tokens/s at long steps). Elsewhere (a CPU runs each
+    step as it is called) from the step's start to its end."""
     global pending, last_end
     n, (host, done), t0, start = pending
     pending = None
-    gpu_dt = None
-    if done is not None:
+    if isinstance(done, float):
+        step_dt = done - t0
+    else:
         done.synchronize()
-        gpu_dt = (last_end if last_end is not None else start).elapsed_time(done) / 1000
+        step_dt = (last_end if last_end is not None else start).elapsed_time(done) / 1000
         last_end = done
     values = host.tolist()
     check(n, values)
-    report(n, values, t0, gpu_dt)
+    report(n, values, t0, step_dt)
 
 
 def check(n, values):
@@ -739,16 +743,13 @@ def check(n, values):
         warn_at = 2 * lossf  # the next warning when it doubles again
 
 
-def report(n, values, t0, gpu_dt=None):
+def report(n, values, t0, step_dt=None):
     """Step n's iter line (every log_interval steps; a progress bar between them) and the stop signal the ranks
-    agreed on. Its time: gpu_dt where given (settle), else from its start, or from the end of the step before it if
-    that came later, to when the host saw it end."""
-    global last_done, time_sum, time_n, local_iter_num, smooth, running_mfu, bar, stop_signal
+    agreed on. Its time: step_dt where given (settle), else from its start to when the host saw it end."""
+    global time_sum, time_n, local_iter_num, smooth, running_mfu, bar, stop_signal
     lossf, _, stopf, peak, _ = values
     now = time.time()
-    dt, last_done = now - max(t0, last_done), now
-    if gpu_dt is not None:
-        dt = gpu_dt
+    dt = now - t0 if step_dt is None else step_dt
     time_sum, time_n = (time_sum + dt, time_n + 1) if local_iter_num > 0 else (0.0, 0)
     local_iter_num += 1
     smooth = 0.9 * smooth + 0.1 * lossf
