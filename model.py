@@ -950,8 +950,7 @@ class GPT(nn.Module):
         train.py can compile it apart from the blocks under FSDP. With self.recompute while training, or
         self.loss_only without gradients (an eval), the logits come back None: they are made LOSS_CHUNK tokens at a
         time (while training recomputed in the backward), so that the [tokens, vocab] logits (and their gradient)
-        never exist whole, which at long contexts outweighs the blocks (an eval's whole logits held 27.6 GiB a rank
-        at 1,179,648 tokens over 4 GPUs)."""
+        never exist whole, which at long contexts outweighs the blocks."""
         grad = torch.is_grad_enabled()
         if (self.recompute if grad else self.loss_only) and targets.numel() > self.LOSS_CHUNK:
             xs, ts = x.flatten(0, 1).split(self.LOSS_CHUNK), targets.flatten().split(self.LOSS_CHUNK)

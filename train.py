@@ -674,7 +674,7 @@ bar = None                        # the progress bar of the steps up to the next
 # not finite (found_inf); the host stops the run when it reads that step, before any eval or save. With the fp16
 # grad scaler (its own skipping) or an optimizer that cannot skip, the check stays before each step (one sync).
 lagged = bool(optimizer.defaults.get('fused')) and not scaler.is_enabled()
-pending = None                    # lagged: (iter, (numbers on their way to the host, event), t0, start event) of the last step
+pending = None                    # lagged: (iter, (numbers on their way, its end), t0, start event) of the last step
 last_end = None                   # lagged on CUDA: the GPU event that ended the last reported step (None after an eval)
 
 
@@ -711,8 +711,8 @@ def settle():
     """Lagged: wait for the pending step's numbers, check and report them. On CUDA the step's time is read off the
     GPU's timeline, from the end of the step before it (or, after an eval or at the start, from this step's start) to
     its end: the host sees a step end late whenever it is busy queuing the next one, so its own clock gave each step
-    roughly the right time but the last one too little (2-4x its tokens/s at long steps). Elsewhere (a CPU runs each
-    step as it is called) from the step's start to its end."""
+    roughly the right time but the last one too little. Elsewhere (a CPU runs each step as it is called) from the
+    step's start to its end."""
     global pending, last_end
     n, (host, done), t0, start = pending
     pending = None
