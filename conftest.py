@@ -28,6 +28,7 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(max(1, _cores // _WORKERS))
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))  # the tests import the tools (bench, plot, grid, longctx) by name
 
 # Runs train.py, then saves this rank's weights (under FSDP its shards) to out_dir/rank<RANK>.pt so that a test can check that DDP kept the
 # replicas identical, then leaves without the interpreter's teardown: during it a C++ thread of gloo (CPU) aborted a

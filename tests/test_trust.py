@@ -21,12 +21,12 @@ import torch
 import grid
 from checkpoint import CheckpointUnusable, load_checkpoint, lock_out_dir, rng_state, set_rng_state
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a checkpoint written by train.py on 2026-11-25, before checkpoints were plain data (its numpy RNG state is a pickled
 # numpy array): `train.py --dataset=mqar --task_vocab_size=16 --block_size=16 --mqar_num_pairs=2 --n_layer=2
 # --n_head=1 --n_embd=16 --head_dim=16 --d_state=16 --mixer=gdn,softmax --batch_size=4 --gradient_accumulation_steps=1
 # --eval_iters=1 --max_iters=4 --eval_interval=4 --warmup_iters=1 --lr_decay_iters=8 --dropout=0.1 --seed=7`
-OLD_CKPT = os.path.join(ROOT, 'fixtures', 'ckpt-2026-11-25.pt')
+OLD_CKPT = os.path.join(ROOT, 'tests', 'fixtures', 'ckpt-2026-11-25.pt')
 
 # a tiny model on the offline dataset (as test_train.py's): 2 layers × 32 wide, 4 × 32 tokens per step
 TINY = ['--dataset=pystdlib', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
@@ -259,7 +259,7 @@ def test_grid_passes_sigterm_to_its_runs_and_waits(tmp_path):
     """kill -TERM on grid.py left its train.py runs going as orphans. Now each run saves and stops, grid.py waits for
     them and exits 143, and --resume continues the run from its checkpoint."""
     out_root = tmp_path / 'grid'
-    cmd = [sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+    cmd = [sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
            f'--out_root={out_root}', '--max_iters=100000', '--lr_decay_iters=100000', '--eval_interval=100000',
            '--log_interval=1', '--device=cpu']
     g = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -16,7 +16,7 @@ import torch
 
 from model import MIXERS
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # a tiny model on the offline dataset: 2 layers × 32 wide, 4 × 32 tokens per step
 TINY = ['--dataset=pystdlib', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',

@@ -19,7 +19,7 @@ from configurator import UserError
 from dataloader import (HEADER_INTS, MAGIC, VERSION, ShardLoader, ShardWriter,
                         gpt2_encoding, read_shard, shard_paths, shared_tiktoken_cache, write_shard)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 sys.path.insert(0, os.path.join(HERE, 'data', 'openwebtext'))
 import prepare as owt_prepare  # noqa: E402

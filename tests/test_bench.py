@@ -20,6 +20,8 @@ import torch
 import bench
 import kernels
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 MIXER = frozenset({'_grads_bwd_kernel', '_grams_block_kernel', '_la_state_fwd_kernel', '_st', '_short_conv_bwd_kernel'})
 
 
@@ -260,8 +262,8 @@ def test_tiles_check_against_the_reference(monkeypatch):
 
 @pytest.mark.skipif(not INTERPRET, reason='needs CUDA or TRITON_INTERPRET=1 (conftest.py sets it without CUDA)')
 def test_tiles_command_checks_each_candidate_in_its_own_process():
-    p = subprocess.run([sys.executable, 'bench.py', '--tiles', 'conv', '--tiny', '--only', 'fwd L', '--jobs', '2'],
-                       capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=600)
+    p = subprocess.run([sys.executable, 'tools/bench.py', '--tiles', 'conv', '--tiny', '--only', 'fwd L', '--jobs', '2'],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
     lines = p.stdout.splitlines()
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert [s.split()[2] for s in lines if s.startswith('check conv')] == ['default', 'fwd'], lines
@@ -274,9 +276,9 @@ def test_ptxas_reports_every_launch_offline():
     ptxas = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'ptxas')
     if not os.path.exists(ptxas):
         pytest.skip("this triton has no bundled ptxas")
-    p = subprocess.run([sys.executable, 'bench.py', '--ptxas', '--only', '_step_kernel', '--shape', '1,65,4,16',
+    p = subprocess.run([sys.executable, 'tools/bench.py', '--ptxas', '--only', '_step_kernel', '--shape', '1,65,4,16',
                         '--dtypes', 'fp32'], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.abspath(__file__)), timeout=600)
+                       cwd=ROOT, timeout=600)
     rows = [s.split() for s in p.stdout.splitlines() if s.strip().startswith('_step_kernel')]
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert sorted(r[2] for r in rows) == ['GATE=0', 'GATE=1', 'GATE=2'], p.stdout  # DeltaNet, GDN, KDA

@@ -25,7 +25,7 @@ from tasks import MQAR, StateTracking, Needle, TaskLoader, count_correct, to_exa
 import grid
 from plot import read_log
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def rngs(n):
@@ -357,7 +357,7 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path, torchrun_train):
     (2 ranks × 1 micro-step) to step 3, resumed in one process (1 × 2 micro-steps) to step 6, must continue
     exactly like the single-process run: same sequences on the same global positions, whatever the rank count."""
     out_root = tmp_path / 'grid'
-    run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+    run([sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
          f'--out_root={out_root}'] + SHORT)
     single_dir = out_root / 'mqar' / 'softmax_n2_w64_lr0.001_s1337'  # the default seed is train.py's
     with open(single_dir / 'log.txt') as f:
@@ -470,7 +470,7 @@ def test_grid_start_within_starts_nothing_late(tmp_path):
     stale.mkdir(parents=True)
     (stale / 'log.txt').write_text("config: {'max_iters': 200}\nstep 200: train loss 1.0, val loss 1.0, "
                                    "train acc 0.9, val acc 0.9\n")
-    r = run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', 'retnet', '--sizes', '2',
+    r = run([sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', 'retnet', '--sizes', '2',
              '--start_within=0', f'--out_root={out_root}'])
     assert '2 runs not started (--start_within 0 min)' in r.stdout
     assert not stale.exists()  # without --resume the grid reruns every cell, so the old log does not stand
@@ -598,7 +598,7 @@ def test_grid_run_all_ahead_starts_later_lrs_at_once_and_stops_them_when_not_nee
     out = capsys.readouterr().out
     assert f"{tmp_path / grid.run_name('a', 2, 64, 1e-3, 1)}: stopped, not needed: lr 3e-4 reached" in out
     assert f"{tmp_path / grid.run_name('c', 2, 64, 1e-3, 1)}: not needed: lr 3e-4 reached" in out
-    p = subprocess.run([sys.executable, 'grid.py', '--quick', '--ahead', f'--out_root={tmp_path / "x"}'], cwd=ROOT,
+    p = subprocess.run([sys.executable, 'tools/grid.py', '--quick', '--ahead', f'--out_root={tmp_path / "x"}'], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and '--ahead needs --stop_at_val_acc' in p.stderr, p.stderr
 
@@ -635,7 +635,7 @@ def test_grid_batch_sizes_ladder(tmp_path):
     over all of them. A batch that does not divide the val sequences, or batch_size / eval_iters given beside
     --batch_sizes, is refused with a one-line error. Real CPU runs of the --quick cell (batch 32, 4 × 32 val sequences)."""
     out_root = tmp_path / 'grid'
-    base = [sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+    base = [sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
             f'--out_root={out_root}', '--max_iters=6', '--eval_interval=3', '--log_interval=1', '--device=cpu']
     run(base + ['--batch_sizes', '32', '64'])
     d32, d64 = (out_root / 'mqar' / grid.run_name('softmax', 2, 64, 1e-3, grid.SEED, b) for b in (None, 64))
@@ -744,7 +744,7 @@ def test_grid_end_to_end_skips_the_second_lr_where_the_first_reached(tmp_path):
     first LR (high, no warmup) stops early, so the second LR does not run (no out_dir) wherever the first's log
     has the stopping line; the runs got their seeds; the table is the mean over seeds ± half the range."""
     out_root = tmp_path / 'grid'
-    r = run([sys.executable, 'grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+    r = run([sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
              '--learning_rates', '1e-2', '1e-3', '--seeds', '1337', '1338', '--jobs', '2', f'--out_root={out_root}']
             + SHORT + ['--max_iters=12', '--warmup_iters=0', '--stop_at_val_acc=0.0001'])
     best = {}
@@ -777,7 +777,7 @@ def test_grid_resume_plot_redraws_without_running(tmp_path):
         for seed, acc in zip((1, 2), per_seed):
             fake_log(root / 'mqar' / grid.run_name(mixer, n, 64, 1e-3, seed), acc)
     png = tmp_path / 'recall.png'
-    r = run([sys.executable, 'grid.py', '--resume', '--plot', str(png), '--tasks', 'mqar', '--mixers', 'softmax', 'kda',
+    r = run([sys.executable, 'tools/grid.py', '--resume', '--plot', str(png), '--tasks', 'mqar', '--mixers', 'softmax', 'kda',
              '--sizes', '2', '4', '--widths', '64', '--seeds', '1', '2', f'--out_root={root}', '--device=cpu',
              '--start_within=0'])  # a safety net: a run started by mistake would train for minutes
     assert r.stdout.count('finished earlier, kept') == 8 and not list(root.glob('mqar/*/run.txt'))
@@ -800,7 +800,7 @@ def test_grid_refuses_seed_override_and_plot_without_matplotlib(tmp_path):
     """--seed=... is the grid's to set (use --seeds); --plot without matplotlib stops at once, saying to install it."""
     def fails(cmd, env=None):
         # --start_within=0: should the grid not refuse, it starts no run (the default grid trains for hours)
-        p = subprocess.run([sys.executable, 'grid.py', '--tasks', 'mqar', '--start_within=0', f'--out_root={tmp_path}']
+        p = subprocess.run([sys.executable, 'tools/grid.py', '--tasks', 'mqar', '--start_within=0', f'--out_root={tmp_path}']
                            + cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode != 0 and not (tmp_path / 'mqar').exists()
         return p.stderr.strip().splitlines()[-1]

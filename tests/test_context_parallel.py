@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import GPT, GPTConfig, MIXERS  # noqa: E402
 
 T = int(os.environ.get('CP_TEST_T', 88))  # 4 × 22 and 8 × 11 tokens (2 pieces a rank): no piece, and not T, a

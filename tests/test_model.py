@@ -659,7 +659,7 @@ def test_a_new_mixer_is_one_class_and_one_line(tmp_path):
     import shutil
     import subprocess
     import sys
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = subprocess.run(['git', 'ls-files'], cwd=root, capture_output=True, text=True, check=True).stdout.split()
     copy = tmp_path / 'repo'
     for f in files + [os.path.join('data', 'pystdlib', n) for n in os.listdir(os.path.join(root, 'data', 'pystdlib'))
@@ -668,7 +668,7 @@ def test_a_new_mixer_is_one_class_and_one_line(tmp_path):
             (copy / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(os.path.join(root, f), copy / f)
     src = (copy / 'model.py').read_text()
-    cls = (copy / 'fixtures' / 'new_mixer.py').read_text()
+    cls = (copy / 'tests' / 'fixtures' / 'new_mixer.py').read_text()
     cls = cls[cls.index('class GatedRetention'):]
     marker = '# ------------------------------------------------------------------------------------------------\n' \
              '# The one place mixers are named.'
@@ -679,8 +679,8 @@ def test_a_new_mixer_is_one_class_and_one_line(tmp_path):
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE='1')
     env.pop('PYTEST_XDIST_WORKER', None)
     p = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider', '-k', 'gret',
-                        'test_model.py', 'test_mixers.py', 'test_train.py'], cwd=copy, env=env, capture_output=True,
+                        'tests/test_model.py', 'tests/test_mixers.py', 'tests/test_train.py'], cwd=copy, env=env, capture_output=True,
                        text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     passed = int(re.search(r'(\d+) passed', p.stdout).group(1))
-    assert passed >= 12 and 'PASSED test_train.py::test_every_mixer_trains[gret]' in p.stdout, p.stdout[-3000:]
+    assert passed >= 12 and 'PASSED tests/test_train.py::test_every_mixer_trains[gret]' in p.stdout, p.stdout[-3000:]

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
 from contextlib import nullcontext
 
 import numpy as np
@@ -42,7 +43,7 @@ from dataloader import read_shard, shard_paths
 from model import MIXERS
 from tasks import Needle, NAMES as TASK_NAMES, to_example
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG_SEED = 20261126  # the needle cells' sequences: seeded apart from tasks.py's train and val streams
 
 

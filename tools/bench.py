@@ -106,6 +106,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
 import tempfile
 import time
 import types
@@ -1263,7 +1264,7 @@ def train_model_config(mixer, T, tiny=False, documents=False):
     tiny: 4 layers x 64 (the hybrid's pattern tiles 4), vocab 256 (EOT 0), for a CPU smoke run. documents: GPTConfig's."""
     import dataclasses
     from model import GPTConfig
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config",
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config",
                         TRAIN_CONFIGS.get(mixer, "owt") + ".py")
     g = {"mixer": mixer, "__file__": path}  # what train.py's configurator gives a config file
     with open(path) as f:
@@ -1450,7 +1451,8 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     lines = re.findall(r"^iter (\d+)/\d+: loss ([\d.]+).*?tok/s ([\d,]+).*?peak ([\d.]+) GiB", p.stdout, re.M)
     rec = dict(tag=tag, nproc=nproc, overrides=overrides, wall_s=round(time.perf_counter() - t0, 1),
                T=int(next(o for o in overrides if o.startswith("--block_size=")).split("=")[1]),
@@ -1477,7 +1479,7 @@ def long_rows_dataset():
     """'pystdlib_long': the pystdlib train shard as both splits (symlinks in data/pystdlib_long/), for the context-
     parallel runs, whose rows (up to 2 × 98,304 tokens) are longer than the whole pystdlib val split (156,690 tokens).
     Only the speed runs use it: their end-of-run eval then reads training tokens."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     src = os.path.join(root, "data", "pystdlib", "pystdlib_train_000000.bin")
     if not os.path.exists(src):
         sys.exit("--multi_gpu needs the pystdlib shards: python data/pystdlib/prepare.py")

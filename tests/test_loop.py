@@ -22,7 +22,7 @@ import torch
 
 from plot import default_out, read_log, table
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a tiny model on the offline dataset (as test_train.py's): 2 layers × 32 wide, 4 × 32 tokens per step
 TINY = ['--dataset=pystdlib', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
         '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--learning_rate=3e-3',
@@ -201,7 +201,7 @@ def test_plot_table_and_picture_use_the_current_run_of_a_reused_out_dir(pystdlib
     other = tmp_path / 'other'
     shutil.copytree(out, other)
     for runs, where in (([out], out / 'val_loss.png'), ([out, other], tmp_path / 'val_loss.png')):
-        p = subprocess.run([sys.executable, 'plot.py'] + [str(r) for r in runs], cwd=ROOT, capture_output=True,
+        p = subprocess.run([sys.executable, 'tools/plot.py'] + [str(r) for r in runs], cwd=ROOT, capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         with open(where, 'rb') as f:
@@ -259,7 +259,7 @@ def test_plot_py_refuses_a_run_without_a_train_log_in_one_line(tmp_path):
     (tmp_path / 'run').mkdir()
     (tmp_path / 'run' / 'log.txt').write_text('iter 10/20: loss 3.0\n')
     for extra in ([], ['--table']):
-        p = subprocess.run([sys.executable, 'plot.py', str(tmp_path / 'run')] + extra, cwd=ROOT, capture_output=True,
+        p = subprocess.run([sys.executable, 'tools/plot.py', str(tmp_path / 'run')] + extra, cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
         assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'Traceback' not in p.stderr, p.stderr
         assert p.stderr.startswith(f"plot.py: error: {tmp_path / 'run'}"), p.stderr

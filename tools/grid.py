@@ -50,6 +50,7 @@ import shutil
 import signal
 import subprocess
 import sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
 import time
 from collections import namedtuple
 
@@ -60,7 +61,7 @@ from checkpoint import INHERITED_LOCK, lock_out_dir
 from configurator import UserError
 from plot import read_log
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIXERS = list(model.MIXERS) + ['kda*3,softmax']  # every registered mixer and the 3:1 hybrid
 HEAD_WIDTH = 32  # the configs' softmax head width (n_head = width / 32) and linear head_dim, kept at every width
 

@@ -22,7 +22,7 @@ from dataloader import read_shard, shard_paths
 from model import GPT, GPTConfig
 from tasks import Needle
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, D, L = 64, 3, 2  # the stand-ins' task: vocab, needles, values per needle
 CONFIG = dict(block_size=40, task_vocab_size=V, needle_num_needles=D, needle_value_len=L)
 
@@ -105,7 +105,7 @@ def test_length_warning_only_for_softmax_past_block_size():
     assert model('gdn').length_warning(10_000) is None and model('retnet').length_warning(10_000) is None
 
 
-def run(args, script='longctx.py'):
+def run(args, script='tools/longctx.py'):
     env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
     env.pop('RANK', None)
     return subprocess.run([sys.executable, script] + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
