@@ -2,8 +2,8 @@
 # The mixer is an override, so every mixer and the 3:1 hybrid train at the same width and layer count:
 # $ python train.py config/mqar.py --mixer=kda                                    # -> out-mqar-kda
 # $ python train.py config/mqar.py --mixer='kda*3,softmax' --mqar_num_pairs=24 --n_embd=256 --n_head=8
-# grid.py runs every mixer x pairs x width from this file and writes the results table.
-# Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use grid.py --quick's tiny sizes.
+# tools/grid.py runs every mixer x pairs x width from this file and writes the results table.
+# Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use tools/grid.py --quick's tiny sizes.
 # Expected val accuracy per mixer: README "Results", notes/results.md §8.1 (its w=128, 16-pair cell);
 # the sizing runs that chose these settings: notes/results.md §8.6.
 dataset = 'mqar'

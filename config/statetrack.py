@@ -2,8 +2,8 @@
 # in 256 tokens; 4 layers x 128. The mixer is an override, so every mixer and the 3:1 hybrid train at the same size:
 # $ python train.py config/statetrack.py --mixer=gdn                              # -> out-statetrack-gdn
 # $ python train.py config/statetrack.py --mixer=retnet --statetrack_num_assignments=96
-# grid.py runs every mixer x assignments x width from this file and writes the results table.
-# Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use grid.py --quick's tiny sizes.
+# tools/grid.py runs every mixer x assignments x width from this file and writes the results table.
+# Hardware: one GPU (a run of 4,000 steps takes minutes); on 2 CPU cores use tools/grid.py --quick's tiny sizes.
 # Expected val accuracy per mixer: README "Results", notes/results.md §8.1.
 dataset = 'statetrack'
 mixer = 'softmax'      # override with --mixer=retnet|mamba2|gla|deltanet|gdn|kda|'kda*3,softmax'
