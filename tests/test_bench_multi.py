@@ -1,0 +1,84 @@
+"""
+tools/bench_multi.py (GPU only) from given train.py runs, on CPU: the DDP / FSDP and context-parallel tables, their
+ratios, and the contexts tried where the expected one does not fit.
+
+$ python -m pytest tests/test_bench_multi.py -q
+"""
+import os
+import subprocess
+import sys
+
+import torch
+
+import bench_multi
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
+    """bench_multi.py (GPU only) from given train.py runs: every row's ratios as computed here, a run that failed
+    shown with its error, the longest context that fit one GPU taken as the CP runs' base, and their losses compared."""
+    runs = {}
+
+    def train_run(nproc, overrides, steps, tag, gpus=None):
+        T = int(next(o for o in overrides if o.startswith('--block_size=')).split('=')[1])
+        fsdp = '--fsdp=True' in overrides
+        if nproc == 1 and T == 8192 + 16384:
+            return dict(tag=tag, nproc=1, T=T, losses={}, error='CUDA out of memory')
+        tokens = {(1, False): 200.0, (2, False): 380.0, (1, True): 180.0, (2, True): 300.0}.get((nproc, fsdp), 150.0 * nproc)
+        r = dict(tag=tag, nproc=nproc, T=T, overrides=overrides, tokens_s=tokens, quartiles=(tokens - 5, tokens + 5),
+                 peak_gib=(12.0 if fsdp else 10.0) / nproc, losses={i: 5.0 - 0.01 * i + 0.003 * (nproc > 1) for i in range(9)})
+        runs[tag] = dict(r, gpus=gpus)
+        return r
+
+    monkeypatch.setattr(bench_multi, 'train_run', train_run)
+    monkeypatch.setattr(bench_multi, 'long_rows_dataset', lambda: 'pystdlib_long')
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    res = bench_multi.multi_gpu_bench(['dp', 'cp'], [2], 8192, steps=9, cp_multiples=['1', 'n', '4'], dp_batch=24)
+    out = capsys.readouterr().out
+    for t in ('DDP-1', 'FSDP-1', 'DDP-2', 'FSDP-2'):  # the micro-batch given, 2 micro-steps per GPU
+        assert '--batch_size=24' in runs[t]['overrides'] and f"--gradient_accumulation_steps={2 * runs[t]['nproc']}" in runs[t]['overrides']
+    assert 'T = 1,024, 24 sequences x 2 micro-steps per GPU' in out
+    rows = {tuple(c.strip() for c in line.strip('|').split('|')[:3]): [c.strip() for c in line.strip('|').split('|')]
+            for line in out.splitlines() if line.startswith('| ') and 'layout' not in line}
+    fsdp2 = rows[('FSDP', '2', '300 (295–305)')]
+    assert fsdp2[3:7] == ['150', f"{150 / 180:.2f}", f"{300 / 380:.2f}", '6.0']  # per GPU, ÷ 1 GPU, ÷ DDP, peak
+    assert rows[('DDP', '2', '380 (375–385)')][4] == f"{190 / 200:.2f}"
+    assert rows[('1 GPU', '1', '24,576')][3] == 'CUDA out of memory'
+    cp = rows[('CP over 2', '2', '8,192')]
+    assert cp[3:7] == ['380', f"{380 / 200:.2f}", '5.0', f"{5.0 / 10.0:.2f}"]  # against one GPU at 8,192
+    assert ('CP over 2, recompute', '2', '16,384') in rows  # twice the longest context that fit one GPU
+    assert 'largest difference 0.0030' in out
+    assert [r['T'] for r in res['cp']['cp']] == [8192, 16384, 32768]
+    # 2 GPUs here: DDP and FSDP on 1 GPU ran side by side, on 2 one after the other
+    assert [runs[t]['gpus'] for t in ('DDP-1', 'FSDP-1', 'DDP-2', 'FSDP-2')] == ['0', '1', None, None]
+    assert ('CP over 2, recompute', '2', '32,768') in rows  # n times or more: with activation checkpointing
+    assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, True, True]
+
+
+def test_multi_gpu_cp_steps_down_where_the_expected_context_does_not_fit(monkeypatch, capsys):
+    """bench_multi.py cp on a smaller card (GPU only; train.py runs given): where neither --cp_context nor one
+    step more fits one GPU, the two contexts below are tried side by side, and the CP runs take the longest that fit."""
+    tried = []
+
+    def train_run(nproc, overrides, steps, tag, gpus=None):
+        T = int(next(o for o in overrides if o.startswith('--block_size=')).split('=')[1])
+        tried.append((nproc, T, gpus))
+        if nproc == 1 and T > 24576:
+            return dict(tag=tag, nproc=1, T=T, losses={}, error='CUDA out of memory')
+        return dict(tag=tag, nproc=nproc, T=T, overrides=overrides, tokens_s=100.0 * nproc, quartiles=(1, 2),
+                    peak_gib=10.0 / nproc, losses={i: 5.0 for i in range(3)})
+
+    monkeypatch.setattr(bench_multi, 'train_run', train_run)
+    monkeypatch.setattr(bench_multi, 'long_rows_dataset', lambda: 'pystdlib_long')
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
+    res = bench_multi.multi_gpu_bench(['cp'], [2], 40960, steps=3, cp_multiples=['1'])
+    assert sorted(tried[:2]) == [(1, 40960, '0'), (1, 57344, '1')] and sorted(tried[2:4]) == [(1, 8192, '0'), (1, 24576, '1')]
+    assert tried[4:] == [(2, 24576, None)]  # CP at the longest that fit
+    assert [r['T'] for r in res['cp']['single']] == [8192, 24576, 40960, 57344]
+    assert 'CUDA out of memory' in capsys.readouterr().out
+
+
+def test_help():
+    p = subprocess.run([sys.executable, 'tools/bench_multi.py', '--help'], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0 and '--cp_context' in p.stdout and '--tiles' not in p.stdout, p.stderr[-2000:]
