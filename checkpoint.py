@@ -22,11 +22,14 @@ test_train.py / test_model.py / test_trust.py:
   not free it while a run lives there.
 """
 import errno
+import math
 import os
 import random
 import re
 import shutil
+import signal
 import socket
+import sys
 import time
 
 import numpy as np
@@ -229,7 +232,7 @@ def build_model(checkpoint, path, model_args):
 def lock_path(out_dir):
     """The lock of out_dir: a file beside it, so that it outlives a delete-and-recreate of out_dir; inside out_dir
     only where its parent is not writable (then nobody can delete out_dir either)."""
-    full = os.path.abspath(out_dir)
+    full = os.path.realpath(out_dir)  # one lock per folder, however its path is spelled (symlinks, ../)
     parent, name = os.path.split(full)
     return os.path.join(parent, f'.{name}.lock') if os.access(parent, os.W_OK) else os.path.join(full, 'lock')
 
@@ -298,3 +301,160 @@ def out_dir_user(out_dir):
             return f.read().strip() or 'pid unknown'
         fcntl.flock(f, fcntl.LOCK_UN)
     return None
+
+
+# -----------------------------------------------------------------------------
+# out_dir: the run's folder, its log, and what a run does there
+
+class OutDir:
+    """The run's out_dir, made and locked (rank 0 holds the lock) before anything is written there, with its log.
+
+    A run from scratch never replaces an earlier run's ckpt.pt or best.pt: overwrite=True deletes them (and its
+    log.txt) and starts over, else it stops with a line saying what to do. `notices` holds the lines to log once the
+    log is open. log(line) appends to log.txt and prints (rank 0 only; terminal=False: log.txt only)."""
+
+    def __init__(self, path, master=True, init_from='scratch', overwrite=False, eval_only=False):
+        self.path, self.master, self.notices, self.lock = path, master, [], None
+        self.ckpt, self.best, self.log_path = (os.path.join(path, n) for n in ('ckpt.pt', 'best.pt', 'log.txt'))
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UserError(f"out_dir {path!r} is a file, not a folder: pass another --out_dir")
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create out_dir {path!r}: {_cause(e)}: pass another --out_dir") from None
+        if not master:
+            return
+        if not os.access(path, os.W_OK):
+            raise UserError(f"out_dir {path!r} is not writable (read-only file system or permissions): pass another "
+                            f"--out_dir")
+        self.lock = lock_out_dir(path)  # before looking at its files: a live run there may be writing them
+        earlier = [n for n in ('ckpt.pt', 'best.pt') if os.path.exists(os.path.join(path, n))]
+        if init_from != 'scratch' or eval_only or not earlier:
+            return
+        if not overwrite:
+            raise UserError(f"out_dir {path!r} holds an earlier run's {' and '.join(earlier)}: continue that run with "
+                            f"--init_from=resume, start over with --overwrite=True (deletes it), or pass another --out_dir")
+        gone = earlier + [n for n in ('log.txt',) if os.path.exists(os.path.join(path, n))]
+        for n in gone:
+            os.remove(os.path.join(path, n))
+        self.notices.append(f"overwrite=True: deleted the earlier run's {', '.join(gone)} in {path}")
+
+    def log(self, *args, terminal=True):
+        """Print on rank 0 and append the same line to log.txt. The log first: a line seen on the terminal is in
+        log.txt already."""
+        if not self.master:
+            return
+        line = ' '.join(str(a) for a in args)
+        try:
+            with open(self.log_path, 'a') as f:
+                f.write(line + '\n')
+        except OSError as e:  # a full disk or a quota: say so, not a traceback; the checkpoints are not touched here
+            raise UserError(f"cannot write {self.log_path}: {_cause(e)}: free space or pass another --out_dir "
+                            f"(the checkpoints there are as they were)") from None
+        if terminal:
+            print(line, flush=True)
+
+
+    def progress(self, total, desc):
+        """A progress bar on stderr for work between two log lines (rank 0, on a terminal, shown once it has run for
+        a second, erased when done)."""
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, leave=False, delay=1.0, dynamic_ncols=True,
+                    disable=not (self.master and sys.stderr.isatty()))
+
+    def wandb(self, project, name, mode, config):
+        """Start wandb (rank 0; imported only here) -> the module, or None on other ranks. A setting given in the
+        config wins; else wandb's environment variable (WANDB_PROJECT, WANDB_NAME, WANDB_MODE); else linear-gpt,
+        out_dir's name, online. WANDB_MODE=offline needs no API key."""
+        if not self.master:
+            return None
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("wandb_log=True but wandb is not installed: pip install wandb, or --wandb_log=False") from None
+        try:
+            wandb.init(project=project or os.environ.get('WANDB_PROJECT') or 'linear-gpt',
+                       name=name or os.environ.get('WANDB_NAME') or os.path.basename(os.path.abspath(self.path)),
+                       mode=mode or os.environ.get('WANDB_MODE') or 'online', config=config)
+        except Exception as e:  # no API key, no network, a bad mode: one line, not wandb's traceback
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"wandb.init failed: {why} (or log offline: WANDB_MODE=offline or --wandb_mode=offline; "
+                            f"or --wandb_log=False)") from None
+        return wandb
+
+
+def model_settings(checkpoint, out_dir, asked):
+    """On resume, what the checkpoint may set: the model's shape, its model_args that are GPTConfig fields (`asked`:
+    this run's values), each type-checked against this run's; dropout stays this run's, and so does kernels when
+    given. Every value that differs from what the config asked for gets a notice. -> {setting: value}. A key of
+    model_args that is not a GPTConfig field is left for build_model, which refuses the file."""
+    from configurator import checked
+    taken = {}
+    for k, v in checkpoint['model_args'].items():
+        if k not in asked or k == 'dropout' or (k == 'kernels' and asked[k]):
+            continue
+        v, now = checked(k, v, asked[k], out_dir.ckpt), (asked[k] or 'auto') if k == 'kernels' else asked[k]
+        if v != now:
+            out_dir.notices.append(f"resume: {k} = {v!r} from the checkpoint (the config asked for {now!r})")
+            taken[k] = v
+    return taken
+
+
+class StopSignals:
+    """SIGTERM (preemption, a scheduler's stop) and SIGINT (Ctrl-C) stop the run at the end of the step under way,
+    where it saves ckpt.pt and exits with 128 + the signal's number. `requested` is the signal this process got (0:
+    none); the loop agrees on it with the other ranks at the step's end. A second Ctrl-C, or a signal before the first
+    step has finished (`started` False: nothing to save), exits at once, leaving the checkpoints as they were; a repeated
+    SIGTERM (SLURM signals every rank, and torchrun forwards its own too) never cancels the save under way."""
+
+    def __init__(self, out_dir):
+        self.out_dir, self.requested, self.started = out_dir, 0, False
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+
+    def on_signal(self, signum, frame):
+        prog = os.path.basename(sys.argv[0])
+        if self.requested and signum == signal.SIGTERM:  # a scheduler's repeat (torchrun forwards its own): the
+            return                                        # save goes on; only a second Ctrl-C means "now"
+        if self.requested or not self.started:
+            what = "again" if self.requested else "before the first step"
+            # os.write, not print: a print here could land inside one the loop is making and raise
+            os.write(2, f"{prog}: {signal.Signals(signum).name} {what}: exiting now without saving\n".encode())
+            if self.out_dir.master:  # a save under way: the previous files stay, the temp goes
+                for path in (self.out_dir.ckpt, self.out_dir.best):
+                    _remove(path + '.tmp')
+            os._exit(128 + signum)
+        self.requested = signum
+        if self.out_dir.master:
+            again = " (again: exit at once)" if signum == signal.SIGINT else ""
+            os.write(2, f"{prog}: {signal.Signals(signum).name}: finishing this step, then saving{again}\n".encode())
+
+
+class Divergence:
+    """The rule that stops a diverged run before anything non-finite reaches a checkpoint: a non-finite loss or
+    gradient norm on any rank stops it (under the fp16 grad scaler, which skips such steps itself: 16 skipped in a row,
+    its scale down by 65536); a loss past 2x the run's first is warned about (then at each further doubling)."""
+
+    def __init__(self, ckpt_path, learning_rate, grad_clip, fp16=False, warn=print):
+        self.ckpt_path, self.learning_rate, self.grad_clip, self.fp16, self.warn = (ckpt_path, learning_rate, grad_clip,
+                                                                                    fp16, warn)
+        self.skipped, self.first, self.warn_at = 0, None, None
+
+    def check(self, n, loss, norm, nonfinite_anywhere):
+        """Step n's numbers (the mean loss, the gradient norm, whether any rank saw a non-finite one)."""
+        self.skipped = self.skipped + 1 if self.fp16 and not math.isfinite(norm) else 0
+        if not math.isfinite(loss) or (nonfinite_anywhere and not self.fp16) or self.skipped > 16:
+            raise self.error(f"loss {loss:.4g}, gradient norm {norm:.4g}", n)
+        if self.first is None:
+            self.first, self.warn_at = loss, 2 * loss
+        elif loss > self.warn_at > 0:
+            self.warn(f"warning: iter {n}: loss {loss:.4f} is {loss / self.first:.1f}x this run's first "
+                      f"({self.first:.4f}): the run may be diverging (lower learning_rate, or set grad_clip)")
+            self.warn_at = 2 * loss
+
+    def error(self, what, n):
+        kept = f"{self.ckpt_path} keeps the last good state" if os.path.exists(self.ckpt_path) else "no checkpoint was written"
+        clip = (f"lower grad_clip (now {self.grad_clip:g})" if self.grad_clip > 0
+                else "set grad_clip > 0 (now 0: off), e.g. 1.0")
+        return UserError(f"training diverged at iter {n}: {what}; nothing was saved ({kept}): lower learning_rate "
+                         f"(now {self.learning_rate:g}) or {clip}")

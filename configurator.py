@@ -100,7 +100,7 @@ def _help(config_globals):
             f"Settings (defaults shown), as --key=value or in a config file given first; later ones win:\n{block}")
 
 
-def _checked(key, value, default, source, nullable=()):
+def checked(key, value, default, source, nullable=()):
     """Return value converted to the default's type, or raise naming the key and both types."""
     if default is None or (value is None and key in nullable):
         return value  # a None default means "any type" (the script checks what it accepts)
@@ -130,7 +130,7 @@ def _override(arg, keys, config_globals, nullable):
             value = literal_eval(raw)
         except (SyntaxError, ValueError):
             value = raw
-    return key, _checked(key, value, default, arg, nullable)
+    return key, checked(key, value, default, arg, nullable)
 
 
 def configure(config_globals, argv, nullable=()):
@@ -183,4 +183,42 @@ def configure(config_globals, argv, nullable=()):
             if key not in keys:
                 raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
             if value is not seen[key]:  # set by the file
-                config_globals[key] = _checked(key, value, config_globals[key], arg, nullable)
+                config_globals[key] = checked(key, value, config_globals[key], arg, nullable)
+
+
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
+
+
+def check_training(c):
+    """Stop, with one line naming the setting, on any of train.py's settings c that cannot train (GPTConfig checks
+    the model's own)."""
+    for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval'):
+        if c[k] < 1:
+            raise UserError(f"{k}={c[k]} must be >= 1")
+    for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+        if c[k] < 0:
+            raise UserError(f"{k}={c[k]} must be >= 0")
+    if not c['learning_rate'] > 0:
+        raise UserError(f"learning_rate={c['learning_rate']} must be > 0")
+    if not 0 <= c['stop_at_val_acc'] <= 1:
+        raise UserError(f"stop_at_val_acc={c['stop_at_val_acc']} must be an accuracy in [0, 1] (0: never stop early)")
+    if not (0 <= c['beta1'] < 1 and 0 <= c['beta2'] < 1):
+        raise UserError(f"beta1={c['beta1']} and beta2={c['beta2']} must be in [0, 1)")
+    if c['init_from'] not in ('scratch', 'resume'):
+        raise UserError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
+    if c['compile'] not in (None, True, False):
+        raise UserError(f"compile must be None (auto), True or False, got {c['compile']!r}")
+    cp = c['context_parallel']
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise UserError(f"context_parallel={cp!r} must be an int >= 1 (the ranks that share a sequence)")
+    if cp > 1:
+        if c['block_size'] % (2 * cp) or c['block_size'] // (2 * cp) < 4:
+            raise UserError(f"context_parallel={cp}: block_size={c['block_size']} must split into 2 × {cp} pieces of "
+                            f">= 4 tokens (a multiple of {2 * cp})")
+        if c['fsdp']:
+            raise UserError("context_parallel > 1 runs under DDP (each rank a full replica), not with fsdp=True")
+    if c['fsdp_per_block'] and not c['fsdp']:
+        raise UserError("fsdp_per_block=True shapes FSDP's units: it needs --fsdp=True")
+    if c['compile_mode'] not in COMPILE_MODES:
+        raise UserError(f"compile_mode={c['compile_mode']!r} is not one of torch.compile's modes: "
+                        f"{', '.join(COMPILE_MODES)}")

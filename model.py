@@ -1,11 +1,12 @@
 """
 The model: one GPTConfig, the token mixers, the pre-norm block and the GPT.
 
-    python -m pytest test_model.py -q          # shapes, loss at init, decode == forward, causality
+    python -m pytest -q tests/test_model.py tests/test_mixers.py   # shapes, decode == forward, causality, equations
 
-Reading order: config → mixer pattern → shared pieces (RMSNorm, RoPE, short conv, MLP) → the mixers
-(softmax, then the linear ones) → MIXERS (the one place mixers are named) → Block → GPT → Decoder (generation
-through a replayed CUDA graph). Each mixer's math, and the kernels behind it: docs/mixers.md.
+Reading order: config → mixer pattern → shared pieces (RMSNorm, RoPE, MLP, short conv, the recurrence call `scan`)
+→ the mixers (softmax, then the linear ones), each read as its equations → MIXERS (the one place mixers are named)
+→ speed: the fused input projections the mixers call, apart so that the mixers read as math → Block → GPT →
+Decoder (generation through a replayed CUDA graph). Each mixer's math, and the kernels behind it: docs/mixers.md.
 
 Every mixer is built as Mixer(config) and has the same interface:
     forward(x, cache=None, docs=None) -> y          x, y: [B, T, C]
@@ -26,13 +27,14 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-import context_parallel
+import parallel
 import kernels
 from configurator import UserError
 try:
@@ -186,80 +188,6 @@ class Rotary(nn.Module):
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
 
-NARROW = 128  # linears: Linear layers with at most this many outputs are stacked into one matmul
-
-
-def linears(module, x, names):
-    """[module.<name>(x) for name in names]: the Linear layers that all read x. Stacked by a Decoder into
-    `module.stacked` for one-token steps (each small matmul would be a kernel launch of its own). Otherwise the
-    narrow ones (β, the gates' low-rank inputs: ≤ NARROW outputs) run as one matmul on their weights stacked per
-    call (StackedLinear), as they run far below the matmul rate one by one and each adds a [B, T, C] term to x's
-    gradient; a lone narrow layer goes the same way when its width is not a multiple of 8 (β of 6 or 12 heads ran
-    on cuBLAS's slow Ampere align-2 kernels). The wide ones run one by one: stacking them too was slower (the cat
-    of their gradients, and cuBLAS's Ampere kernels at widths that are not multiples of 8; notes/perf.md
-    2026-11-26 (n))."""
-    stacked = getattr(module, 'stacked', None)
-    if stacked is not None:
-        weight, bias, sizes = stacked
-        return F.linear(x, weight, bias).split(sizes, dim=-1)
-    layers = [getattr(module, n) for n in names]
-    # widest first and zero rows to a multiple of 8 outputs: every part starts 16-byte aligned, as cuBLAS's fast
-    # kernels want of a matmul that reads it (KDA's low-rank gate inputs)
-    # (by index, not id(): a compiled block's graph must not depend on which block's layers these are: an id()
-    # made torch.compile recompile per block when each block is compiled on its own, as under FSDP)
-    order = sorted((i for i, m in enumerate(layers) if m.out_features <= NARROW), key=lambda i: -layers[i].out_features)
-    narrow = [layers[i] for i in order]
-    if not narrow or (len(narrow) == 1 and narrow[0].out_features % 8 == 0):
-        return [m(x) for m in layers]
-    sizes = [m.out_features for m in narrow]
-    pad = -sum(sizes) % 8
-    w0 = narrow[0].weight
-    weight = torch.cat([m.weight for m in narrow] + [w0.new_zeros(pad, w0.shape[1])])
-    bias = None if all(m.bias is None for m in narrow) else torch.cat(
-        [m.bias if m.bias is not None else w0.new_zeros(m.out_features) for m in narrow] + [w0.new_zeros(pad)])
-    xs = x
-    if torch.is_autocast_enabled(x.device.type):  # the casts F.linear would make, made here: the backward's matmuls
-        dt = torch.get_autocast_dtype(x.device.type)  # run on what the forward's did
-        xs, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
-    part = dict(zip(order, StackedLinear.apply(xs, weight, bias, sizes + [pad])))
-    return [part[i] if i in part else m(x) for i, m in enumerate(layers)]
-
-
-class StackedLinear(torch.autograd.Function):
-    """x [..., C], weight [N, C] (the row-stack of several Linear layers'), bias [N] | None -> the parts of
-    x Wᵀ + b, split into `sizes` along the last dim (views of one matmul's output). The backward runs as one opaque
-    op, stacked_linear_bwd: Inductor, given the cat of the parts' gradients, fused it into their producers' kernels
-    (one 6 ms kernel per step in GDN: notes/perf.md 2026-11-24 (a))."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, sizes):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return tuple(F.linear(x, weight, bias).split(sizes, dim=-1))
-
-    @staticmethod
-    def backward(ctx, *dys):
-        x, weight = ctx.saved_tensors
-        dx, dw, db = stacked_linear_bwd(list(dys), x, weight, ctx.has_bias)
-        return dx, dw, db if ctx.has_bias else None, None
-
-
-@torch.library.custom_op("model::stacked_linear_bwd", mutates_args=())
-def stacked_linear_bwd(dys: list[torch.Tensor], x: torch.Tensor, weight: torch.Tensor, has_bias: bool
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """StackedLinear's backward: dy = the parts' gradients side by side -> dx = dy W, dW = dyᵀ x, db = Σ dy
-    (empty without a bias)."""
-    dy = torch.cat([d.to(x.dtype) for d in dys], dim=-1).flatten(0, -2)
-    dx = (dy @ weight).view(x.shape)
-    dw = dy.t() @ x.flatten(0, -2)
-    return dx, dw, dy.sum(0) if has_bias else dy.new_empty(0)
-
-
-@stacked_linear_bwd.register_fake
-def _(dys, x, weight, has_bias):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty(weight.shape[0] if has_bias else 0)
-
-
 class MLP(nn.Module):
     """SwiGLU: c_proj(silu(c_fc(x)) ⊙ c_gate(x)).
 
@@ -278,10 +206,10 @@ class MLP(nn.Module):
         self.c_proj.residual_out = True  # scaled init, see GPT._init_weights
         self.dropout = nn.Dropout(config.dropout)
 
-    projections = ('c_fc', 'c_gate')  # the Linear layers that read x (see linears)
+    projections = ('c_fc', 'c_gate')  # the Linear layers that read x (linears)
 
     def forward(self, x):
-        a, b = linears(self, x, self.projections)
+        a, b = linears(self, x, self.projections)  # x W_fcᵀ, x W_gateᵀ (linears: speed section)
         return self.dropout(self.c_proj(F.silu(a) * b))
 
 
@@ -306,7 +234,7 @@ class ShortConv(nn.Module):
         doc_pos [B, T] (documents: GPT.documents' conv_pos) | None: no tap reaches into an earlier document.
         cp: x is this rank's pieces of split sequences; each window starts on the previous piece's last W−1 inputs."""
         if cp is not None:
-            return context_parallel.short_conv(cp, x, self.weight, self.bias, self.norm, self.path, doc_pos, split)
+            return parallel.short_conv(cp, x, self.weight, self.bias, self.norm, self.path, doc_pos, split)
         prev = None if cache is None else cache.get(self.name)
         if prev is not None and x.size(1) == 1:
             y = kernels.short_conv_step(x[:, 0], prev, self.weight, self.bias, self.norm, path=self.path)[:, None]
@@ -338,11 +266,16 @@ RESET_GATE = -1000.0
 
 
 def reset_gate(g, docs):
-    """Log-decays g [B, T, H] (or [B, T, H, Dk]: every key channel) with RESET_GATE at each document start after
-    position 0 (docs['reset']; at position 0 the state is the initial one anyway); docs None: g as it is."""
+    """Log-decays g with RESET_GATE at each document start after position 0 (docs['reset'] [B, T]; at position 0 the
+    state is the initial one anyway); docs None: g as it is. g: [B, T, H], [B, T, H, Dk] (every key channel), or a
+    constant per head [H] (RetNet's), which becomes a gate per token [B, T, H]."""
     if docs is None:
         return g
     reset = docs['reset']
+    if isinstance(g, DecayGate):  # a gate the kernels would form from its input (speed section): formed here
+        g = kernels.decay_gate(g.u, g.A_log, g.dt_bias, g.lower_bound)
+    if g.dim() == 1:  # one constant per head: the same for every token
+        g = g.expand(reset.shape + g.shape)
     return g.masked_fill(reset.view(reset.shape + (1,) * (g.dim() - 2)), RESET_GATE)
 
 
@@ -350,8 +283,8 @@ def document_block_mask(doc, block=128):
     """flex_attention's BlockMask of causal attention within each document, from document ids doc [B, T] (int32,
     nondecreasing along T), by create_block_mask: it evaluates the mask on every (query, key) pair once per forward
     (B T^2 comparisons, no [T, T] tensor kept). A mask assembled from each block's first and last id
-    (BlockMask.from_kv_blocks) had the same blocks but gave wrong gradients inside a torch.compile'd model (torch
-    2.11, H100: notes/doc_mask_check.py), so this one is built the documented way."""
+    (BlockMask.from_kv_blocks) had the same blocks but gave wrong gradients inside a torch.compile'd model
+    (test_model.py::test_documents_compiled_model_equals_dense_mask), so this one is built the documented way."""
     B, T = doc.shape
 
     def same_document(b, h, q_idx, kv_idx):
@@ -367,23 +300,26 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, ssd=None, cp=None):
+def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', ssd=None, cp=None):
     """Run one of the two recurrences of kernels.py over T tokens (beta given: delta rule), on kernels.py's path
-    `path` (GPTConfig.kernels). gate (A_log, dt_bias) or (A_log, dt_bias, lower_bound) | None (delta rule only): g
-    is the gate's input u and the log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound) (lower_bound None:
-    the softplus gate), which the chunked kernels form themselves. ssd (dt, D) | None
-    (Mamba2): v is x, the value dt·x and the output gains D·x (kernels.linear_attn's dt=, D=).
+    `path` (GPTConfig.kernels). g: the log-decays, None (no decay), a constant per head [H], one per head and token
+    [B, T, H] or per key channel [B, T, H, Dk]; or a DecayGate (delta rule only; speed section): the kernels form
+    the log-decay from its input themselves. ssd (dt, D) | None (Mamba2): v is x, the value dt·x and the output gains
+    D·x (kernels.linear_attn's dt=, D=).
 
     cache None: plain chunked forward. Otherwise continue from cache['state'] (fp32 [B, H, Dk, Dv]) and
     store the final state there: a one-token call (decode) uses the step kernel, longer ones (prefill)
-    the chunked kernel. cp (a context_parallel.ContextParallel, training only): q, k, v are this rank's two pieces
-    of sequences split over cp's group, and each piece's state comes from the earlier pieces (context_parallel.py)."""
+    the chunked kernel. cp (a parallel.ContextParallel, training only): q, k, v are this rank's two pieces
+    of sequences split over cp's group, and each piece's state comes from the earlier pieces (parallel.py)."""
+    gate = None
+    if isinstance(g, DecayGate):  # the gate's input u, and (A_log, dt_bias, lower_bound) to form it from
+        g, gate = g.u, (g.A_log, g.dt_bias, g.lower_bound)
     if cp is not None:
         gate = dict(zip(('A_log', 'dt_bias', 'lower_bound'), gate or ()))
         if beta is None:
-            return context_parallel.linear_attn(cp, q, k, v, g, scale=scale, path=path,
+            return parallel.linear_attn(cp, q, k, v, g, scale=scale, path=path,
                                                 **({} if ssd is None else dict(dt=ssd[0], D=ssd[1])))
-        return context_parallel.delta_rule(cp, q, k, v, beta, g, scale=scale, path=path, **gate)
+        return parallel.delta_rule(cp, q, k, v, beta, g, scale=scale, path=path, **gate)
     state = None if cache is None else cache.get('state')
     if state is not None and q.size(1) == 1:
         if gate is not None:
@@ -416,7 +352,7 @@ def scan(cache, q, k, v, g=None, beta=None, scale=None, path='auto', gate=None, 
 
 class CausalSelfAttention(nn.Module):
     cache_grows = True
-    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
+    cp = None  # parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -453,7 +389,7 @@ class CausalSelfAttention(nn.Module):
                 k, v = torch.cat([cache['k'], k], dim=2), torch.cat([cache['v'], v], dim=2)
             cache['k'], cache['v'] = k, v
         if self.cp is not None:  # the keys and values of every piece up to this one
-            y = context_parallel.attention(self.cp, q, k, v, self.n_kv_head != self.n_head, docs)
+            y = parallel.attention(self.cp, q, k, v, self.n_kv_head != self.n_head, docs)
         elif docs is not None:
             # each query sees the keys of its own document only. RoPE positions do not restart per document: a RoPE
             # score q_m·k_n depends on the offset m − n alone, so restarting them would change nothing but rounding
@@ -511,8 +447,8 @@ class RetNet(nn.Module):
         y = W_o [RMSNorm(o_h) ⊙ SiLU(W_g x)_h]_h           q, k with RoPE; d_k = d_v = head_dim
     Params ≈ 5·C·H·hd (q, k, v, g, o); H = round(0.8·C/hd): C=768, hd=64 → H=10, 2,457,664 (1.04× softmax)."""
     cache_grows = False
-    projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj')  # the Linear layers that read x (see linears)
-    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
+    projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj')  # the Linear layers that read x (linears)
+    cp = None  # parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -534,13 +470,13 @@ class RetNet(nn.Module):
         B, T, C = x.shape
         shape = (B, T, self.H, self.hd)
         past = cache.get('pos', 0) if cache else 0  # an int; a tensor in static caches (GPT advances it)
-        q, k, v, gate = linears(self, x, self.projections)
+        q, k, v, gate = linears(self, x, self.projections)  # x W_qᵀ, x W_kᵀ, x W_vᵀ, x W_gᵀ (linears: speed section)
         if self.cp is not None:  # pieces of split sequences: their global positions
             q, k = self.cp.rope(self.rope, q.view(shape)), self.cp.rope(self.rope, k.view(shape))
         else:  # not restarted per document (as softmax)
             q, k = self.rope(q.view(shape), past), self.rope(k.view(shape), past)
-        # documents: the constant decay becomes a gate per token [B, T, H], RESET_GATE at the document starts
-        g = self.log_gamma if docs is None else reset_gate(self.log_gamma.expand(B, T, self.H), docs)
+        # log γ_h [H]; documents: a gate per token [B, T, H], RESET_GATE at the document starts
+        g = reset_gate(self.log_gamma, docs)
         o = scan(cache, q, k, v.view(shape), g=g, path=self.kernels, cp=self.cp)
         if cache is not None and not torch.is_tensor(past):
             cache['pos'] = past + T  # RoPE position of the next token
@@ -560,7 +496,7 @@ class Mamba2(nn.Module):
     expand = 1 (not Mamba's 2) because this block also has an MLP; params ≈ 3C² + 2CN + CH:
     C=768, P=64 (H=12), N=128 → 1,981,220 (0.84× softmax)."""
     cache_grows = False
-    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
+    cp = None  # parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -603,7 +539,7 @@ class DeltaNet(nn.Module):
     H = C / hd, d_k = d_v = hd: C=768, hd=64 → H=12, 2,377,792 params (1.01× softmax)."""
     cache_grows = False
     projections = ('q_proj', 'k_proj', 'v_proj', 'b_proj')  # the Linear layers that read x (linears); q, k, v first
-    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
+    cp = None  # parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config, n_head=None, v_dim=None):
         super().__init__()
@@ -623,45 +559,24 @@ class DeltaNet(nn.Module):
         self.c_proj.residual_out = True
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    gate_in_kernels = False  # KDA: True
-    gate_bound = None        # KDA: GPTConfig.kda_gate_bound (None: the softplus gate), scan's lower_bound
-
-    def decay(self, p, fused=False):
-        return None  # no forgetting: g = 0
+    def decay(self, p):
+        """The log-decay from the projections p (name -> x W_nameᵀ): none here (DeltaNet forgets nothing)."""
+        return None
 
     def output_gate(self, p, o):
         return o
 
-    def qkv(self, x, doc_pos=None):
-        """The convs' outputs for q, k, v without a cache (training): x W_qkvᵀ as one matmul on the three weights
-        stacked (as softmax's c_attn), and the three convs as one op on its column slices, whose backward writes the
-        gradient of that [B, T, 2·H·d_k + H·d_v] output whole: x's gradient is one matmul, with no cat of three
-        gradients and no sum of three [B, T, C] terms (notes/perf.md 2026-11-24 (o))."""
-        projs, convs = (self.q_proj, self.k_proj, self.v_proj), (self.q_conv, self.k_conv, self.v_conv)
-        bias = None if projs[0].bias is None else torch.cat([m.bias for m in projs])
-        y = F.linear(x, torch.cat([m.weight for m in projs]), bias)
-        conv = kernels.short_conv if self.cp is None else functools.partial(context_parallel.short_conv, self.cp)
-        return conv(y, torch.cat([c.weight for c in convs]), None, norm=[c.norm for c in convs],
-                                  path=self.kernels, doc_pos=doc_pos, split=[m.out_features for m in projs])
-
     def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
-        pos = None if docs is None else docs['conv_pos']
-        if cache is None:  # training: q, k, v by one matmul and one conv op; then β and the gates (name -> Linear)
-            q, k, v = self.qkv(x, pos)
-            p = dict(zip(self.projections[3:], linears(self, x, self.projections[3:])))
-        else:  # prefill, decode: each conv keeps its last inputs under its own name (Decoder: one matmul for all)
-            p = dict(zip(self.projections, linears(self, x, self.projections)))
-            q, k, v = (conv(p[name], cache, doc_pos=pos) for conv, name in
-                       zip((self.q_conv, self.k_conv, self.v_conv), self.projections[:3]))
+        # q, k = L2(SiLU(conv(W_q x))), L2(SiLU(conv(W_k x))) per head, v = SiLU(conv(W_v x)); p: the other
+        # projections of x (β's, the gates') by name (delta_rule_inputs: speed section)
+        q, k, v, p = delta_rule_inputs(self, x, cache, docs)
         q, k, v = q.view(B, T, self.H, self.dk), k.view(B, T, self.H, self.dk), v.view(B, T, self.H, self.dv)
         beta = torch.sigmoid(p['b_proj'].float())                    # [B, T, H]
-        fused = self.gate_in_kernels and docs is None  # the kernels form the gate from its input (scan's gate)
-        g = self.decay(p, fused)
+        g = self.decay(p)
         if docs is not None and g is None:  # DeltaNet with documents: a gate of 0 but at the document starts, which
             g = beta.new_zeros(B, T, self.H)  # runs the Gated DeltaNet kernels (a little slower: they also form dg)
-        o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels,
-                 gate=(self.A_log, self.dt_bias, self.gate_bound) if fused else None, cp=self.cp)
+        o = scan(cache, q, k, v, g=reset_gate(g, docs), beta=beta, path=self.kernels, cp=self.cp)
         o = self.output_gate(p, self.o_norm(o))                      # [B, T, H, dv]
         return self.resid_dropout(self.c_proj(o.reshape(B, T, -1)))
 
@@ -685,7 +600,7 @@ class GatedDeltaNet(DeltaNet):
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
 
-    def decay(self, p, fused=False):
+    def decay(self, p):
         return -torch.exp(self.A_log.float()) * F.softplus(p['a_proj'].float() + self.dt_bias)  # [B, T, H]
 
     def output_gate(self, p, o):
@@ -716,14 +631,11 @@ class KDA(DeltaNet):
         if self.gate_bound is not None:
             nn.init.zeros_(self.A_log)  # fla's safe-gate init (after the draw: the other weights init as without it)
 
-    # the gate formed inside the delta-rule kernels: its fp32 [B, T, H, dk] values are never written out, and its
-    # backward is one pass (notes/perf.md 2026-11-26 (n)); with documents it is formed here (reset_gate edits it)
-    gate_in_kernels = True
-
-    def decay(self, p, fused=False):
-        f = self.f_up(p['f_down']).unflatten(-1, (self.H, self.dk))  # the gate's input u
-        # −exp(A)·softplus(u + b), or lb·sigmoid(exp(A)·(u + b)) with the bound, [B, T, H, dk]
-        return f if fused else kernels.decay_gate(f, self.A_log, self.dt_bias, self.gate_bound)
+    def decay(self, p):
+        u = self.f_up(p['f_down']).unflatten(-1, (self.H, self.dk))  # the gate's input, [B, T, H, dk]
+        # −exp(A)·softplus(u + b), or lb·sigmoid(exp(A)·(u + b)) with the bound: kernels.decay_gate, [B, T, H, dk],
+        # formed by the delta-rule kernels from u (DecayGate: speed section)
+        return DecayGate(u, self.A_log, self.dt_bias, self.gate_bound)
 
     def output_gate(self, p, o):
         return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))
@@ -737,9 +649,9 @@ class GLA(nn.Module):
     No short conv, no RoPE, no feature map. Low-rank (16) gate projection; d_v = 2·d_k (fla's expand_k = 0.5,
     expand_v = 1), H = C / (2 hd): C=768, hd=64 → H=6, 2,378,240 params (1.01× softmax)."""
     cache_grows = False
-    projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj', 'f_down')  # the Linear layers that read x (see linears)
+    projections = ('q_proj', 'k_proj', 'v_proj', 'g_proj', 'f_down')  # the Linear layers that read x (linears)
     gate_rank, gate_norm = 16, 16  # fla's gate_low_rank_dim and gate_logit_normalizer
-    cp = None  # context_parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
+    cp = None  # parallel.ContextParallel while training on split sequences (GPT.set_context_parallel)
 
     def __init__(self, config):
         super().__init__()
@@ -759,7 +671,7 @@ class GLA(nn.Module):
 
     def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
-        q, k, v, gate, f = linears(self, x, self.projections)
+        q, k, v, gate, f = linears(self, x, self.projections)  # x Wᵀ of each (linears: speed section)
         g = F.logsigmoid(self.f_up(f).float()) / self.gate_norm  # log-decay ≤ 0 per key channel, [B, T, H·dk]
         g = reset_gate(g.view(B, T, self.H, self.dk), docs)
         o = scan(cache, q.view(B, T, self.H, self.dk), k.view(B, T, self.H, self.dk), v.view(B, T, self.H, self.dv),
@@ -783,13 +695,17 @@ class GLA(nn.Module):
 #                                          layers are counted from the parameters)
 #   cache_grows = False | True             class attribute: a fixed-size decode state (every tensor in the cache keeps
 #                                          its shape from token to token, so Decoder can capture one CUDA graph) or
-#                                          one that grows with the context (softmax's K/V)
+#                                          one that grows with the context: each of its tensors then holds one entry
+#                                          per token along dim 2 ([B, heads, T, hs], as softmax's K/V); the Decoder's
+#                                          static caches give them max_len entries there, and the mixer, finding a
+#                                          tensor cache['pos'], writes the new token at pos (softmax's static_step)
 #   projections = ('q_proj', ...)          optional: the nn.Linear attributes that all read x, fetched with
-#                                          linears(self, x, self.projections); the Decoder stacks them into one matmul
+#                                          linears(self, x, self.projections), which computes them in fewer matmuls
+#                                          (the speed section below); the Decoder stacks them into one
 #   cp = None                              optional: context parallelism (train.py --context_parallel): GPT sets it
-#                                          to a context_parallel.ContextParallel and forward then gets two pieces of
+#                                          to a parallel.ContextParallel and forward then gets two pieces of
 #                                          each sequence (scan(..., cp=self.cp), ShortConv(..., cp=self.cp) and
-#                                          context_parallel.attention do the crossing; RoPE by cp.rope)
+#                                          parallel.attention do the crossing; RoPE by cp.rope)
 # The cache: a dict the mixer fills on its first call and advances on each later one; 'state' for scan's
 # recurrent state, any other key for the mixer's own tensors. 'pos' is the number of tokens seen so far: a mixer
 # that needs positions (RoPE) reads cache.get('pos', 0) and, where it is a plain int, stores past + T back (in the
@@ -822,6 +738,121 @@ MIXERS = {
     'kda': KDA,
     'gla': GLA,
 }
+
+
+# ------------------------------------------------------------------------------------------------
+# Speed: the mixers' input projections, fused. The mixers above call these by what they compute, and read without
+# them; each gives the values of its plain form in fewer kernels (notes/perf.md has the measurements):
+#   linears(module, x, names)                  [getattr(module, name)(x) for name in names]
+#   delta_rule_inputs(mixer, x, cache, docs)   DeltaNet's, GDN's and KDA's q, k, v (projection, short conv, L2 of q
+#                                              and k), and the mixer's other projections of x by name
+#   DecayGate(u, A_log, dt_bias, lower_bound)  KDA's log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound),
+#                                              formed from u inside the delta-rule kernels (scan and reset_gate take it)
+# The Decoder stacks each mixer's projections into one matrix (decode_copy), which linears then uses.
+
+NARROW = 128  # linears: Linear layers with at most this many outputs are stacked into one matmul
+
+
+def linears(module, x, names):
+    """[module.<name>(x) for name in names]: the Linear layers that all read x. Stacked by a Decoder into
+    `module.stacked` for one-token steps (each small matmul would be a kernel launch of its own). Otherwise the
+    narrow ones (β, the gates' low-rank inputs: ≤ NARROW outputs) run as one matmul on their weights stacked per
+    call (StackedLinear), as they run far below the matmul rate one by one and each adds a [B, T, C] term to x's
+    gradient; a lone narrow layer goes the same way when its width is not a multiple of 8 (β of 6 or 12 heads ran
+    on cuBLAS's slow Ampere align-2 kernels). The wide ones run one by one: stacking them too was slower (the cat
+    of their gradients, and cuBLAS's Ampere kernels at widths that are not multiples of 8; notes/perf.md)."""
+    stacked = getattr(module, 'stacked', None)
+    if stacked is not None:
+        weight, bias, sizes = stacked
+        return F.linear(x, weight, bias).split(sizes, dim=-1)
+    layers = [getattr(module, n) for n in names]
+    # widest first and zero rows to a multiple of 8 outputs: every part starts 16-byte aligned, as cuBLAS's fast
+    # kernels want of a matmul that reads it (KDA's low-rank gate inputs)
+    # (by index, not id(): a compiled block's graph must not depend on which block's layers these are: an id()
+    # made torch.compile recompile per block when each block is compiled on its own, as under FSDP)
+    order = sorted((i for i, m in enumerate(layers) if m.out_features <= NARROW), key=lambda i: -layers[i].out_features)
+    narrow = [layers[i] for i in order]
+    if not narrow or (len(narrow) == 1 and narrow[0].out_features % 8 == 0):
+        return [m(x) for m in layers]
+    sizes = [m.out_features for m in narrow]
+    pad = -sum(sizes) % 8
+    w0 = narrow[0].weight
+    weight = torch.cat([m.weight for m in narrow] + [w0.new_zeros(pad, w0.shape[1])])
+    bias = None if all(m.bias is None for m in narrow) else torch.cat(
+        [m.bias if m.bias is not None else w0.new_zeros(m.out_features) for m in narrow] + [w0.new_zeros(pad)])
+    xs = x
+    if torch.is_autocast_enabled(x.device.type):  # the casts F.linear would make, made here: the backward's matmuls
+        dt = torch.get_autocast_dtype(x.device.type)  # run on what the forward's did
+        xs, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
+    part = dict(zip(order, StackedLinear.apply(xs, weight, bias, sizes + [pad])))
+    return [part[i] if i in part else m(x) for i, m in enumerate(layers)]
+
+
+class StackedLinear(torch.autograd.Function):
+    """x [..., C], weight [N, C] (the row-stack of several Linear layers'), bias [N] | None -> the parts of
+    x Wᵀ + b, split into `sizes` along the last dim (views of one matmul's output). The backward runs as one opaque
+    op, stacked_linear_bwd: Inductor, given the cat of the parts' gradients, fused it into their producers' kernels,
+    which made one slow kernel of them (notes/perf.md)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, sizes):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return tuple(F.linear(x, weight, bias).split(sizes, dim=-1))
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x, weight = ctx.saved_tensors
+        dx, dw, db = stacked_linear_bwd(list(dys), x, weight, ctx.has_bias)
+        return dx, dw, db if ctx.has_bias else None, None
+
+
+@torch.library.custom_op("model::stacked_linear_bwd", mutates_args=())
+def stacked_linear_bwd(dys: list[torch.Tensor], x: torch.Tensor, weight: torch.Tensor, has_bias: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """StackedLinear's backward: dy = the parts' gradients side by side -> dx = dy W, dW = dyᵀ x, db = Σ dy
+    (empty without a bias)."""
+    dy = torch.cat([d.to(x.dtype) for d in dys], dim=-1).flatten(0, -2)
+    dx = (dy @ weight).view(x.shape)
+    dw = dy.t() @ x.flatten(0, -2)
+    return dx, dw, dy.sum(0) if has_bias else dy.new_empty(0)
+
+
+@stacked_linear_bwd.register_fake
+def _(dys, x, weight, has_bias):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty(weight.shape[0] if has_bias else 0)
+
+
+def delta_rule_inputs(m, x, cache=None, docs=None):
+    """DeltaNet's (GDN's, KDA's) q, k [B, T, H·d_k] = L2(SiLU(conv(x W_qᵀ))), L2(SiLU(conv(x W_kᵀ))) per head,
+    v [B, T, H·d_v] = SiLU(conv(x W_vᵀ)), and its other projections (β's, the gates') as a dict name -> x Wᵀ.
+    Training (no cache): x W_qkvᵀ as one matmul on the three weights stacked (as softmax's c_attn), and the three
+    convs as one op on its column slices, whose backward writes the gradient of that [B, T, 2·H·d_k + H·d_v] output
+    whole: x's gradient is one matmul, with no cat of three gradients and no sum of three [B, T, C] terms. Prefill and
+    decode: every projection by linears (one matmul under a Decoder), then each conv, which keeps its own inputs."""
+    names, convs = m.projections, (m.q_conv, m.k_conv, m.v_conv)  # names: q, k, v first
+    pos = None if docs is None else docs['conv_pos']
+    if cache is None:
+        projs = (m.q_proj, m.k_proj, m.v_proj)
+        bias = None if projs[0].bias is None else torch.cat([lin.bias for lin in projs])
+        y = F.linear(x, torch.cat([lin.weight for lin in projs]), bias)
+        conv = kernels.short_conv if m.cp is None else functools.partial(parallel.short_conv, m.cp)
+        q, k, v = conv(y, torch.cat([c.weight for c in convs]), None, norm=[c.norm for c in convs], path=m.kernels,
+                       doc_pos=pos, split=[lin.out_features for lin in projs])
+        return q, k, v, dict(zip(names[3:], linears(m, x, names[3:])))
+    p = dict(zip(names, linears(m, x, names)))
+    q, k, v = (conv(p[name], cache, doc_pos=pos) for conv, name in zip(convs, names[:3]))
+    return q, k, v, p
+
+
+class DecayGate(NamedTuple):
+    """KDA's log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound) [B, T, H, Dk], which the delta-rule kernels
+    form from u (kernels.delta_rule's A_log=, dt_bias=, lower_bound=): its fp32 values are never written out and its
+    backward is one pass. scan hands it to the kernels; reset_gate (documents) forms it, as it edits the values."""
+    u: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    lower_bound: float | None  # None: the softplus gate
 
 
 # ------------------------------------------------------------------------------------------------
@@ -893,9 +924,9 @@ class GPT(nn.Module):
         return '\n'.join(lines)
 
     def set_context_parallel(self, cp):
-        """Train on pieces of sequences split over cp's ranks (a context_parallel.ContextParallel; None: whole
+        """Train on pieces of sequences split over cp's ranks (a parallel.ContextParallel; None: whole
         sequences): forward(idx, targets) then takes this rank's pieces of each row (cp.take), and its loss is this rank's share
-        (context_parallel.py says how averaging it over the ranks gives the mean over every token)."""
+        (parallel.py's context-parallel section says how averaging it over the ranks gives the mean over every token)."""
         for block in self.transformer.h:
             if cp is not None and not hasattr(type(block.mixer), 'cp'):
                 raise UserError(f"mixer {block.mixer_name!r} does not support context parallelism (its class has no "
@@ -946,7 +977,7 @@ class GPT(nn.Module):
 
     def loss_head(self, x, targets):
         """(logits, loss) from the final norm's output x: the output layer and the mean cross-entropy (-1 targets
-        ignored; under context parallelism this rank's share, context_parallel.loss). A method of its own so that
+        ignored; under context parallelism this rank's share, parallel.loss). A method of its own so that
         train.py can compile it apart from the blocks under FSDP. With self.recompute while training, or
         self.loss_only without gradients (an eval), the logits come back None: they are made LOSS_CHUNK tokens at a
         time (while training recomputed in the backward), so that the [tokens, vocab] logits (and their gradient)
@@ -960,12 +991,12 @@ class GPT(nn.Module):
             else:
                 total = sum(self._loss_sum(a, b) for a, b in zip(xs, ts))
             count = (targets != -1).sum().float()
-            if self.cp is not None:  # this rank's share (context_parallel.loss)
+            if self.cp is not None:  # this rank's share (parallel.loss)
                 return None, total * self.cp.size / self.cp.total(count)
             return None, total / count
         logits = self.lm_head(x)
         if self.cp is not None:
-            loss = context_parallel.loss(self.cp, logits, targets)
+            loss = parallel.loss(self.cp, logits, targets)
         else:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         # detached: the gradient flows through the loss; a differentiable logits output would make the backward
@@ -1004,8 +1035,8 @@ class GPT(nn.Module):
     def split_documents(self, idx):
         """documents() for this rank's two pieces idx [B, 2l] of rows split over self.cp's ranks: the same keys, with
         positions and document ids of the whole row; softmax's masks, one per own piece, over the keys of every
-        piece up to it ('cp_block_mask' or 'cp_mask' [B, 1, l, (p+1)·l], context_parallel.attention)."""
-        reset, conv_pos, pieces = context_parallel.documents(self.cp, idx, self.config.eot_token)
+        piece up to it ('cp_block_mask' or 'cp_mask' [B, 1, l, (p+1)·l], parallel.attention)."""
+        reset, conv_pos, pieces = parallel.documents(self.cp, idx, self.config.eot_token)
         docs = dict(reset=reset, conv_pos=conv_pos)
         if 'softmax' in self.mixers:
             masks, block_masks = [], []
@@ -1041,30 +1072,27 @@ class GPT(nn.Module):
 
     def static_caches(self, batch, max_len, device):
         """Decode caches of fixed size and address, zero-filled (what Decoder captures once as a CUDA graph): per layer
-        the linear mixer's state and conv windows, or softmax's K/V for max_len positions, and one 0-dim int64 tensor
-        'pos' (tokens so far) shared by every layer. Shapes and dtypes come from a one-token prefill (run it under
-        the autocast of the decode); load_caches copies a real prefill's caches into them."""
+        the linear mixer's state and conv windows, or a growing cache's tensors (softmax's K/V) for max_len positions,
+        and one 0-dim int64 'pos' (tokens so far) shared by every layer. Shapes and dtypes come from a one-token
+        prefill (run it under the decode's autocast); load_caches copies a real prefill's caches into them."""
         caches = self.new_caches()
         with torch.no_grad():
             self(torch.zeros(batch, 1, dtype=torch.long, device=device), caches=caches)
         pos = torch.zeros((), dtype=torch.long, device=device)
         for block, cache in zip(self.transformer.h, caches):
-            if block.mixer_name == 'softmax':
-                B, n_kv, _, hs = cache['k'].shape
-                cache['k'] = cache['k'].new_zeros(B, n_kv, max_len, hs)
-                cache['v'] = cache['v'].new_zeros(B, n_kv, max_len, hs)
-            for t in cache.values():
-                if torch.is_tensor(t):
+            for key, t in list(cache.items()):
+                if torch.is_tensor(t) and block.mixer.cache_grows:  # one entry per token along dim 2 (MIXERS' notes)
+                    cache[key] = t.new_zeros(t.shape[:2] + (max_len,) + t.shape[3:])
+                elif torch.is_tensor(t):
                     t.zero_()
             cache['pos'] = pos
         return caches
 
-    @staticmethod
-    def load_caches(static, caches, T):
+    def load_caches(self, static, caches, T):
         """Copy the caches of a prefill of T tokens (new_caches + a forward) into static ones, in place."""
-        for s, c in zip(static, caches):
+        for block, s, c in zip(self.transformer.h, static, caches):
             for key, t in c.items():
-                if key in ('k', 'v'):
+                if torch.is_tensor(t) and block.mixer.cache_grows:  # T entries along dim 2, of max_len
                     if T > s[key].size(2):
                         raise ValueError(f"a prefill of {T} tokens does not fit static caches of {s[key].size(2)} positions")
                     s[key][:, :, :T].copy_(t)
@@ -1198,10 +1226,10 @@ class Decoder:
         self.pos = self.caches[0]['pos']                          # tokens in the caches (shared by every layer)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=self.device)        # the token being fed
         self.out = torch.zeros(batch, max_len + 1, dtype=torch.long, device=self.device)  # every token, by position
-        for cache in self.caches:  # one compiled step for every max_len: softmax's K/V length is symbolic
-            for key in ('k', 'v'):
-                if key in cache:
-                    torch._dynamo.maybe_mark_dynamic(cache[key], 2)
+        for block, cache in zip(self.model.transformer.h, self.caches):  # one compiled step for every max_len: the
+            for key, t in cache.items():                                   # length of a growing cache is symbolic
+                if block.mixer.cache_grows and key != 'pos':
+                    torch._dynamo.maybe_mark_dynamic(t, 2)
         if self.use_graph:
             side = torch.cuda.Stream()  # warm-up off the default stream, as CUDA graph capture requires
             side.wait_stream(torch.cuda.current_stream())

@@ -266,3 +266,19 @@ def count_correct(logits, targets):
     answer = targets != -1
     correct = (logits.argmax(dim=-1)[answer] == targets[answer]).sum()
     return correct, answer.sum()
+
+
+def from_settings(c):
+    """The task train.py's settings c name (c['dataset']), or None when the dataset is token shards."""
+    make = {'mqar': lambda: MQAR(c['task_vocab_size'], c['block_size'], c['mqar_num_pairs']),
+            'statetrack': lambda: StateTracking(c['task_vocab_size'], c['block_size'], c['statetrack_num_vars'],
+                                                c['statetrack_num_assignments'], c['statetrack_num_queries']),
+            'needle': lambda: Needle(c['task_vocab_size'], c['block_size'], c['needle_num_needles'],
+                                     c['needle_value_len'])}
+    if c['dataset'] not in make:
+        return None
+    try:
+        return make[c['dataset']]()
+    except ValueError as e:  # the task's own check of its settings
+        from configurator import UserError
+        raise UserError(f"dataset={c['dataset']!r}: {e}") from None

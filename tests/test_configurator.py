@@ -1,7 +1,7 @@
 """
 Configurator tests: config files, --key=value overrides, type checks and their error messages.
 
-$ python -m pytest test_configurator.py -q
+$ python -m pytest tests/test_configurator.py -q
 """
 import pytest
 

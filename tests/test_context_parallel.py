@@ -1,5 +1,5 @@
 """
-Context parallelism (context_parallel.py) against one process, on CPU with gloo: 2 and 4 ranks each holding a piece
+Context parallelism (parallel.py, its second section) against one process, on CPU with gloo: 2 and 4 ranks each holding a piece
 of every row give the outputs, loss and gradients of the whole rows in one process (fp32), for every mixer and a
 hybrid, with documents off and on (document starts placed on and just before piece boundaries), at a length that
 is not a multiple of any chunk size, and the hybrid with activation checkpointing; with as many GPUs as ranks, on the
@@ -24,6 +24,10 @@ T = int(os.environ.get('CP_TEST_T', 88))  # 4 × 22 and 8 × 11 tokens (2 pieces
 WORLDS = [int(w) for w in os.environ.get('CP_TEST_WORLDS', '2,4').split(',')]
 B, V, EOT = 2, 97, 5
 MODELS = [m for m in MIXERS] + ['kda,softmax', 'mamba2,gdn,retnet,gla']
+# each model in a run of its own at the smallest world, its name in the test id (`pytest -k <mixer>` selects it: the
+# README's check of a new mixer); every model in one run at each larger world (one spawn of the ranks each)
+CASES = [(WORLDS[0], (m,)) for m in MODELS] + [(w, tuple(MODELS)) for w in WORLDS[1:]]
+IDS = [f"{w}-{models[0].replace(',', '+') if len(models) == 1 else 'every-model'}" for w, models in CASES]
 
 
 def config(mixer, documents):
@@ -59,7 +63,7 @@ def reference(mixer, documents, device):
 
 
 def rank_main(rank, world, cases, out, device):
-    from context_parallel import ContextParallel
+    from parallel import ContextParallel
     torch.set_num_threads(1)
     if device == 'cuda':
         device = f'cuda:{rank}'
@@ -84,12 +88,16 @@ def rank_main(rank, world, cases, out, device):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('world', WORLDS)
-def test_split_sequences_match_one_process(world):
+@pytest.mark.parametrize('world, models', CASES, ids=IDS)
+def test_split_sequences_match_one_process(world, models):
+    no_cp = [m for m in models if not all(hasattr(MIXERS[n], 'cp') for n in m.split(','))]
+    if no_cp:  # context parallelism is optional for a mixer (model.py's list above MIXERS)
+        pytest.skip(f"{', '.join(no_cp)}: no `cp` attribute (no context parallelism)")
     device = device_for(world)
-    references = {(m, d): reference(m, d, device) for m in MODELS for d in (False, True)}
-    cases = [(m, d, False, references[(m, d)][0]) for m in MODELS for d in (False, True)]
-    cases += [('kda,softmax', True, True, references[('kda,softmax', True)][0])]  # with activation checkpointing
+    references = {(m, d): reference(m, d, device) for m in models for d in (False, True)}
+    cases = [(m, d, False, references[(m, d)][0]) for m in models for d in (False, True)]
+    if 'kda,softmax' in models:  # with activation checkpointing
+        cases += [('kda,softmax', True, True, references[('kda,softmax', True)][0])]
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(rank_main, args=(world, cases, out, device), nprocs=world, start_method='spawn')
         ranks = [torch.load(f'{out}/rank{r}.pt') for r in range(world)]
@@ -140,8 +148,8 @@ def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, tor
     rank0, rank1 = (torch.load(f'{tmp_path}/cp/rank{r}.pt', weights_only=True) for r in (0, 1))
     assert max((rank0[k] - rank1[k]).abs().max().item() for k in rank0) == 0.0
     cp_sd, one_sd = load_checkpoint(f'{tmp_path}/cp/ckpt.pt')['model'], load_checkpoint(f'{tmp_path}/one/ckpt.pt')['model']
-    for k in one_sd:
-        torch.testing.assert_close(cp_sd[k], one_sd[k], rtol=1e-4, atol=1e-6)
+    for k in one_sd:  # (fp32 sums in another order: an element of a 4,096 may differ by 2e-6 after three steps)
+        torch.testing.assert_close(cp_sd[k], one_sd[k], rtol=1e-4, atol=5e-6)
     shutil.copytree(f'{tmp_path}/cp', f'{tmp_path}/cp_then_one')
     run(args + ['--max_iters=5', '--init_from=resume', f'--out_dir={tmp_path}/cp_then_one'])
     shutil.copytree(f'{tmp_path}/one', f'{tmp_path}/one_then_cp')
@@ -173,12 +181,12 @@ def test_bad_context_parallel_settings_are_one_line(tmp_path, extra, message):
 
 
 def test_transition_scan_recomputes_its_states_for_the_backward(monkeypatch):
-    # context_parallel.delta_rule runs the delta rule twice on a rank's pieces: the output scan keeps its chunk states
+    # parallel.delta_rule runs the delta rule twice on a rank's pieces: the output scan keeps its chunk states
     # for the backward (kernels.TUNING['keep']), the transition scan (v = 0 from S_0 = I) recomputes them, or a rank
-    # with 1/N of the tokens would keep 2/N of one process's (notes/perf.md, 48). The Triton path (the interpreter on
+    # with 1/N of the tokens would keep 2/N of one process's. The Triton path (the interpreter on
     # CPU): kernels._states runs once for the output scan (its backward reads what it kept), twice for the transition.
     import kernels
-    from context_parallel import ContextParallel, delta_rule
+    from parallel import ContextParallel, delta_rule
     if not torch.cuda.is_available() and os.environ.get('TRITON_INTERPRET') != '1':
         pytest.skip('the Triton kernels need CUDA or the interpreter')
     dev = 'cuda' if torch.cuda.is_available() else 'cpu'

@@ -2,7 +2,7 @@
 Tests of the data layer: the llm.c shard format, the batch loader, and the prepare scripts on
 tiny local inputs (CPU, offline, a few seconds).
 
-    python -m pytest test_data.py -q
+    python -m pytest tests/test_data.py -q
 """
 import io
 import json

@@ -4,7 +4,7 @@ Long-context study tests (CPU): longctx.py's needle cells scored against stand-i
 losses computed here from the val tokens themselves, the softmax length warning, and the command end to end on a
 tiny needle run trained here (table, json, picture, errors).
 
-$ python -m pytest test_longctx.py -q
+$ python -m pytest tests/test_longctx.py -q
 """
 import json
 import math

@@ -1,8 +1,8 @@
 """
-The researcher's loop (issue 42): a run's output at a glance, a short run that ends evaluated and saved, wandb that
+The researcher's loop: a run's output at a glance, a short run that ends evaluated and saved, wandb that
 follows its environment, plot.py that compares the runs now in their out_dirs. CPU, about a minute.
 
-$ python -m pytest test_loop.py -q
+$ python -m pytest tests/test_loop.py -q
 """
 import fcntl
 import glob
@@ -266,17 +266,22 @@ def test_plot_py_refuses_a_run_without_a_train_log_in_one_line(tmp_path):
 
 
 def test_lagged_step_time_is_read_off_the_gpu_timeline():
-    """train.py's settle() (CUDA only, so run here with stand-in events): a step's time runs from the end event of the
+    """train.py's StepClock (CUDA only, so run here with stand-in events): a step's time runs from the end event of the
     step before it, or from its own start event after an eval or at the start, to its end event; the host's clock
-    gave the last step of a run too little (notes/perf.md (57))."""
+    gave the last step of a run too little. Lagged, each step is read when the next one has been queued."""
     import ast
     src = open(os.path.join(ROOT, 'train.py')).read()
-    settle = next(ast.get_source_segment(src, n) for n in ast.parse(src).body
-                  if isinstance(n, ast.FunctionDef) and n.name == 'settle')
+    clock_src = next(ast.get_source_segment(src, n) for n in ast.parse(src).body
+                     if isinstance(n, ast.ClassDef) and n.name == 'StepClock')
 
     class Event:  # a recorded CUDA event at time t (s); elapsed_time in ms, as torch.cuda.Event's
-        def __init__(self, t):
-            self.t = t
+        now = 0.0
+
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            self.t = Event.now
 
         def synchronize(self):
             pass
@@ -288,15 +293,26 @@ def test_lagged_step_time_is_read_off_the_gpu_timeline():
         def tolist(self):
             return list(self)
 
-    reported = []
-    g = dict(pending=None, last_end=None, check=lambda n, values: None,
-             report=lambda n, values, t0, step_dt=None: reported.append((n, step_dt)))
-    exec(settle, g)
+    class FakeTorch:  # what StepClock uses of torch on CUDA
+        cuda = type('cuda', (), {'Event': Event})
+
+    class Numbers(Host):  # a step's numbers on the device
+        def to(self, device, non_blocking=False):
+            return Host(self)
+    g = {'torch': FakeTorch, 'time': __import__('time')}
+    exec(clock_src, g)
+    clock = g['StepClock'](lagged=True, cuda=True)
+    read = []
     # step 0 starts on an idle GPU at 0 and ends at 5 (it compiled); steps 1 and 2 were queued while the one before ran
     for n, (start, end) in enumerate([(0.0, 5.0), (4.0, 6.0), (5.5, 7.0)]):
-        g['pending'] = (n, (Host([0.0] * 5), Event(end)), 0.0, Event(start))
-        g['settle']()
-    g['last_end'] = None  # an eval ran (train.py's loop resets it)
-    g['pending'] = (3, (Host([0.0] * 5), Event(20.0)), 0.0, Event(18.5))
-    g['settle']()
-    assert reported == [(0, 5.0), (1, 1.0), (2, 1.0), (3, 1.5)]
+        Event.now = start
+        clock.start()
+        Event.now = end
+        read += [(m, dt) for m, _, dt in clock.end(n, Numbers([0.0] * 5))]
+    read += [(m, dt) for m, _, dt in clock.settle()]
+    clock.last_end = None  # an eval ran (train.py's loop resets it)
+    Event.now = 18.5
+    clock.start()
+    Event.now = 20.0
+    read += [(m, dt) for m, _, dt in clock.end(3, Numbers([0.0] * 5)) + clock.settle()]
+    assert read == [(0, 5.0), (1, 1.0), (2, 1.0), (3, 1.5)]

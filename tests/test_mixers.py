@@ -4,7 +4,7 @@ written token by token from the paper form with the layer's own weights. This pi
 (gate placement, decay formula, norm order, skip, conv, RoPE), which the decode and causality tests
 cannot, since they compare the model with itself.
 
-$ python -m pytest test_mixers.py -q
+$ python -m pytest tests/test_mixers.py -q
 """
 import dataclasses
 import math

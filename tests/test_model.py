@@ -2,7 +2,7 @@
 Model tests (CPU; the CUDA-graph decode on a GPU): shapes, loss at init, decode == full forward, the static-cache
 decoder == generate, causality, the mixer pattern.
 
-$ python -m pytest test_model.py -q
+$ python -m pytest tests/test_model.py -q
 """
 import contextlib
 import functools
@@ -186,6 +186,17 @@ def test_decoder_reallocates_or_refuses_what_does_not_fit():
         dec.prefill(idx)
     with pytest.raises(ValueError, match='the prompt is empty'):
         dec.prefill(idx3[:, :0])
+
+
+def test_static_caches_serve_any_mixer_whose_cache_grows():
+    """The Decoder's static caches ask a mixer's cache_grows, not its name: softmax attention under another name (a
+    new mixer whose cache grows) decodes through them, in a hybrid, as GPT.generate does, token for token."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(MIXERS, 'attn', type('Attention', (model.CausalSelfAttention,), {}))
+        m = make('kda,attn', n_kv_head=2)
+        idx = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(4))
+        ref, _ = m.generate(idx, 12, temperature=0)
+        assert torch.equal(Decoder(m, batch=2, max_len=24, temperature=0).generate(idx, 12), ref)
 
 
 def test_sample_next_draws_from_the_distribution():
@@ -502,6 +513,28 @@ def test_documents_off_builds_nothing(monkeypatch):
     model.generate(idx[:, :5], 3)
 
 
+def test_reset_gate_takes_a_gate_per_head_per_token_or_per_key_channel():
+    """reset_gate (README, "How to add a mixer"): RESET_GATE at the document starts after position 0, the gate's own
+    value elsewhere, for a gate per token [B, T, H] or per key channel [B, T, H, Dk]; a constant per head [H] (as
+    RetNet's) becomes a gate per token. Against an element-by-element expectation; without documents, g as it is."""
+    from model import RESET_GATE, reset_gate
+    B, T, H, Dk = 2, 7, 3, 4
+    reset = torch.zeros(B, T, dtype=torch.bool)
+    reset[0, [2, 5]] = True
+    reset[1, 1] = True
+    g = -torch.rand(H)
+    want = [[[RESET_GATE if reset[b, t] else g[h].item() for h in range(H)] for t in range(T)] for b in range(B)]
+    assert torch.equal(reset_gate(g, dict(reset=reset)), torch.tensor(want))
+    for shape in [(B, T, H), (B, T, H, Dk)]:
+        g = -torch.rand(shape)
+        got = reset_gate(g, dict(reset=reset))
+        assert got.shape == shape
+        for b in range(B):
+            for t in range(T):
+                assert torch.equal(got[b, t], torch.full_like(g[b, t], RESET_GATE) if reset[b, t] else g[b, t])
+        assert reset_gate(g, None) is g
+
+
 def test_documents_masks_and_checks():
     """GPT.documents: starts at position 0 and at every EOT; the conv positions restart there and stop at 3; the
     softmax mask (CPU: dense) is causal within each document; the gate resets leave position 0 alone. Switch and
@@ -560,7 +593,7 @@ def test_documents_block_mask_and_flex_equal_the_dense_mask(monkeypatch):
 def test_documents_compiled_model_equals_dense_mask():
     """documents=True in a torch.compile'd model (flex_attention traced with the block mask built inside the graph)
     gives the eager dense-mask model's loss and gradients: a mask built through BlockMask.from_kv_blocks passed the
-    eager test above and gave gradients 300x too large here (notes/doc_mask_check.py)."""
+    eager test above and gave gradients 300x too large here."""
     import model as M
     T = 512
     idx = torch.randint(1, 97, (2, T + 1), generator=torch.Generator().manual_seed(0))
@@ -652,21 +685,26 @@ def test_a_mixer_missing_part_of_its_interface_is_named_at_build():
 def test_a_new_mixer_is_one_class_and_one_line(tmp_path):
     """README "How to add a mixer": a copy of the project whose model.py gains fixtures/new_mixer.py's class above
     MIXERS and one MIXERS line, nothing else, runs that mixer through the per-mixer tests of test_model.py,
-    test_mixers.py and test_train.py (shapes, loss at init, decode == forward, causality, the kernels key, training
-    on pystdlib); it has no reference in test_mixers.py (optional, step 3) and needs none."""
+    test_mixers.py, test_context_parallel.py and test_train.py (shapes, loss at init, decode == forward, causality,
+    the kernels key, split sequences over 2 ranks, training on pystdlib); it has no reference in test_mixers.py
+    (optional, step 3) and needs none. The copy is made by walking the files, as from a release tarball (no git)."""
     import os
     import re
     import shutil
     import subprocess
     import sys
+    from dataloader import shared_tiktoken_cache
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files = subprocess.run(['git', 'ls-files'], cwd=root, capture_output=True, text=True, check=True).stdout.split()
     copy = tmp_path / 'repo'
-    for f in files + [os.path.join('data', 'pystdlib', n) for n in os.listdir(os.path.join(root, 'data', 'pystdlib'))
-                      if n.endswith('.bin')]:  # the tokenized pystdlib, if prepared here (else the copy prepares it)
-        if os.path.isfile(os.path.join(root, f)):
-            (copy / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(os.path.join(root, f), copy / f)
+
+    def left_out(folder, names):  # git, caches and run outputs; of the data, only the tokenized pystdlib if prepared
+        data = os.path.relpath(folder, root).split(os.sep)[0] == 'data'
+        return [n for n in names if n in ('.git', '__pycache__', '.pytest_cache', 'wandb')
+                or (n.startswith('out') and os.path.isdir(os.path.join(folder, n)))
+                or (folder == root and n == 'shared')
+                or (data and (n == 'cache' or n.endswith('.bin') and os.path.basename(folder) != 'pystdlib'))]
+
+    shutil.copytree(root, copy, ignore=left_out)
     src = (copy / 'model.py').read_text()
     cls = (copy / 'tests' / 'fixtures' / 'new_mixer.py').read_text()
     cls = cls[cls.index('class GatedRetention'):]
@@ -678,9 +716,14 @@ def test_a_new_mixer_is_one_class_and_one_line(tmp_path):
     (copy / 'model.py').write_text(src)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE='1')
     env.pop('PYTEST_XDIST_WORKER', None)
+    if 'TIKTOKEN_CACHE_DIR' not in env and shared_tiktoken_cache(root):  # (the copy has no shared/ beside it)
+        env['TIKTOKEN_CACHE_DIR'] = shared_tiktoken_cache(root)
+    # the README's command after adding a mixer
     p = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider', '-k', 'gret',
-                        'tests/test_model.py', 'tests/test_mixers.py', 'tests/test_train.py'], cwd=copy, env=env, capture_output=True,
-                       text=True, timeout=900)
+                        'tests/test_model.py', 'tests/test_mixers.py', 'tests/test_context_parallel.py',
+                        'tests/test_train.py'], cwd=copy, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     passed = int(re.search(r'(\d+) passed', p.stdout).group(1))
-    assert passed >= 12 and 'PASSED tests/test_train.py::test_every_mixer_trains[gret]' in p.stdout, p.stdout[-3000:]
+    assert passed >= 13 and 'PASSED tests/test_train.py::test_every_mixer_trains[gret]' in p.stdout, p.stdout[-3000:]
+    assert 'PASSED tests/test_context_parallel.py::test_split_sequences_match_one_process[2-gret]' in p.stdout, \
+        p.stdout[-3000:]

@@ -7,7 +7,7 @@ process, which must agree), prints and logs the answer accuracy, and grid.py tur
 figure (the mean over seeds of each seed's best LR, a later LR run only where the earlier ones did not reach
 stop_at_val_acc: checked with stand-in runs and fake logs, and end to end).
 
-$ python -m pytest test_tasks.py -q
+$ python -m pytest tests/test_tasks.py -q
 """
 import os
 import re

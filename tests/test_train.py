@@ -2,7 +2,7 @@
 Training-loop tests (CPU, a few minutes): train.py runs, resumes exactly, runs under torchrun DDP,
 writes checkpoints atomically, and sample.py decodes from what it wrote.
 
-$ python -m pytest test_train.py -q
+$ python -m pytest tests/test_train.py -q
 """
 import os
 import math
@@ -153,6 +153,62 @@ def test_fsdp_two_processes_gloo_matches_one_and_resumes_across_rank_counts(pyst
         assert resumed['iter_num'] == 6, name  # the end of a run to max_iters 6 (iters 0-5)
         for k in straight:
             torch.testing.assert_close(resumed['model'][k], straight[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}")
+
+
+# a model whose configure_optimizers returns another optimizer: SGD with momentum over three param groups of their own
+# rates and weight decays (what a researcher changes in model.py); train.py and parallel.py must not replace it
+SGD_PATCH = """\
+import os, sys
+sys.path.insert(0, os.getcwd())  # the repository (the runs start there)
+import torch
+import model
+
+
+def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    named = dict(self.named_parameters())
+    groups = [dict(params=[p for n, p in named.items() if p.dim() >= 2 and 'wte' not in n], weight_decay=weight_decay),
+              dict(params=[named['transformer.wte.weight']], lr=learning_rate / 2, weight_decay=0.0),
+              dict(params=[p for p in named.values() if p.dim() < 2], lr=learning_rate * 2, weight_decay=0.0)]
+    return torch.optim.SGD(groups, lr=learning_rate, momentum=0.9)
+
+
+model.GPT.configure_optimizers = configure_optimizers
+"""
+
+
+def test_any_optimizer_the_model_returns_trains_under_fsdp_as_in_one_process_and_resumes(pystdlib, tmp_path,
+                                                                                     torchrun_train):
+    """SGD with momentum in three param groups (model.configure_optimizers changed in one place): under FSDP over 2
+    gloo ranks it stays SGD (its param groups, rates and momentum buffers sharded and gathered whole on save) and gives
+    the weights and momentum of one process; its checkpoint resumes in one process as one straight run ends."""
+    import shutil
+    from checkpoint import load_checkpoint
+    driver = tmp_path / 'sgd_train.py'
+    driver.write_text(SGD_PATCH + "import runpy, sys\nsys.argv[0] = 'train.py'\nrunpy.run_path('train.py', run_name='__main__')\n")
+    ddp_driver = open(torchrun_train[-1]).read()
+    open(torchrun_train[-1], 'w').write(SGD_PATCH + ddp_driver)
+    args = TINY + ['--eval_interval=3', '--gradient_accumulation_steps=4', '--grad_clip=0.5', '--learning_rate=0.05',
+                   '--decay_lr=False']
+    run(args + ['--max_iters=3', '--fsdp=True', f'--out_dir={tmp_path}/fsdp'], cmd=torchrun_train)
+    run(args + ['--max_iters=3', f'--out_dir={tmp_path}/single'], cmd=[sys.executable, str(driver)])
+    single, fsdp = load_checkpoint(f'{tmp_path}/single/ckpt.pt'), load_checkpoint(f'{tmp_path}/fsdp/ckpt.pt')
+    groups = fsdp['optimizer']['param_groups']
+    assert [(g['initial_lr'], g['momentum'], g['weight_decay']) for g in groups] == [
+        (0.05, 0.9, 0.1), (0.025, 0.9, 0.0), (0.1, 0.9, 0.0)], groups  # the model's groups, each at its own rate
+    assert [g['lr'] for g in groups] == pytest.approx([0.05, 0.025, 0.1])
+    assert 'exp_avg' not in str(fsdp['optimizer']['state'])  # SGD's state, not AdamW's
+    for k in single['model']:
+        torch.testing.assert_close(fsdp['model'][k], single['model'][k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    for i, state in single['optimizer']['state'].items():
+        torch.testing.assert_close(fsdp['optimizer']['state'][i]['momentum_buffer'], state['momentum_buffer'],
+                                   rtol=1e-4, atol=1e-6)
+    run(args + ['--max_iters=6', f'--out_dir={tmp_path}/straight'], cmd=[sys.executable, str(driver)])
+    shutil.copytree(f'{tmp_path}/fsdp', f'{tmp_path}/fsdp_then_one')
+    run(args + ['--max_iters=6', '--init_from=resume', f'--out_dir={tmp_path}/fsdp_then_one'],
+        cmd=[sys.executable, str(driver)])
+    straight, resumed = (load_checkpoint(f'{tmp_path}/{n}/ckpt.pt') for n in ('straight', 'fsdp_then_one'))
+    for k in straight['model']:
+        torch.testing.assert_close(resumed['model'][k], straight['model'][k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
 
 
 def test_interrupted_checkpoint_keeps_previous(tmp_path):

@@ -3,7 +3,7 @@ Trust tests (CPU, about three minutes): a checkpoint is data and never runs code
 (checkpoints, out_dir, grid.py's runs); SIGTERM / Ctrl-C and the end of a run are saved and resume exactly; a
 failed save or a bad file is one line, not a traceback.
 
-$ python -m pytest test_trust.py -q
+$ python -m pytest tests/test_trust.py -q
 """
 import os
 import re
@@ -117,6 +117,25 @@ def test_checkpoint_that_runs_code_is_refused_and_nothing_runs(finished, tmp_pat
         assert not marker.exists()
 
 
+def test_a_checkpoint_sets_only_the_models_shape_on_resume(finished, tmp_path):
+    """A ckpt.pt whose model_args held out_dir='/tmp/victim' made a resume save into another run's folder, and
+    eval_interval=0 or learning_rate='abc' crashed it raw. A checkpoint sets only GPTConfig's fields, type-checked;
+    anything else refuses the file in one line, and nothing is written into the folder it named."""
+    victim = tmp_path / 'victim'
+    for extra, message in [({'out_dir': str(victim)}, "model_args has keys this model.py does not know (out_dir)"),
+                           ({'eval_interval': 0}, "model_args has keys this model.py does not know (eval_interval)"),
+                           ({'n_layer': 'abc'}, "config key 'n_layer' from"),
+                           ({'mixer': 3}, "config key 'mixer' from")]:
+        out = tmp_path / f'out-{next(iter(extra))}'
+        shutil.copytree(finished[0], out)
+        ckpt = torch.load(out / 'ckpt.pt', weights_only=True)
+        ckpt['model_args'].update(extra)
+        torch.save(ckpt, out / 'ckpt.pt')
+        p = run(TINY + [f'--out_dir={out}', '--init_from=resume', '--max_iters=30'], check=False)
+        assert message in one_line(p), p.stderr
+    assert not victim.exists()
+
+
 def test_new_checkpoints_are_plain_data_and_rng_round_trips(finished):
     """What train.py writes loads with torch.load(weights_only=True) as it is, and rng_state() / set_rng_state()
     bring back every generator (numpy's included: its state was a numpy array, which weights_only refuses)."""
@@ -227,6 +246,23 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
         first.wait()
 
 
+def test_lock_holds_however_out_dir_is_spelled(pystdlib, tmp_path):
+    """The lock was keyed on the path as given: a second run through a symlink to a live run's out_dir, with
+    --overwrite=True, deleted the first run's files and trained beside it."""
+    real, link = tmp_path / 'real', tmp_path / 'link'
+    first = start(TINY + [f'--out_dir={real}', '--max_iters=100000', '--eval_interval=100000', '--log_interval=100000'])
+    try:
+        wait_for(first, r'^iter 0/')
+        link.symlink_to(real)
+        for spelled in (link, f'{tmp_path}/./real'):
+            second = run(TINY + [f'--out_dir={spelled}', '--max_iters=2', '--overwrite=True'], check=False)
+            assert second.returncode == 1 and f"is in use by another run (pid {first.pid} on" in one_line(second)
+        assert (real / 'log.txt').read_text().count('=== ') == 1  # the first run's files untouched
+    finally:
+        first.kill()
+        first.wait()
+
+
 def test_grid_never_clears_an_out_dir_whose_run_is_alive(tmp_path, capsys):
     """Two grid.py runs into the same out_root: the second rmtree'd the first's running out_dirs and trained in
     them. A live run's lock (here held by this test, as a train.py would) now keeps the grid out: the out_dir and
@@ -290,8 +326,10 @@ def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path)
                       '--lr_decay_iters=100000'])
     wait_for(p, r'^iter 4/')
     p.send_signal(signal.SIGTERM)
+    assert p.stderr.readline() == 'train.py: SIGTERM: finishing this step, then saving\n'
+    p.send_signal(signal.SIGTERM)  # a repeat (a scheduler signals every rank, torchrun forwards its own): still saved
     stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 143 and stderr == 'train.py: SIGTERM: finishing this step, then saving (again: exit at once)\n', stderr
+    assert p.returncode == 143 and stderr == '', stderr
     m = re.search(r'^stopped by SIGTERM at iter (\d+); resume with --init_from=resume$', stdout, re.M)
     n = int(m.group(1))
     assert torch.load(f'{tmp_path}/stopped/ckpt.pt', weights_only=True)['iter_num'] == n
