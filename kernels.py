@@ -30,7 +30,7 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         decay_gate(u, A_log, dt_bias) = -exp(A_log) softplus(u + dt_bias), formed inside the Triton kernels;
         with lower_bound lb in [-5, 0) as well, the bounded gate decay_gate(u, A_log, dt_bias, lb) =
         lb sigmoid(exp(A_log) (u + dt_bias)) in (lb, 0) instead (fla's safe_gate; KDA's Grams then skip the
-        dyadic split, section 4.3); keep: this call's TUNING['keep'] (None: TUNING's)
+        dyadic split: "The bounded gate" in section 3.1); keep: this call's TUNING['keep'] (None: TUNING's)
     delta_rule_step(q, k, v, beta, g, state, scale=None) -> o
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
 
@@ -50,20 +50,20 @@ everything runs the torch paths. 'torch' forces the chunked torch path, 'recurre
 and the short conv have one torch version for both), 'triton' the Triton kernels (on CPU it needs TRITON_INTERPRET=1
 set before triton is imported, which runs them through Triton's interpreter).
 
-Contents (read top to bottom; each family's section in the same order: reference recurrence, chunked torch, Triton
-forward, Triton backward, the custom ops, the decode step):
-  1. the public calls (delta_rule, delta_rule_step, linear_attn, linear_attn_step, short_conv, short_conv_step)
-     and _pick_path, the one place a path is chosen
-  2. TUNING: every launch setting of the Triton kernels (tiles, warps, stages), one table
-  3. shared helpers: argument checks, the torch paths' chunks, the Triton kernels' numerical rules and _dot
-  4. the delta rule: DeltaNet, GDN, KDA (GATE_NONE, GATE_SCALAR, GATE_CHANNEL)
-  5. scalar-decay linear attention: RetNet, Mamba2, GLA (GATE_CONST, GATE_SCALAR, GATE_CHANNEL)
-  6. the short convolution (short_conv, short_conv_step)
+Contents (read top to bottom):
+  1. the public calls (delta_rule, delta_rule_step, linear_attn, linear_attn_step, short_conv, short_conv_step),
+     _pick_path, the one place a path is chosen, and the argument checks
+  2. the math: the token-by-token references (delta_rule_recurrent, decay_gate, linear_attn_recurrent,
+     short_conv_torch) beside the chunked torch paths (delta_rule_chunked, linear_attn_chunked)
+  3. the Triton kernels, forward, backward and custom ops: their numerical rules, then 3.1 the delta rule (DeltaNet,
+     GDN, KDA), 3.2 scalar decay (RetNet, Mamba2, GLA), 3.3 the short convolution
+  4. the decode steps (*_step_torch and the Triton step kernels)
+  5. TUNING: every launch setting of the Triton kernels (tiles, warps, stages), one table
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
 small shapes; with a GPU: the full Triton matrix of docs/mixers.md §8)
-Benchmark: python bench.py   (delta rule);  python bench.py --variants retnet,mamba2   (scalar decay);
-           python bench.py --tiles delta|scalar|conv   (the TUNING candidates);  python bench.py --ptxas   (offline)
+Benchmark: python tools/bench_kernels.py   (delta rule);  python tools/bench_kernels.py --variants retnet,mamba2   (scalar decay);
+           python tools/tune.py --tiles delta|scalar|conv   (TUNING's candidates);  python tools/tune.py --ptxas
 """
 
 import functools
@@ -92,16 +92,9 @@ GATE_NONE = tl.constexpr(0)     # no decay: DeltaNet, plain linear attention
 GATE_SCALAR = tl.constexpr(1)   # one log-decay per token and head, g [B, T, H]: GDN, Mamba2 (Δ·A)
 GATE_CHANNEL = tl.constexpr(2)  # one per token, head and key channel, g [B, T, H, Dk]: KDA, GLA
 GATE_CONST = tl.constexpr(3)    # one per head for every token, g [H]: RetNet (log γ; not differentiated)
-# Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
-# faster than 32 for both families, and 128 does not fit in shared memory (bench.py --chunks).
-TRITON_CHUNK = 64
-# KDA's Gram backward rescales rows by exp(G_r - G_ref) and exp(G_ref - G_i) about one reference per group of rows
-# and key channel where |G_r - G_ref| <= EXP_SPAN for all of them: e^60 ~ 1e26 leaves fp32's and bf16's range (e^88)
-# room for the products and the 64-term sums of the dots.
-EXP_SPAN = tl.constexpr(60.0)
 
 # =====================================================================================================================
-# 1. The public calls, and the one place a path is chosen
+# 1. The public calls, the one place a path is chosen (_pick_path), and the argument checks
 # =====================================================================================================================
 
 CHUNK_SIZE = 64  # chunk of the chunked torch path
@@ -268,132 +261,7 @@ def short_conv_step(x, state, weight, bias=None, norm=0, path="auto"):
         return _short_conv_step_op(x, state, weight, bias, norm)
     return short_conv_step_torch(x, state, weight, bias, norm)
 
-# =====================================================================================================================
-# 2. Tuning: every launch setting of the Triton kernels, in one table
-# =====================================================================================================================
-
-# TUNING[name] is read at every launch, so a changed value takes effect at the next call (bench.py --tiles sets
-# candidates this way; tests set the tiles that small shapes do not reach). The delta rule's and the scalar decay's
-# entries were measured at B8 T4096 H16 D128 bf16 (and Dk = 64 where said) on an H100 with Triton 3.6, the short
-# conv's at [8, 4096, 768] bf16. `python bench.py --tiles delta|scalar|conv` checks each candidate against the fp64
-# recurrence in its own process (Triton 3.6 miscompiles some settings on Hopper: wrong gradients or illegal addresses
-# for the gradient kernels with V-tiles of 16 or 32 and for KDA's key tile 32 with 4 warps), then times the ones that
-# pass; `python bench.py --ptxas` reports registers and spills of every launch offline. No entry changes a result
-# beyond rounding, except the inverse's precision, which the tests' tolerances cover.
-TUNING = {
-    # Both families: 'keep' has the forward hand the backward what it would otherwise recompute (the delta rule's W,
-    # state snapshots h[c] and Delta, and KDA's Kd, Qg: its _wy_fwd and state pass run once, not twice; the scalar
-    # decay's and GLA's h[c]), at the cost of holding them from the forward to the backward: for the delta rule at
-    # Dk = Dv = d, per token, head and layer d (d / 64 + 2) values, and 2 d more for KDA (9 KB a token in each KDA
-    # layer of the 124M hybrid, in bf16); h[c] alone d² / 64 (GLA's chunks of 16: d² / 16). Only where autograd will
-    # call the backward (grad enabled, an input requiring grad). No result changes. False: the backward recomputes
-    # them, which saves that memory for one more _wy_fwd and state pass.
-    'keep': True,
-    # Delta rule (section 4). The sequential state passes (_state_fwd, _state_bwd), one program per (V-tile, b, h)
-    # walking every chunk: V-tile 'v' by gate kind (DeltaNet 32: twice the programs, each with three buffers; GDN, KDA
-    # 64), halved down to 'min_v' while the programs do not cover the SMs (small B*H, e.g. 2 x 16 heads at
-    # T = 16384); 4 warps (fastest), but 8 for KDA's backward at Dk = 128, where a [C, Dk] gate tile beside q, k, w
-    # spills at 4 ('bwd_warps': the other backward passes' when set; None: 'warps'); 'out_warps': the forward's
-    # pass, which also forms the output; 'stages' / 'bwd_stages' 2: three buffers of a V-tile of 64 would pass
-    # Hopper's 227 KB of shared memory at Dk = 128 (the forward, which also loads Q and P_qk, needs 262 KB).
-    # 'small_v_stages' 3 where the V-tile is 32 or less and the inputs 16-bit (192 KB at Dk = 128): each chunk's
-    # loads issue a full step before its dots; the backward pass only at Dk >= 'small_v_bwd_min_k' (at Dk = 64 its
-    # third buffer was slower).
-    # 'gn_ahead' (KDA): both passes load G_n one chunk ahead (_state_fwd_kernel's note): a plain load of it in the
-    # loop was one memory round trip a chunk that no number of buffers hid.
-    # 'one_wave_v': V-tiles halved below min_v, down to this, while twice the programs still fit in one wave, where
-    # T >= 'one_wave_min_t' (B*H so small that most SMs idle on a long walk: the hybrid's 32k layer has B*H = 6, 24
-    # programs at V-tile 32). Each halving doubles the programs' reads of K and Q; timed at T = 32768 only, so shorter
-    # sequences (the tests' shapes among them) keep the tiles the benchmarks time.
-    # 'wu_in_pass' (DeltaNet): the least Dk at which the forward pass forms Delta from A, beta, K and V itself and
-    # stores W, with no _wy_fwd (its reads of A, K, V and W, U's round trip: ~1 KB a token and head in bf16 at
-    # Dk = Dv = 128, half that at 64), only where the pass's programs cover the SMs (_wu_in_pass).
-    # 'w_free' (DeltaNet where wu_in_pass applies): W is not stored at all; the backward pass forms
-    # W^T dDelta = K^T diag(beta) (A^T dDelta) from A, beta and the K tile it reads anyway (_state_bwd_kernel).
-    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, bwd_warps=None, min_v=32, one_wave_v=16,
-                  one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
-                  gn_ahead=True, wu_in_pass=64, w_free=True),
-    # _grams_block's 16 x 16 programs: key tile 'k' (DeltaNet, GDN) and 'kda_k' (KDA, whose dyadic levels hold
-    # [16, BK] exp tiles: 16 measured fastest), one warp each (small dots: more programs per SM).
-    # KDA: _grams_chunk first forms every chunk whose gate stays within EXP_SPAN of its midpoint in one program (key
-    # tiles 'chunk_k', 'chunk_warps': the fastest of five in session x6), the 16 x 16 programs the rest.
-    # 'chunk_maxnreg' 128: _grams_chunk's registers a thread capped (157 uncapped at 4 warps, 3 programs an SM; at
-    # 128, 4, no spills offline): its forward 1-2% shorter (session 53). 'chunk_k_d64', 'chunk_warps_d64': the same
-    # at Dk <= 64 (None: as at Dk = 128): whole 64-column rows made KDA's forward at 8 x 4096 x 16 x 64 4% shorter
-    # than tiles of 32, 8 warps 2-11% longer (session 56).
-    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128, chunk_k_d64=64,
-                  chunk_warps_d64=None),
-    # _chunk_cumsum: columns per program 'd' (KDA's Dk in tiles of d; GDN's heads: one tile up to d) and 'warps'.
-    # Whole 128-column rows at 4 warps moved its bytes at 40% of HBM's bandwidth; 32 columns at 2 warps, the fastest
-    # of nine, at 70% (session 52).
-    'cumsum': dict(d=32, warps=2),
-    # _wy_fwd: 'split' programs a chunk, each with Dk / split key and Dv / split value columns ('split_d64' by gate
-    # kind at Dk <= 64), and 'warps' (None: 8 for [C, 128] tiles, else 4). At Dk = 128 whole rows (split 1) hold
-    # KDA's 184 registers a thread, one program per SM; split 2 at 8 warps took 5% off it at the hybrid's 1k shape
-    # (4 warps 4%; split 4 added 30%; session 52). At Dk = 64 KDA's whole rows are the fastest: its forward 10%
-    # shorter than at split 2 (session 54), whose [C, 32] tiles leave each program too little work (DeltaNet and GDN
-    # at Dk = 64 not yet timed that way).
-    'wy_fwd': dict(split=2, split_d64={0: 2, 1: 2, 2: 1}, warps=8),
-    # _inverse: a chain of small dependent dots, so one-warp programs, many per SM, hide its latency. 'prec': its dots
-    # by the inputs' dot precision: one-pass tf32 for bf16 inputs (A is stored in bf16, whose rounding is 4x tf32's;
-    # every forward 0.15 ms faster at B8 T4096 H16 than tf32x3: notes/perf.md 2026-11-24 (k)), tf32x3 (fp32-accurate)
-    # for fp16, IEEE for fp32.
-    'inverse': dict(warps=1, prec={'bf16': 'tf32', 'tf32': 'tf32x3', 'ieee': 'ieee'}),
-    # DeltaNet's and GDN's gradient kernels (_wy_grads_bwd; GDN's _wy_grads_bwd_phased at Dk <= 64): V-tile 'v'
-    # (smaller tiles were miscompiled or slower), 8 warps at Dk = 128 ([64, 128] fp32 tiles: 64 registers a thread at
-    # 4), 'warps_d64' at Dk <= 64 by gate kind (DeltaNet, GDN).
-    # 'stages': the V-tile loop's software pipelining by gate kind (DeltaNet 2: 1.5% faster at Dk = 128; GDN 1: 2 was
-    # 5-7% slower). Tried and slower (session 53): two programs a chunk by key halves (+10%, their [C, C] work done
-    # twice; key tiles of 32 miscompiled).
-    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, stages={0: 2, 1: 1}),
-    # KDA's backward: _grads_bwd's key tile 'k' and 'warps' (the fastest that passed the checks: fewer key tiles
-    # re-read the V side fewer times); _wy_bwd's V-tile 'wy_v' and 'wy_warps' (no pipelining: the fewest spilled
-    # bytes offline); 'wy_maxnreg' (None: uncapped) caps _wy_bwd's registers a thread: at 8 warps it holds 146, one
-    # program an SM; capped at 128, two, with no spills (offline ptxas, Dv = 128), and no faster (session 53).
-    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
-    # The decode steps (_step_kernel, _la_step_kernel): V-tile of the state per program (more programs at batch 1).
-    'step': dict(v=32),
-    # Scalar decay (section 5). The sequential passes (_la_state_fwd, _la_state_bwd), one program per (V-tile, key
-    # tile, b, h): whole Dk rows and V-tiles of 64 where that gives at least 'state_cover' programs per SM, else key
-    # tiles of 64 and then V-tiles halved down to 'state_min_v' (at large B*H whole rows do each chunk's work in one
-    # program; at small B*H they leave SMs idle). 'out_*': _la_output_fwd (V-tiles of 64; all of Dv per program
-    # measured no faster); 'dv_warps', 'dqkg_warps': the chunk-parallel gradient kernels. 'fused_fwd': the gate kinds
-    # whose forward forms the output inside the state pass when whole Dk rows cover the SMs: none and the constant
-    # gate, not the per-token gate, whose in-kernel cumsums and decay tile make that kernel spill at Dk = 128 (it
-    # measured slower there than the two kernels). 'group_k', 'group_stages': _la_dqkg_bwd with grouped q/k (a loop
-    # over the H / HK heads carrying fp32 dq, dk): key tiles of 64, 2 stages when Dv is one V-tile (the head loop is
-    # then the innermost loop and its loads are pipelined): the fastest of the four (key tile, stages) pairs on the
-    # GPU, although offline ptxas counts more spilled bytes for it than for key tiles of 32. A key with the suffix
-    # '_d64' overrides its setting at Dk <= 64.
-    'scalar': dict(state_warps=4, state_stages=3, state_cover=1, state_cover_d64=0, state_min_v=32,
-                   out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,
-                   fused_fwd=(int(GATE_NONE), int(GATE_CONST)), fused_warps=4, fused_stages=2, fused_stages_d64=3,
-                   group_k=64, group_stages=2),
-    # GLA (section 5, the per-key-channel gate: _gla_fwd, _gla_bwd): one program per (V-tile 'v', key tile 'k', b, h)
-    # walks the chunks of 16 tokens with its state tile (and in the backward its gradient) in fp32 registers; the
-    # output and dv are summed over key tiles, dq, dk, dg over V-tiles, outside the kernels. Tiles of 64 as the scalar
-    # kernels' (B*H*4 programs at Dk = Dv = 128). Warps and stages by offline ptxas (Triton 3.9, sm_90a, Dk = Dv =
-    # 128), not yet timed on a GPU: the forward at 4 warps holds 204 registers in bf16 without spills (fp32, whose
-    # IEEE dots run on the FMA units: 255 and 324 B spilled); the backward spills at 4 (bf16 114 B, fp32 1.4 KB) and
-    # not at 8 (231 registers; fp32 40 B), 'bwd_warps_small' below [64, 64] tiles (Dk or Dv < 64), where 8 warps
-    # would share a few elements; one stage: the recompute pass (no output) then needs 95 registers, not 121.
-    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=8, bwd_warps_small=4, fwd_stages=1, bwd_stages=1),
-    # Short conv (section 6): the row kernels. 'L' rows per program (per work item in the backward); 'BD' channels
-    # per program without the norm, with it 'heads' groups (heads x norm channels); 'warps'; 'ahead' rows loaded
-    # ahead (4 or 8); 'unroll' the row loop's unroll factor (a multiple of ahead: without it about one row is in
-    # flight, see 6.3); backward only, 'parts': programs along the rows, each summing dw, db over items parts apart
-    # (0: one item each, B*T/L partial sums per channel). The fastest of each at [8, 4096, 768] bf16, with and without
-    # the norm: forward 32 rows x 128 channels, one warp, 4 ahead, unrolled by 4; backward 128 x 128, one warp, 8
-    # ahead, unrolled by 8.
-    'conv_fwd': dict(L=32, BD=128, heads=1, warps=1, ahead=4, unroll=4),
-    'conv_bwd': dict(L=128, BD=128, heads=1, warps=1, ahead=8, unroll=8, parts=0),
-}
-
-# =====================================================================================================================
-# 3. Shared helpers (both families and the short conv)
-# =====================================================================================================================
-
-# ---- argument checks (every path; a wrong shape fails here with its name, not deep inside an einsum) ---------------
+# ---- argument checks (every path; a wrong shape fails here with its name, not deep inside an einsum) ----------------
 
 def _fail(name, msg):
     raise ValueError(f"{name}: {msg}")
@@ -461,7 +329,8 @@ def _check_delta_rule(name, q, k, v, beta, g, state, step=False):
     _check_state(name, state, q.shape[0], q.shape[-2], Dk, Dv, "state" if step else "initial_state")
 
 def _check_lower_bound(name, lower_bound):
-    # fla's safe_gate range: the Grams' 16-row reference path needs every per-step log-decay >= -5 (section 4.3)
+    # fla's safe_gate range: the Grams' 16-row reference path needs every per-step log-decay >= -5 (section 3.1,
+    # "The bounded gate")
     ok = isinstance(lower_bound, (int, float)) and not isinstance(lower_bound, bool) and -5 <= lower_bound < 0
     if lower_bound is not None and not ok:
         _fail(name, f"lower_bound must be None or a number in [-5, 0), got {lower_bound!r}")
@@ -479,21 +348,110 @@ def _check_gate_fn(name, u, A_log, dt_bias, lower_bound=None):
         _fail(name, f"A_log must be [H] = {(H,)} and dt_bias hold {math.prod(u.shape[2:])} values (g's last dims "
                     f"{_shape(u)[2:]}), got {_shape(A_log)} and {_shape(dt_bias)}")
 
-def _compute_dtype(x):
-    # fp64 inputs stay fp64 (tight tests); everything else (bf16, fp16, fp32) computes in fp32
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+# =====================================================================================================================
+# 2. The math: the token-by-token references and the chunked torch paths, both families and the short conv
+# docs/mixers.md §3 (recurrences), §4.1 and §4.3 (chunked), §1.1 (short conv). The references (*_recurrent) are the
+# truth the tests trust; the chunked paths (*_chunked) train and prefill on CPU. fp32 (fp64 stays fp64), autograd.
+# =====================================================================================================================
 
-def _expand_heads(x, H):
-    """[B, T, Hk, D] -> [B, T, H, D]: head h reads q/k head h // (H // Hk) (group sharing)."""
-    return x if x.shape[2] == H else x.repeat_interleave(H // x.shape[2], dim=2)
+# ---- the references, one token at a time ----------------------------------------------------------------------------
 
-def _scalar_gate(g, B, T, H, dtype, device):
-    """None | [H] | [B, T, H] -> [B, T, H] log-decays. A constant [H] gate is not differentiated (RetNet)."""
-    if g is None:
-        return torch.zeros(B, T, H, dtype=dtype, device=device)
-    if g.ndim == 1:
-        return g.detach().to(dtype).expand(B, T, H)
-    return g.to(dtype)
+# The delta rule (DeltaNet, GDN, KDA; docs/mixers.md §2.4-§2.6, §3):
+# S~ = Diag(exp g_t) S_{t-1};  S_t = S~ + beta_t k_t (v_t - S~^T k_t)^T;  o_t = s S_t^T q_t
+# and the gate of GDN and KDA, g = decay_gate(u, A_log, dt_bias) or the bounded one decay_gate(u, A_log, dt_bias, lb)
+# (docs/mixers.md §1.4 items 1 and 2)
+
+def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
+    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
+    B, T, H, Dk = q.shape
+    Dv, dt = v.shape[-1], _compute_dtype(q)
+    scale = Dk ** -0.5 if scale is None else scale
+    qf, kf, vf, bf = q.to(dt), k.to(dt), v.to(dt), beta.to(dt)
+    # decay multiplies the rows of S: [B, T, H, 1, 1] for a scalar gate, [B, T, H, Dk, 1] per key channel
+    a = None if g is None else (g.to(dt).exp()[..., None, None] if g.ndim == 3 else g.to(dt).exp()[..., None])
+    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    o = []
+    for t in range(T):
+        if a is not None:
+            S = a[:, t] * S
+        err = vf[:, t] - torch.einsum("bhk,bhkv->bhv", kf[:, t], S)  # what the decayed memory gets wrong
+        S = S + kf[:, t, :, :, None] * (bf[:, t, :, None] * err)[:, :, None, :]
+        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
+    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
+
+def decay_gate(u, A_log, dt_bias, lower_bound=None):
+    """The Mamba-style log-decay g = -exp(A_log) softplus(u + dt_bias) in fp32 (GDN's and KDA's gate): u [B, T, H] or
+    [B, T, H, Dk], A_log [H], dt_bias with u's last dims' values. delta_rule(..., g=u, A_log=, dt_bias=) forms the
+    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out).
+    lower_bound lb in [-5, 0): the bounded gate g = lb sigmoid(exp(A_log) (u + dt_bias)) in (lb, 0) instead (fla's
+    safe_gate, docs/mixers.md §1.4 item 2; delta_rule(..., lower_bound=lb) forms it in its kernels the same way)."""
+    _check_lower_bound("decay_gate", lower_bound)
+    dt = _compute_dtype(u)
+    A = torch.exp(A_log.to(dt)).view((-1,) + (1,) * (u.dim() - 3))
+    x = u.to(dt) + dt_bias.to(dt).view(u.shape[2:])
+    return -A * F.softplus(x) if lower_bound is None else lower_bound * torch.sigmoid(A * x)
+
+# Scalar-decay linear attention (RetNet, Mamba2, GLA; docs/mixers.md §2.2, §2.3, §3):
+# S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = s S_t^T q_t   (GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, g_t [Dk])
+
+def linear_attn_recurrent(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
+    B, T, H, Dv = v.shape
+    Dk, dt = q.shape[-1], _compute_dtype(q)
+    scale = Dk ** -0.5 if scale is None else scale
+    qf, kf, vf = _expand_heads(q, H).to(dt), _expand_heads(k, H).to(dt), v.to(dt)
+    if g is not None and g.dim() == 4:  # GLA: one decay per key channel, the rows of S
+        a = g.to(dt).exp()[..., None]  # [B, T, H, Dk, 1]
+    else:
+        a = _scalar_gate(g, B, T, H, dt, q.device).exp()[..., None, None]  # per-step decay in [0, 1], [B, T, H, 1, 1]
+    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    o = []
+    for t in range(T):
+        S = a[:, t] * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
+        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
+    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
+
+def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, **kw):
+    """The torch paths with Mamba2's dt and D (linear_attn's dt=, D=): value dt·v, output + D·v."""
+    if dt is None:
+        return fn(q, k, v, g, scale, initial_state, output_final_state, **kw)
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state, dt=dt, D=D)
+    wide = torch.promote_types(v.dtype, torch.float32)
+    o, ht = fn(q, k, (v.to(wide) * dt[..., None]).to(v.dtype), g, scale, initial_state, output_final_state, **kw)
+    return (o.to(wide) + D[:, None] * v).to(o.dtype), ht
+
+# The short convolution (docs/mixers.md §1.1) of DeltaNet, GDN, KDA (q, k, v) and Mamba2 (x, B, C); its torch
+# path is its reference (F.conv1d, or the masked taps with documents):
+#   p_t = b + w0 x_{t-3} + w1 x_{t-2} + w2 x_{t-1} + w3 x_t   (x_t = 0 for t < 0),   y_t = silu(p_t)   per channel
+#   with norm (q and k of the delta rule): out_t = y_t / sqrt(|y_t|^2 + eps) over each group of G channels (a head)
+#   backward: dy = r (dout - r^2 (y . dout) y) with r = (|y|^2 + eps)^-1/2 (norm), dp_t = dy_t silu'(p_t),
+#             dx_t = w3 dp_t + w2 dp_{t+1} + w1 dp_{t+2} + w0 dp_{t+3},  dw_j = sum_t dp_t x_{t-3+j},  db = sum_t dp_t
+#   decode:   the last 3 raw inputs are the state; one token shifts it by one
+#   documents (doc_pos [B, T], the token's position inside its document, clipped at 3 or not): tap x_{t-j} is used
+#             only if j <= doc_pos_t (x_{t-j} of an earlier document counts as 0, as before the sequence start), so
+#             p_t = b + [pos>=3] w0 x_{t-3} + [pos>=2] w1 x_{t-2} + [pos>=1] w2 x_{t-1} + w3 x_t; the backward masks
+#             the same products: dx_{t-j} gets w_{3-j} dp_t and dw_{3-j} gets dp_t x_{t-j} only where j <= doc_pos_t
+
+NORM_EPS = 1e-6  # of the l2 norm of q and k (as model.l2norm)
+
+def short_conv_torch(x, weight, bias=None, norm=0, doc_pos=None):
+    """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype; norm G > 0:
+    then divided by its l2 norm over each group of G channels (in fp32). doc_pos [B, T] (integers, the position of
+    each token inside its document) | None: tap x_{t-j} only where j <= doc_pos_t (W masked products, not F.conv1d)."""
+    D, W = weight.shape
+    b = None if bias is None else bias.to(x.dtype)
+    if doc_pos is None:
+        xx = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, D, W-1+T]: zeros before the start
+        y = F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
+    else:
+        T, w = x.shape[1], weight.to(x.dtype)
+        xx = F.pad(x, (0, 0, W - 1, 0))  # [B, W-1+T, D]: zeros before the start
+        p = sum(torch.where((doc_pos >= W - 1 - j)[..., None], w[:, j] * xx[:, j:j + T], 0) for j in range(W))
+        y = F.silu(p if b is None else p + b)
+    if norm:
+        yf = y.float().unflatten(-1, (D // norm, norm))
+        y = (yf * torch.rsqrt(yf.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2).to(x.dtype)
+    return y
 
 # ---- the chunked torch paths: chunks and decays (docs/mixers.md §4.0) -----------------------------------------------
 
@@ -552,7 +510,106 @@ def _causal_decay(g):
     seg = (M.double() @ g.double()).to(g.dtype) if g.is_cuda else M @ g  # [..., C*C, 1|Dk]
     return seg.unflatten(-2, (C, C)).exp()
 
-# ---- Triton: numerical rules and device helpers of every chunked kernel --------------------------------------------
+# The delta rule by chunks (WY/UT form, docs/mixers.md §4.3.1)
+
+def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
+    B, T, H, Dk = q.shape
+    Dv, dt = v.shape[-1], _compute_dtype(q)
+    scale = Dk ** -0.5 if scale is None else scale
+    C = min(chunk_size, T)
+    Q, K, V = _to_chunks(q, C, dt), _to_chunks(k, C, dt), _to_chunks(v, C, dt)  # [B, H, N, C, Dk|Dv]
+    b = _to_chunks(beta, C, dt)[..., None]  # [B, H, N, C, 1]
+    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1|Dk]
+    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1|Dk] decay from the chunk start
+    # parallel over chunks: key-key and query-key scores with their decays, i <= r
+    D = _causal_decay(g)  # [B, H, N, C, C, 1|Dk]
+    if g.shape[-1] == 1:  # none or scalar gate: the decay factors out of the dot products
+        KK, QK = (K @ K.mT) * D[..., 0], (Q @ K.mT) * D[..., 0]
+    else:  # per key channel: the decay sits inside the sum over c
+        Kdec = D * K[:, :, :, None]  # [B, H, N, C(r), C(i), Dk]: k_ic exp(G_rc - G_ic)
+        KK, QK = (Kdec @ torch.stack((K, Q), dim=-1)).unbind(-1)  # [B, H, N, C(r), C(i)] each
+    L, QK = (b * KK).tril(-1), QK.tril()
+    # UT transform: solve (I + L) [U W] = Diag(beta) [V, K ⊙ Γ] rather than forming A = (I + L)^{-1}
+    eye = torch.eye(C, dtype=dt, device=q.device)
+    UW = torch.linalg.solve_triangular(eye + L, b * torch.cat((V, K * Gamma), dim=-1), upper=False, unitriangular=True)
+    U, W = UW.split((Dv, Dk), dim=-1)  # [B, H, N, C, Dv], [B, H, N, C, Dk]
+    Kd = K * D[..., -1, :, :]  # keys decayed to the chunk end, exp(G_n - G_i)
+    # sequential over chunks: Δ = U - W S needs the state at the chunk start (fp32 or fp64, never lower)
+    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    starts, deltas = [], []
+    # unbind, not U[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
+    for u, w, kd, decay in zip(U.unbind(2), W.unbind(2), Kd.unbind(2), Gamma[..., -1:, :].mT.unbind(2)):
+        starts.append(S)
+        delta = u - w @ S  # [B, H, C, Dv] the corrections actually written
+        deltas.append(delta)
+        S = decay * S + kd.mT @ delta  # decay the rows of S ([B, H, 1|Dk, 1]), then write
+    S0, Delta = torch.stack(starts, dim=2), torch.stack(deltas, dim=2)  # [B, H, N, Dk, Dv], [B, H, N, C, Dv]
+    O = scale * ((Q * Gamma) @ S0 + QK @ Delta)
+    return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
+
+# Scalar decay by chunks (docs/mixers.md §4.1)
+
+def linear_attn_chunked(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
+    B, T, H, Dv = v.shape
+    Dk, dt = q.shape[-1], _compute_dtype(q)
+    scale = Dk ** -0.5 if scale is None else scale
+    C = min(chunk_size, T)
+    Q, K = _to_chunks(_expand_heads(q, H), C, dt), _to_chunks(_expand_heads(k, H), C, dt)  # [B, H, N, C, Dk]
+    V = _to_chunks(v, C, dt)  # [B, H, N, C, Dv]
+    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1] (GLA: [B, H, N, C, Dk])
+    D = _causal_decay(g)  # [B, H, N, C, C, 1|Dk]
+    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1|Dk] decay from the chunk start; Gamma[..., -1, :] over the chunk
+    # parallel over chunks: the intra-chunk outputs and what each chunk adds to the state
+    if g.shape[-1] == 1:  # none or scalar gate: the decay factors out of the dot products
+        QK = (Q @ K.mT) * D[..., 0]
+    else:  # GLA, per key channel: the decay sits inside the sum over c
+        QK = ((D * K[:, :, :, None]) @ Q[..., None])[..., 0]  # [B, H, N, C(r), C(i)]: Σ_c q_rc k_ic exp(G_rc - G_ic)
+    intra = QK.tril() @ V  # [B, H, N, C, Dv]
+    local = (K * D[..., -1, :, :]).mT @ V  # [B, H, N, Dk, Dv]; D's last row is exp(G_n - G_i)
+    # sequential over chunks, cheap: S_start(n+1) = Γ_n S_start(n) + local_n
+    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
+    starts = []
+    # unbind, not local[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
+    for decay, add in zip(Gamma[..., -1:, :].mT.unbind(2), local.unbind(2)):  # [B, H, 1|Dk, 1], [B, H, Dk, Dv]
+        starts.append(S)
+        S = decay * S + add
+    S0 = torch.stack(starts, dim=2)  # [B, H, N, Dk, Dv] chunk-start states
+    O = scale * ((Q * Gamma) @ S0 + intra)
+    return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
+
+# ---- dtypes, heads and gates of the torch paths ---------------------------------------------------------------------
+
+def _compute_dtype(x):
+    # fp64 inputs stay fp64 (tight tests); everything else (bf16, fp16, fp32) computes in fp32
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+def _expand_heads(x, H):
+    """[B, T, Hk, D] -> [B, T, H, D]: head h reads q/k head h // (H // Hk) (group sharing)."""
+    return x if x.shape[2] == H else x.repeat_interleave(H // x.shape[2], dim=2)
+
+def _scalar_gate(g, B, T, H, dtype, device):
+    """None | [H] | [B, T, H] -> [B, T, H] log-decays. A constant [H] gate is not differentiated (RetNet)."""
+    if g is None:
+        return torch.zeros(B, T, H, dtype=dtype, device=device)
+    if g.ndim == 1:
+        return g.detach().to(dtype).expand(B, T, H)
+    return g.to(dtype)
+
+# =====================================================================================================================
+# 3. The Triton kernels: chunked forward and backward of both families and the short conv, as custom ops
+# =====================================================================================================================
+
+# ---- numerical rules and device helpers of every chunked kernel -----------------------------------------------------
+
+# Tokens per chunk of the Triton kernels: (I + L)^-1 is conditioned well enough at 64 (docs/mixers.md §4.3.3), 64 is
+# faster than 32 for both families, and 128 does not fit in shared memory (tools/bench_kernels.py --chunks).
+TRITON_CHUNK = 64
+# KDA's Gram backward rescales rows by exp(G_r - G_ref) and exp(G_ref - G_i) about one reference per group of rows
+# and key channel where |G_r - G_ref| <= EXP_SPAN for all of them: e^60 ~ 1e26 leaves fp32's and bf16's range (e^88)
+# room for the products and the 64-term sums of the dots.
+EXP_SPAN = tl.constexpr(60.0)
 
 # Every chunked Triton kernel below (both families) keeps these rules (docs/mixers.md §4.5, §7):
 # - all arithmetic in fp32 registers; dots accumulate in fp32, their operands rounded to bf16 for bf16 inputs (the
@@ -604,7 +661,7 @@ def _sm_count(device):
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
 
 # Column sums of per-program partial sums [P, J, D] in a fixed order (deterministic, no atomics): the short conv's
-# dw, db (6.5) and the backward of GDN's and KDA's gate (dA_log, ddt_bias; 4.5). One launch, where torch's .sum(0)
+# dw, db and the backward of GDN's and KDA's gate (dA_log, ddt_bias). One launch, where torch's .sum(0)
 # would need a second pass for the transpose into dw's [D, 4] layout.
 @triton.jit
 def _column_sum_kernel(p_ptr, out_ptr, P, D, J: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr):
@@ -626,87 +683,12 @@ def _column_sums(part, D, J, out):
     _column_sum_kernel[(triton.cdiv(D, BN), J)](part, out, P, D, J, min(128, triton.next_power_of_2(P)), BN,
                                                 num_warps=4)
 
-# =====================================================================================================================
-# 4. The delta rule: DeltaNet, Gated DeltaNet (GDN), KDA
-# docs/mixers.md §2.4 (DeltaNet), §2.5 (GDN), §2.6 (KDA), §3 (recurrence), §4.3 (chunked forward), §5 (backward),
-# §6 (decode). Gate kinds: GATE_NONE (DeltaNet), GATE_SCALAR (GDN: g [B, T, H]), GATE_CHANNEL (KDA: g [B, T, H, Dk]).
-# model.py's DeltaNet, GatedDeltaNet and KDA call delta_rule / delta_rule_step (section 1).
-# =====================================================================================================================
+# ---------------------------------------------------------------------------------------------------------------------
+# 3.1 The delta rule: DeltaNet, Gated DeltaNet (GDN), KDA; docs/mixers.md §4.3 (chunked forward), §5 (backward)
+# Gate kinds: GATE_NONE (DeltaNet), GATE_SCALAR (GDN: g [B, T, H]), GATE_CHANNEL (KDA: g [B, T, H, Dk]).
+# ---------------------------------------------------------------------------------------------------------------------
 
-# ---- 4.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
-# S~ = Diag(exp g_t) S_{t-1};  S_t = S~ + beta_t k_t (v_t - S~^T k_t)^T;  o_t = s S_t^T q_t
-# and the gate of GDN and KDA, g = decay_gate(u, A_log, dt_bias) or the bounded one decay_gate(u, A_log, dt_bias, lb)
-# (docs/mixers.md §1.4 items 1 and 2)
-
-def delta_rule_recurrent(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False):
-    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
-    B, T, H, Dk = q.shape
-    Dv, dt = v.shape[-1], _compute_dtype(q)
-    scale = Dk ** -0.5 if scale is None else scale
-    qf, kf, vf, bf = q.to(dt), k.to(dt), v.to(dt), beta.to(dt)
-    # decay multiplies the rows of S: [B, T, H, 1, 1] for a scalar gate, [B, T, H, Dk, 1] per key channel
-    a = None if g is None else (g.to(dt).exp()[..., None, None] if g.ndim == 3 else g.to(dt).exp()[..., None])
-    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    o = []
-    for t in range(T):
-        if a is not None:
-            S = a[:, t] * S
-        err = vf[:, t] - torch.einsum("bhk,bhkv->bhv", kf[:, t], S)  # what the decayed memory gets wrong
-        S = S + kf[:, t, :, :, None] * (bf[:, t, :, None] * err)[:, :, None, :]
-        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
-    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
-
-def decay_gate(u, A_log, dt_bias, lower_bound=None):
-    """The Mamba-style log-decay g = -exp(A_log) softplus(u + dt_bias) in fp32 (GDN's and KDA's gate): u [B, T, H] or
-    [B, T, H, Dk], A_log [H], dt_bias with u's last dims' values. delta_rule(..., g=u, A_log=, dt_bias=) forms the
-    same gate inside its Triton kernels (the fp32 [B, T, H, Dk] gate of KDA is then never written out).
-    lower_bound lb in [-5, 0): the bounded gate g = lb sigmoid(exp(A_log) (u + dt_bias)) in (lb, 0) instead (fla's
-    safe_gate, docs/mixers.md §1.4 item 2; delta_rule(..., lower_bound=lb) forms it in its kernels the same way)."""
-    _check_lower_bound("decay_gate", lower_bound)
-    dt = _compute_dtype(u)
-    A = torch.exp(A_log.to(dt)).view((-1,) + (1,) * (u.dim() - 3))
-    x = u.to(dt) + dt_bias.to(dt).view(u.shape[2:])
-    return -A * F.softplus(x) if lower_bound is None else lower_bound * torch.sigmoid(A * x)
-
-# ---- 4.2 chunked torch (WY/UT form, docs/mixers.md §4.3.1; the chunk conventions are in section 3) -----------------
-
-def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
-    _check_delta_rule("delta_rule", q, k, v, beta, g, initial_state)
-    B, T, H, Dk = q.shape
-    Dv, dt = v.shape[-1], _compute_dtype(q)
-    scale = Dk ** -0.5 if scale is None else scale
-    C = min(chunk_size, T)
-    Q, K, V = _to_chunks(q, C, dt), _to_chunks(k, C, dt), _to_chunks(v, C, dt)  # [B, H, N, C, Dk|Dv]
-    b = _to_chunks(beta, C, dt)[..., None]  # [B, H, N, C, 1]
-    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1|Dk]
-    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1|Dk] decay from the chunk start
-    # parallel over chunks: key-key and query-key scores with their decays, i <= r
-    D = _causal_decay(g)  # [B, H, N, C, C, 1|Dk]
-    if g.shape[-1] == 1:  # none or scalar gate: the decay factors out of the dot products
-        KK, QK = (K @ K.mT) * D[..., 0], (Q @ K.mT) * D[..., 0]
-    else:  # per key channel: the decay sits inside the sum over c
-        Kdec = D * K[:, :, :, None]  # [B, H, N, C(r), C(i), Dk]: k_ic exp(G_rc - G_ic)
-        KK, QK = (Kdec @ torch.stack((K, Q), dim=-1)).unbind(-1)  # [B, H, N, C(r), C(i)] each
-    L, QK = (b * KK).tril(-1), QK.tril()
-    # UT transform: solve (I + L) [U W] = Diag(beta) [V, K ⊙ Γ] rather than forming A = (I + L)^{-1}
-    eye = torch.eye(C, dtype=dt, device=q.device)
-    UW = torch.linalg.solve_triangular(eye + L, b * torch.cat((V, K * Gamma), dim=-1), upper=False, unitriangular=True)
-    U, W = UW.split((Dv, Dk), dim=-1)  # [B, H, N, C, Dv], [B, H, N, C, Dk]
-    Kd = K * D[..., -1, :, :]  # keys decayed to the chunk end, exp(G_n - G_i)
-    # sequential over chunks: Δ = U - W S needs the state at the chunk start (fp32 or fp64, never lower)
-    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    starts, deltas = [], []
-    # unbind, not U[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
-    for u, w, kd, decay in zip(U.unbind(2), W.unbind(2), Kd.unbind(2), Gamma[..., -1:, :].mT.unbind(2)):
-        starts.append(S)
-        delta = u - w @ S  # [B, H, C, Dv] the corrections actually written
-        deltas.append(delta)
-        S = decay * S + kd.mT @ delta  # decay the rows of S ([B, H, 1|Dk, 1]), then write
-    S0, Delta = torch.stack(starts, dim=2), torch.stack(deltas, dim=2)  # [B, H, N, Dk, Dv], [B, H, N, C, Dv]
-    O = scale * ((Q * Gamma) @ S0 + QK @ Delta)
-    return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
-
-# ---- 4.3 Triton forward --------------------------------------------------------------------------------------------
+# ---- forward --------------------------------------------------------------------------------------------------------
 
 # Kernels for DeltaNet (GATE_NONE), GDN (GATE_SCALAR, g [B, T, H]) and KDA (GATE_CHANNEL, g [B, T, H, Dk]); chunk
 # C = TRITON_CHUNK = 64, Dk, Dv powers of two from 16 to 128 (the backward tiles Dk by 64).
@@ -719,7 +701,7 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale=None, initial_state=None, ou
 # per-channel Gram), _inverse (A in place of L), _wy_fwd (W, U; KDA also Kd, Qg), _state_fwd (O; in the backward's
 # recompute the snapshots h[c] = S and Delta instead, where TUNING['keep'] does not have the forward write them).
 # TODO (speed): KDA's backward per-chunk gradients (_grads_bwd) are half of its forward+backward time, and the
-# forward's _wy_fwd writes four [B, T, H, D] tensors (notes/perf.md 2026-11-26 (x)).
+# forward's _wy_fwd writes four [B, T, H, D] tensors (notes/perf.md).
 
 # The decayed Gram products within a chunk, and KDA's per-channel gate in them (the dyadic split).
 #
@@ -833,10 +815,10 @@ def _chunk_cumsum_kernel(g_ptr, G_ptr, A_ptr, bias_ptr, lb, T, H, DG: tl.constex
 # key tile (the unbounded code takes four where a strong gate spans more than EXP_SPAN = 60 in 16 rows, which lb = -5
 # allows), and the backward's groups S = 16 (or the whole chunk, when its span test passes) are never S = 1 (six
 # dyadic levels).
-# Against one program per chunk with [C, C] tiles (the former _grams_fwd: six dyadic levels of [C, C] dots for KDA, twelve
-# [64, 64, 64] dots per key tile where the pairs need two, and spills) the work is the pairs' own, spread over ten
-# small programs per chunk. The inverse stays its own kernel (_inverse): fused after the Grams, one program per
-# chunk walked ten blocks and sixteen substitution steps in a row at 255 registers, bound by latency, not work.
+# Why blocks: one program per chunk with [C, C] tiles would take six dyadic levels of [C, C] dots for KDA (twelve
+# [64, 64, 64] dots per key tile where the pairs need two) and spill; by blocks the work is the pairs' own, spread
+# over ten small programs per chunk. The inverse stays its own kernel (_inverse): fused after the Grams, one program
+# per chunk would walk ten blocks and sixteen substitution steps in a row at 255 registers, bound by latency.
 
 @triton.jit
 def _sub_rows(ptr, tok0, H, n, j, cols, D: tl.constexpr):
@@ -1109,14 +1091,12 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
                       H, A_ptr, beta_ptr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, DECAYED: tl.constexpr, OUTPUT: tl.constexpr,
-                      SNAPSHOTS: tl.constexpr, GN_AHEAD: tl.constexpr = False, WU_IN_PASS: tl.constexpr = False,
-                      W_FREE: tl.constexpr = False):
+                      SNAPSHOTS: tl.constexpr, WU_IN_PASS: tl.constexpr = False):
     # One program per (V-tile, b, h) walks the chunks in order with the state tile in fp32 registers. The dot
     # operands are loaded in the inputs' dtype and go to the tensor cores as they are (fp32 copies of the [C, Dk] tiles
     # cost registers in this latency-bound loop); a scalar gate's decays act on rows, so they scale Delta and the
     # output's rows rather than K and Q. DECAYED (KDA): k_ptr holds Kd = K exp(G_n - G) and q_ptr Qg = Q exp(G) (from
-    # _wy_fwd), and only G_n is read from G.
-    # GN_AHEAD (DECAYED only, TUNING['state']['gn_ahead']): G_n of chunk c + 1 is loaded during chunk c and carried
+    # _wy_fwd), and only G_n is read from G, one chunk ahead: G_n of chunk c + 1 is loaded during chunk c and carried
     # in registers. Loaded in its own chunk, G_n is the one load the pipeliner leaves synchronous (it feeds no dot
     # operand), and its conversion to the state's row layout (shared memory) waits for it before the first dot: a
     # full memory round trip a chunk that the third buffer's earlier tile loads cannot hide.
@@ -1127,9 +1107,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     # WU_IN_PASS (DeltaNet only, TUNING['state']['wu_in_pass']): no _wy_fwd before the pass. u_ptr holds V, and
     # Delta = U - W S = A diag(beta) (V - K S) is formed from A (A_ptr, 8 KB a chunk), beta and the K tile the
     # update reads anyway, so neither W nor U is read (K S replaces W S; one more [C, C] x [C, BV] dot). W itself
-    # is stored for the backward (SNAPSHOTS) with its key columns shared out over the head's Dv / BV programs: program
-    # iv forms columns iv WK .. of W = A diag(beta) K, a [C, C] x [C, WK] dot (WK = Dk BV / Dv), rounded as stored;
-    # with W_FREE (TUNING['state']['w_free']) not at all: the backward pass forms W^T dDelta from A, beta and K.
+    # is not stored either: the backward pass forms W^T dDelta from A, beta and K (_state_bwd_kernel's W_FREE).
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1141,9 +1119,9 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         S = tl.load(h0_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
         S = tl.zeros([DK, BV], dtype=tl.float32)
-    if DECAYED and GN_AHEAD:  # chunk 0's G_n (its last row is min(T, C) - 1)
+    if DECAYED:  # chunk 0's G_n (its last row is min(T, C) - 1)
         Gn_ahead = tl.load(G_ptr + ((b * T + tl.minimum(T, C) - 1) * H + h) * DG + ck)
-    if WU_IN_PASS:  # chunk 0's beta: loaded a chunk ahead, as GN_AHEAD's G_n (below)
+    if WU_IN_PASS:  # chunk 0's beta: loaded a chunk ahead, as KDA's G_n (below)
         beta_ahead = tl.load(beta_ptr + (b * T + rows) * H + h, mask=rows < T, other=0.)
     for c in range(NT):
         t = c * C + rows
@@ -1151,7 +1129,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
-        if DECAYED and GN_AHEAD:
+        if DECAYED:
             # exp(G_n) of this chunk from the value loaded a chunk ago (its register is then free for the next one)
             decay_n = tl.exp(Gn_ahead)[:, None]
             n1 = tl.minimum(T - (c + 1) * C, C)
@@ -1159,9 +1137,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
                                mask=ck < (NT - 1 - c) * DK, other=0.)  # none after the last chunk
         if SNAPSHOTS:
             tl.store(h_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, S.to(h_ptr.dtype.element_ty))
-        if DECAYED and not GN_AHEAD:
-            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
-        elif not DECAYED:
+        if not DECAYED:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         if WU_IN_PASS:
             kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
@@ -1177,11 +1153,6 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             # V - K S in fp32, so the residual is rounded against itself when it becomes a dot operand (it can
             # be tiny when the state already predicts v: docs/mixers.md §7 item 8)
             d = _dot(Ab, vv - _dot(kk, S, PREC), PREC)
-            if SNAPSHOTS and not W_FREE:  # this program's share of W's key columns, for the backward
-                cw = iv * (DK * BV // DV) + tl.arange(0, DK * BV // DV)
-                kw = tl.load(k_ptr + tok[:, None] * DK + cw[None, :], mask=valid[:, None], other=0.)
-                tl.store(w_ptr + tok[:, None] * DK + cw[None, :], _dot(Ab, kw, PREC).to(w_ptr.dtype.element_ty),
-                         mask=valid[:, None])
         else:
             ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
             uu = tl.load(u_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.).to(tl.float32)
@@ -1202,7 +1173,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
             kk = tl.load(k_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         if GATE == GATE_SCALAR:
             d = d * tl.exp(tl.where(valid[:, None], Gn_row - Gm, float('-inf')))  # (K exp(G_n - G))^T Delta
-        if DECAYED and GN_AHEAD:
+        if DECAYED:
             S = S * decay_n
         elif GATE != GATE_NONE:
             S = S * tl.exp(Gn_col)
@@ -1210,7 +1181,7 @@ def _state_fwd_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr,
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
-# ---- 4.4 Triton backward -------------------------------------------------------------------------------------------
+# ---- backward -------------------------------------------------------------------------------------------------------
 
 # Triton backward (docs/mixers.md §5.2; P_qk and A are kept from the forward, W, h and Delta recomputed by its kernels
 # or, with TUNING['keep'], kept too)
@@ -1332,7 +1303,7 @@ def _grams_bwd_channel(dP_ptr, dL_ptr, rs, beta, q, k, Gm, g_ptr, sg, n, dq, dk,
     # half's last row: both exps of a number <= 0 whatever the gate), levels log2(S) .. log2(C) - 1, four dots each.
     # So a gate that decays by at most 2 EXP_SPAN over a chunk costs one level, an unbounded one six.
     # BOUNDED (the bounded gate, lb >= -5: 16 rows span at most 75, 37.5 about the midpoint; see "The bounded gate" in
-    # 4.3): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in
+    # 3.1): S = C or 16, with no by-16 test and no S = 1 (the group dots always run; levels 4, 5 for the pairs in
     # different groups).
     # dP and dL are read from memory (L2: this chunk's, 8 KB each) at every dot, masked to its pairs, not held as
     # [C, C] fp32 tiles: with q, k, G, dq, dk, dG beside them they made the program spill (one 8-warp program of
@@ -1414,12 +1385,12 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
                       H, A_ptr, beta_ptr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                       DG: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
                       PREC: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, DECAYED: tl.constexpr,
-                      GN_AHEAD: tl.constexpr = False, W_FREE: tl.constexpr = False):
+                      W_FREE: tl.constexpr = False):
     # DECAYED (KDA): k_ptr and q_ptr hold Kd = K exp(G_n - G) and Qg = Q exp(G) (from _wy_fwd); only G_n is read
-    # from G. GN_AHEAD: G_n loaded one chunk ahead, as in _state_fwd_kernel (here the next chunk is c - 1, a whole one).
-    # W_FREE (DeltaNet, TUNING['state']['w_free']): no W was stored; W = A diag(beta) K, so W^T dDelta =
-    # K^T diag(beta) (A^T dDelta): A (8 KB a chunk against W's 16 at Dk = 128) and beta in W's place, one more
-    # [C, C] x [C, BV] dot; beta, whose rows are H apart (too narrow for asynchronous copies), a chunk ahead.
+    # from G, one chunk ahead as in _state_fwd_kernel (here the next chunk is c - 1, a whole one).
+    # W_FREE (DeltaNet where the forward pass formed Delta itself, _wu_in_pass): no W was stored; W = A diag(beta) K,
+    # so W^T dDelta = K^T diag(beta) (A^T dDelta): A (8 KB a chunk against W's 16 at Dk = 128) and beta in W's place,
+    # one more [C, C] x [C, BV] dot; beta, whose rows are H apart (too narrow for asynchronous copies), a chunk ahead.
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
@@ -1431,7 +1402,7 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         dS = tl.load(dht_ptr + bh * DK * DV + s_offs).to(tl.float32)
     else:
         dS = tl.zeros([DK, BV], dtype=tl.float32)
-    if DECAYED and GN_AHEAD:  # the last chunk's G_n (row T - 1)
+    if DECAYED:  # the last chunk's G_n (row T - 1)
         Gn_ahead = tl.load(G_ptr + ((b * T + T - 1) * H + h) * DG + ck)
     if W_FREE:  # the last chunk's beta
         beta_ahead = tl.load(beta_ptr + (b * T + (NT - 1) * C + rows) * H + h, mask=(NT - 1) * C + rows < T, other=0.)
@@ -1442,14 +1413,12 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
         n = tl.minimum(T - c * C, C)
         tok = (b * T + t) * H + h
         tok0 = (b * T + c * C) * H + h
-        if DECAYED and GN_AHEAD:
+        if DECAYED:
             decay_n = tl.exp(Gn_ahead)[:, None]  # this chunk's, loaded a chunk ago
             Gn_ahead = tl.load(G_ptr + ((b * T + c * C - 1) * H + h) * DG + ck,
                                mask=ck < c * DK, other=0.)  # chunk c - 1's last row; none before chunk 0
         tl.store(dh_ptr + ((b * NT + c) * H + h) * DK * DV + s_offs, dS.to(dh_ptr.dtype.element_ty))
-        if DECAYED and not GN_AHEAD:
-            Gn_col = tl.load(G_ptr + (tok0 + (n - 1) * H) * DG + ck)[:, None]
-        elif not DECAYED:
+        if not DECAYED:
             Gm, Gn_row, Gn_col = _load_gate(G_ptr, tok, valid, tok0 + (n - 1) * H, GATE, C, DG, DG)
         dO = tl.load(do_ptr + tok[:, None] * DV + cv[None, :], mask=valid[:, None], other=0.)
         P = tl.load(P_ptr + tok[:, None] * C + rows[None, :], mask=valid[:, None], other=0.)
@@ -1469,7 +1438,7 @@ def _state_bwd_kernel(q_ptr, k_ptr, w_ptr, G_ptr, P_ptr, do_ptr, dvn_ptr, dh_ptr
             ww = tl.load(w_ptr + tok[:, None] * DK + ck[None, :], mask=valid[:, None], other=0.)
         if GATE == GATE_SCALAR:
             dO = dO.to(tl.float32) * tl.exp(tl.where(valid[:, None], Gm, float('-inf')))  # (Q exp G)^T dO = Q^T (exp(G) dO)
-        if DECAYED and GN_AHEAD:
+        if DECAYED:
             dS = dS * decay_n
         elif GATE != GATE_NONE:
             dS = dS * tl.exp(Gn_col)
@@ -1622,9 +1591,9 @@ def _wy_grads_bwd_phased_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, G_ptr, A_ptr, h_p
     # every term with G_r on row r enters through q_r (+), k_r (-) or, for W and L's rows, k_r (+), so
     # dG = rowsum(Q dq) - rowsum(K dk) + 2 beta dbeta_K, dbeta_K = rowsum(K Z), Z = exp(G) Y + M' (dbeta less
     # rowsum(X V)); dG_n = exp(G_n) <S, dS'> + colsum(dKd Kd), both from the second pass's tiles, which this
-    # kernel holds anyway (a row sum in _state_bwd's sequential loop costs that loop more). The colsum comes from the same dKd tile as
-    # dk's term (-dKd Kd in dG through k dk): after a strong gate the two nearly cancel, in fp32 only if both are
-    # formed from the same tile.
+    # kernel holds anyway (a row sum in _state_bwd's sequential loop costs that loop more). The colsum comes from the
+    # same dKd tile as dk's term (-dKd Kd in dG through k dk): after a strong gate the two nearly cancel, in fp32
+    # only if both are formed from the same tile.
     # The [C, C] decay exp(G_r - G_i) is formed once, in the first pass (i <= r, for dP), and kept for the second,
     # where dL takes it with its diagonal removed by a select: half the exps of forming it per pass, and fewer spills.
     c = tl.program_id(0).to(tl.int64)
@@ -1821,7 +1790,7 @@ def _grads_bwd_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, dP_ptr, dL_ptr, h_ptr, vn_p
     else:
         tl.store(dg_ptr + offs, dg, mask=valid[:, None])
 
-# ---- 4.5 the custom ops (kernels::delta_rule_fwd, delta_rule_bwd, decay_gate_bwd) and delta_rule_triton ------------
+# ---- the custom ops (kernels::delta_rule_fwd, delta_rule_bwd, decay_gate_bwd) and delta_rule_triton -----------------
 
 # Forward (kernels::delta_rule_fwd): G = chunk-local cumsum(g) -> P_qk, L (KDA: _grams_chunk, then _grams_block for
 # the chunks it left) -> A (_inverse) -> W, U (_wy_fwd) -> O, final state (_state_fwd). Saved: q, k, v, beta, G,
@@ -1884,22 +1853,21 @@ def _state_stages(BV, key, x):
     return t['small_v_stages'] if small else t[key]
 
 def _wu_in_pass(GATE, DK, DV, BV, BH, device):
-    """Whether DeltaNet's forward state pass forms W and U itself (TUNING['state']['wu_in_pass'], _state_fwd_kernel's
-    WU_IN_PASS): only where its (Dv / V-tile) B*H programs cover the SMs, where the pass is bound by bandwidth, which
-    _wy_fwd's round trip costs (with fewer programs each program's latency bounds it, and its two more dots a chunk
-    would lengthen it: 2 x 16384 x 16 heads keeps _wy_fwd), and where each program's share of W's key columns,
-    Dk V-tile / Dv, fills a dot's 16."""
+    """Whether DeltaNet's forward state pass forms Delta itself, with no _wy_fwd and no W stored
+    (TUNING['state']['wu_in_pass'], the least Dk; _state_fwd_kernel's WU_IN_PASS): only where its (Dv / V-tile) B*H
+    programs cover the SMs, where the pass is bound by bandwidth, which _wy_fwd's round trip costs (with fewer
+    programs each program's latency bounds it, and its two more dots a chunk would lengthen it: 2 x 16384 x 16 heads
+    keeps _wy_fwd)."""
     min_k = TUNING['state']['wu_in_pass']
-    return bool(min_k is not None and DK >= min_k and GATE == GATE_NONE and (DV // BV) * BH >= _sm_count(device)
-                and DK * BV // DV >= 16)
+    return bool(min_k is not None and DK >= min_k and GATE == GATE_NONE and (DV // BV) * BH >= _sm_count(device))
 
 def _w_free(GATE, k, v):
-    """Whether the forward stores no W (TUNING['state']['w_free'], where _wu_in_pass: DeltaNet), the backward pass
-    forming W^T dDelta from A, beta and K. From the shapes alone, so that the fake function agrees."""
+    """Whether the forward stores no W (where _wu_in_pass: DeltaNet), the backward pass forming W^T dDelta from A,
+    beta and K. From the shapes alone, so that the fake function agrees."""
     B, T, H, DK = k.shape
     DV = v.shape[-1]
     BV = _state_tile(DK, DV, GATE, False, B * H, T, k.device)[0]
-    return bool(TUNING['state']['w_free']) and _wu_in_pass(GATE, DK, DV, BV, B * H, k.device)
+    return _wu_in_pass(GATE, DK, DV, BV, B * H, k.device)
 
 def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     """P_qk and A = (I + L)^-1 per chunk, [B, T, H, C] in the intermediates' dtype. bounded: G is the cumsum of the
@@ -1928,7 +1896,7 @@ def _grams_inverse(q, k, beta, G, GATE, DG, bounded=False):
     return P, A
 
 def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale=1.0, keep=False):
-    """W, U from A, then the sequential pass (DeltaNet where _wu_in_pass: the pass alone, W stored by it). The
+    """W, U from A, then the sequential pass (DeltaNet where _wu_in_pass: the pass alone, and no W). The
     forward (P = P_qk given): -> the output O (v's dtype), formed in the pass, the final state (fp32; None unless asked
     for) and, with keep, what the backward reads (below; else None). The backward's recompute (P None): -> W, the state
     snapshots h[c] (k's dtype), Delta, and for KDA Kd = K exp(G_n - G), Qg = Q exp(G) (k's dtype; else None)."""
@@ -1936,9 +1904,8 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     C = TRITON_CHUNK
     Gp = G if G is not None else k  # any pointer; unused when GATE == GATE_NONE
     BS, nw = _state_tile(DK, DV, GATE, False, B * H, T, k.device)
-    wu = _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)
-    wfree = wu and bool(TUNING['state']['w_free'])  # as _w_free, which the fake function calls
-    w = torch.empty(0, device=k.device, dtype=k.dtype) if wfree else torch.empty_like(k)
+    wu = _wu_in_pass(GATE, DK, DV, BS, B * H, k.device)  # as _w_free, which the fake function calls
+    w = torch.empty(0, device=k.device, dtype=k.dtype) if wu else torch.empty_like(k)  # no W where wu
     u = v if wu else torch.empty_like(v)  # the pass reads V in U's place
     decayed = bool(GATE == GATE_CHANNEL)  # KDA: Kd, Qg written for the state passes
     kd, qg = (torch.empty_like(k), torch.empty_like(k)) if decayed else (None, None)
@@ -1959,13 +1926,12 @@ def _states(q, k, v, beta, G, A, h0, output_final_state, GATE, DG, P=None, scale
     any_ = o if output else vn  # any pointer, in place of an absent tensor
     if output:
         nw = TUNING['state']['out_warps']
-    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, k if wfree else w, u, Gp, h if snapshots else any_,
+    _state_fwd_kernel[(DV // BS, B * H)](kd if decayed else k, k if wu else w, u, Gp, h if snapshots else any_,
                                          vn if snapshots else any_, h0 if h0 is not None else any_,
                                          ht if ht is not None else any_, qg if decayed else q,
                                          P if output else any_, o if output else any_, scale, T, NT, H, A, beta, DK,
                                          DV, BS, DG, C, GATE, prec, h0 is not None, ht is not None, decayed, output,
-                                         snapshots, bool(decayed and TUNING['state']['gn_ahead']), wu, wfree,
-                                         num_warps=nw,
+                                         snapshots, wu, num_warps=nw,
                                          num_stages=_state_stages(BS, 'stages', k))
     if not output:
         return w, h, vn, kd, qg
@@ -2035,7 +2001,7 @@ def _(q, k, v, beta, g, scale, initial_state, output_final_state, A_log=None, dt
     def kept(shape, like, channel=False):  # as _delta_rule_fwd's: absent ones empty, in k's dtype
         there = keep and (GATE == GATE_CHANNEL or not channel)
         return like.new_empty(shape if there else (0,), dtype=like.dtype if there else k.dtype)
-    wshape = (0,) if _w_free(GATE, k, v) else k.shape  # no W stored (TUNING['state']['w_free'])
+    wshape = (0,) if _w_free(GATE, k, v) else k.shape  # no W stored
     return (v.new_empty(v.shape), ht, G, q.new_empty(PA, dtype=idt), q.new_empty(PA, dtype=idt), kept(wshape, k),
             kept((B, triton.cdiv(T, TRITON_CHUNK), H, DK, DV), k), kept(v.shape, v), kept(k.shape, k, True),
             kept(k.shape, k, True))
@@ -2103,8 +2069,7 @@ def _delta_rule_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     _state_bwd_kernel[(DV // BS, B * H)](qg if decayed else q, kd if decayed else k, k if wfree else w, Gp, P, do,
                                          dvn, dh, dht if dht is not None else dh, dh0 if dh0 is not None else dh,
                                          scale, T, NT, H, A, beta, DK, DV, BS, DG, C, GATE, prec, dht is not None,
-                                         dh0 is not None, decayed, bool(decayed and TUNING['state']['gn_ahead']),
-                                         wfree, num_warps=nw,
+                                         dh0 is not None, decayed, wfree, num_warps=nw,
                                          num_stages=_state_stages(BS, 'bwd_stages', k))
     del w, kd, qg
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -2216,143 +2181,19 @@ def delta_rule_triton(q, k, v, beta, g=None, scale=None, initial_state=None, out
     o, ht = _delta_rule_fwd(q, k, v, beta, g, scale, initial_state, output_final_state, A_log, dt_bias, lb, keep)[:2]
     return o, (ht if output_final_state else None)
 
-# ---- 4.6 the decode step: S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q -----------------
-# The torch version (any device and dtype), then the Triton step: one program per (V-tile, b, h) keeps its
-# [Dk, BV] state tile in registers, decay, update and readout fused, one read and one write of the state.
+# ---------------------------------------------------------------------------------------------------------------------
+# 3.2 Scalar-decay linear attention: RetNet, Mamba2, GLA (and plain linear attention); docs/mixers.md §4.1 (chunked
+# forward), §5.5 (backward). Gate kinds: GATE_NONE (plain linear attention), GATE_SCALAR (Mamba2: Δ·A, g [B, T, H]),
+# GATE_CONST (RetNet: log γ, g [H]), GATE_CHANNEL (GLA: a log-decay per key channel, g [B, T, H, Dk]; its own
+# kernels, _gla_*).
+# ---------------------------------------------------------------------------------------------------------------------
 
-def delta_rule_step_torch(q, k, v, beta, g, state, scale=None):
-    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
-    dt = state.dtype
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q, k = q.to(dt), k.to(dt)
-    if g is not None:  # [B, H] -> [B, H, 1, 1];  [B, H, Dk] -> [B, H, Dk, 1] (rows of S are key channels)
-        state.mul_(g.to(dt).exp()[..., None, None] if g.ndim == 2 else g.to(dt).exp()[..., None])
-    err = beta.to(dt)[..., None] * (v.to(dt) - torch.einsum("bhk,bhkv->bhv", k, state))  # against the decayed state
-    state.add_(k[:, :, :, None] * err[:, :, None, :])
-    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
-
-@triton.jit
-def _step_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s_ptr, o_ptr, scale,
-                 DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    ck = tl.arange(0, DK)
-    cv = iv * BV + tl.arange(0, BV)
-    q = tl.load(q_ptr + bh * DK + ck).to(tl.float32)
-    k = tl.load(k_ptr + bh * DK + ck).to(tl.float32)
-    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
-    beta = tl.load(beta_ptr + bh).to(tl.float32)
-    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
-    S = tl.load(s_ptr + s_offs)
-    if GATE == GATE_SCALAR:  # GDN: one decay for the whole state
-        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
-    if GATE == GATE_CHANNEL:  # KDA: one decay per key channel, a row of S
-        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
-    e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
-    S += k[:, None] * e[None, :]
-    o = scale * tl.sum(S * q[:, None], 0)
-    tl.store(s_ptr + s_offs, S)
-    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
-
-@torch.library.custom_op("kernels::delta_rule_step", mutates_args=("state",))
-def _delta_rule_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                        g: Optional[torch.Tensor], state: torch.Tensor, scale: float) -> torch.Tensor:
-    B, H, DK = k.shape
-    DV = v.shape[-1]
-    GATE = _gate_kind(g, k)[0]
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    o = torch.empty_like(v)
-    BV = min(DV, TUNING['step']['v'])
-    _step_kernel[(DV // BV, B * H)](q, k, v, beta, g.contiguous() if g is not None else beta, state, o, scale,
-                                    DK, DV, BV, GATE)
-    return o
-
-@_delta_rule_step_op.register_fake
-def _(q, k, v, beta, g, state, scale):
-    return v.new_empty(v.shape)
-
-def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
-    """One delta-rule decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
-    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
-    why = _triton_unsupported(q, v, state)
-    if why:
-        _fail("delta_rule_step", why)
-    return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
-
-# =====================================================================================================================
-# 5. Scalar-decay linear attention: RetNet, Mamba2, GLA (and plain linear attention)
-# docs/mixers.md §2.2 (RetNet), §2.3 (Mamba2), §3 (recurrence), §4.1 (chunked forward), §5.5 (backward), §6 (decode).
-# Gate kinds: GATE_NONE (plain linear attention), GATE_SCALAR (Mamba2: Δ·A, g [B, T, H]), GATE_CONST (RetNet:
-# log γ, g [H]), GATE_CHANNEL (GLA: a log-decay per key channel, g [B, T, H, Dk]; its own kernels, _gla_* in 5.3-5.5).
-# model.py's RetNet and Mamba2 call linear_attn / linear_attn_step (section 1).
-# =====================================================================================================================
-
-# ---- 5.1 reference recurrence (the math): one token at a time, fp32 (fp64 stays fp64), autograd --------------------
-# S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = s S_t^T q_t   (GLA: S_t = Diag(exp g_t) S_{t-1} + k_t v_t^T, g_t [Dk])
-
-def linear_attn_recurrent(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False):
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
-    B, T, H, Dv = v.shape
-    Dk, dt = q.shape[-1], _compute_dtype(q)
-    scale = Dk ** -0.5 if scale is None else scale
-    qf, kf, vf = _expand_heads(q, H).to(dt), _expand_heads(k, H).to(dt), v.to(dt)
-    if g is not None and g.dim() == 4:  # GLA: one decay per key channel, the rows of S
-        a = g.to(dt).exp()[..., None]  # [B, T, H, Dk, 1]
-    else:
-        a = _scalar_gate(g, B, T, H, dt, q.device).exp()[..., None, None]  # per-step decay in [0, 1], [B, T, H, 1, 1]
-    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    o = []
-    for t in range(T):
-        S = a[:, t] * S + kf[:, t, :, :, None] * vf[:, t, :, None, :]
-        o.append(scale * torch.einsum("bhk,bhkv->bhv", qf[:, t], S))
-    return torch.stack(o, dim=1).to(v.dtype), (S if output_final_state else None)
-
-# ---- 5.2 chunked torch (docs/mixers.md §4.1; the chunk conventions are in section 3) -------------------------------
-
-def linear_attn_chunked(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state)
-    B, T, H, Dv = v.shape
-    Dk, dt = q.shape[-1], _compute_dtype(q)
-    scale = Dk ** -0.5 if scale is None else scale
-    C = min(chunk_size, T)
-    Q, K = _to_chunks(_expand_heads(q, H), C, dt), _to_chunks(_expand_heads(k, H), C, dt)  # [B, H, N, C, Dk]
-    V = _to_chunks(v, C, dt)  # [B, H, N, C, Dv]
-    g = _chunk_gates(g, B, T, H, C, dt, q.device)  # [B, H, N, C, 1] (GLA: [B, H, N, C, Dk])
-    D = _causal_decay(g)  # [B, H, N, C, C, 1|Dk]
-    Gamma = g.cumsum(-2).exp()  # [B, H, N, C, 1|Dk] decay from the chunk start; Gamma[..., -1, :] over the chunk
-    # parallel over chunks: the intra-chunk outputs and what each chunk adds to the state
-    if g.shape[-1] == 1:  # none or scalar gate: the decay factors out of the dot products
-        QK = (Q @ K.mT) * D[..., 0]
-    else:  # GLA, per key channel: the decay sits inside the sum over c
-        QK = ((D * K[:, :, :, None]) @ Q[..., None])[..., 0]  # [B, H, N, C(r), C(i)]: Σ_c q_rc k_ic exp(G_rc - G_ic)
-    intra = QK.tril() @ V  # [B, H, N, C, Dv]
-    local = (K * D[..., -1, :, :]).mT @ V  # [B, H, N, Dk, Dv]; D's last row is exp(G_n - G_i)
-    # sequential over chunks, cheap: S_start(n+1) = Γ_n S_start(n) + local_n
-    S = torch.zeros(B, H, Dk, Dv, dtype=dt, device=q.device) if initial_state is None else initial_state.to(dt)
-    starts = []
-    # unbind, not local[:, :, n]: the backward of each index op would zero-fill a full-size gradient (O(N^2))
-    for decay, add in zip(Gamma[..., -1:, :].mT.unbind(2), local.unbind(2)):  # [B, H, 1|Dk, 1], [B, H, Dk, Dv]
-        starts.append(S)
-        S = decay * S + add
-    S0 = torch.stack(starts, dim=2)  # [B, H, N, Dk, Dv] chunk-start states
-    O = scale * ((Q * Gamma) @ S0 + intra)
-    return _from_chunks(O, T).to(v.dtype), (S if output_final_state else None)
-
-def _ssd_torch(fn, q, k, v, g, scale, initial_state, output_final_state, dt, D, **kw):
-    """The torch paths with Mamba2's dt and D (linear_attn's dt=, D=): value dt·v, output + D·v."""
-    if dt is None:
-        return fn(q, k, v, g, scale, initial_state, output_final_state, **kw)
-    _check_linear_attn("linear_attn", q, k, v, g, initial_state, dt=dt, D=D)
-    wide = torch.promote_types(v.dtype, torch.float32)
-    o, ht = fn(q, k, (v.to(wide) * dt[..., None]).to(v.dtype), g, scale, initial_state, output_final_state, **kw)
-    return (o.to(wide) + D[:, None] * v).to(o.dtype), ht
-
-# ---- 5.3 Triton forward --------------------------------------------------------------------------------------------
+# ---- forward --------------------------------------------------------------------------------------------------------
 
 # Kernels for plain linear attention (GATE_NONE), Mamba2 (GATE_SCALAR) and RetNet (GATE_CONST), docs/mixers.md §4.1;
 # GLA's (GATE_CHANNEL) follow them (_gla_fwd).
-# Same chunk (C = TRITON_CHUNK = 64) and numerical rules (section 3) as the delta rule's kernels. Per chunk (n <= C rows, chunk-start state
-# S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
+# Same chunk (C = TRITON_CHUNK = 64) and numerical rules (section 3's) as the delta rule's kernels. Per chunk (n <= C
+# rows, chunk-start state S = h[c], G = chunk-local cumsum of g, Γ = exp(G), D_ri = exp(G_r - G_i) [i <= r]):
 #   S_new = Γ_n S + (K * exp(G_n - G))^T V                _la_state_fwd: sequential over chunks, snapshots h[c]
 #   O     = scale (Diag(Γ) Q S + ((Q K^T) ⊙ D) V)          _la_output_fwd: parallel over chunks
 # or both in _la_state_fwd (OUTPUT) where its programs hold whole Dk rows and cover the SMs (TUNING['scalar']): no
@@ -2619,7 +2460,7 @@ def _gla_fwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h0_ptr, ht_ptr, h_ptr, o_ptr, sc
     if STORE_HT:
         tl.store(ht_ptr + bh * DK * DV + s_offs, S)
 
-# ---- 5.4 Triton backward -------------------------------------------------------------------------------------------
+# ---- backward -------------------------------------------------------------------------------------------------------
 
 # Backward (h[c] recomputed by _la_state_fwd; dh[c] = gradient of the state at the END of chunk c):
 #   _la_state_bwd, reverse over chunks:  dh[c-1] = Γ_n dh[c] + scale (Q * Γ)^T dO_c    (after chunk 0: d initial_state)
@@ -2668,9 +2509,8 @@ def _la_state_bwd_kernel(q_ptr, g_ptr, do_ptr, dh_ptr, dht_ptr, dh0_ptr, scale, 
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
-# The chunk-parallel gradients are two kernels, so that no program holds a whole [C, Dk] row block (at Dk = 128 the
-# single kernel they replace kept q, k, dq_inter, dk_inter [64, 128] fp32 plus P, dA [64, 64]: 255 registers and
-# spills). The price is recomputation: Q K^T once per V-tile in _la_dv_bwd and dO V^T once per key tile in
+# The chunk-parallel gradients are two kernels, so that no program holds a whole [C, Dk] row block (at Dk = 128 one
+# kernel would keep q, k, dq_inter, dk_inter [64, 128] fp32 plus P, dA [64, 64]: 255 registers and spills). The price is recomputation: Q K^T once per V-tile in _la_dv_bwd and dO V^T once per key tile in
 # _la_dqkg_bwd (each 2x at Dk = Dv = 128), and dh[c] read by both. Their tile offsets are an int64 base at the chunk's
 # first row plus int32 offsets within the chunk (< 64 H Dv): a [64, 64] tile of int64 offsets costs 2 registers per
 # element (offline ptxas, sm_90a, _la_dqkg_bwd at 8 warps, 3 stages: 1088 B spilled with int64 offsets, 668 B
@@ -2876,7 +2716,7 @@ def _gla_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, h_ptr, do_ptr, dht_ptr, dh0_ptr,
     if STORE_DH0:
         tl.store(dh0_ptr + bh * DK * DV + s_offs, dS)
 
-# ---- 5.5 the custom ops (kernels::linear_attn_fwd, linear_attn_bwd, gla_fwd, gla_bwd) and linear_attn_triton ------
+# ---- the custom ops (kernels::linear_attn_fwd, linear_attn_bwd, gla_fwd, gla_bwd) and linear_attn_triton ------------
 
 # The scalar-decay family as custom ops, the same way. Forward (kernels::linear_attn_fwd): the raw gates (fp32; each
 # kernel sums them per chunk) -> h[c], final state (_la_state_fwd) -> O (_la_output_fwd), or O and the final state
@@ -3181,118 +3021,14 @@ def linear_attn_triton(q, k, v, g=None, scale=None, initial_state=None, output_f
         o, ht = _linear_attn_fwd(q, k, v, g, scale, initial_state, output_final_state, dt, D, keep)[:2]
     return o, (ht if output_final_state else None)
 
-# ---- 5.6 the decode step: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ------------------
-# The torch version (any device and dtype), then the Triton step (one program per (V-tile, b, h), as 4.6).
-
-def linear_attn_step_torch(q, k, v, g, state, scale=None):
-    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
-    H, dt = v.shape[1], state.dtype
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    q, k = _expand_heads(q[:, None], H)[:, 0].to(dt), _expand_heads(k[:, None], H)[:, 0].to(dt)  # [B, H, Dk]
-    if g is not None and g.dim() == 3:  # GLA: [B, H, Dk], the rows of S
-        state.mul_(g.to(dt).exp()[..., None])
-    elif g is not None:
-        state.mul_(g.to(dt).exp().expand(v.shape[:2])[:, :, None, None])  # [H] or [B, H] -> [B, H, 1, 1]
-    state.add_(k[:, :, :, None] * v.to(dt)[:, :, None, :])
-    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
-
-@triton.jit(do_not_specialize=["H", "HK"])
-def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
-                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
-    # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
-    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_CHANNEL [B, H, Dk]
-    # (GLA: S <- Diag(exp g) S, one decay per row of the state), GATE_NONE none
-    iv = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
-    bhk = b * HK + h // (H // HK)
-    ck = tl.arange(0, DK)
-    cv = iv * BV + tl.arange(0, BV)
-    q = tl.load(q_ptr + bhk * DK + ck).to(tl.float32)
-    k = tl.load(k_ptr + bhk * DK + ck).to(tl.float32)
-    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
-    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
-    S = tl.load(s_ptr + s_offs)
-    if GATE == GATE_SCALAR:
-        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
-    if GATE == GATE_CONST:
-        S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
-    if GATE == GATE_CHANNEL:
-        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
-    S += k[:, None] * v[None, :]
-    o = scale * tl.sum(S * q[:, None], 0)
-    tl.store(s_ptr + s_offs, S)
-    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
-
-@torch.library.custom_op("kernels::linear_attn_step", mutates_args=("state",))
-def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
-                         state: torch.Tensor, scale: float) -> torch.Tensor:
-    B, HK, DK = k.shape
-    H, DV = v.shape[1:]
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o = torch.empty_like(v)
-    BV = min(DV, TUNING['step']['v'])
-    GATE = int(GATE_CHANNEL) if g is not None and g.dim() == 3 else _decay_kind(g)  # [B, H, Dk]: GLA
-    _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
-                                       DK, DV, BV, GATE)
-    return o
-
-@_linear_attn_step_op.register_fake
-def _(q, k, v, g, state, scale):
-    return v.new_empty(v.shape)
-
-def linear_attn_step_triton(q, k, v, g, state, scale=None):
-    """One scalar-decay decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
-    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
-    why = _triton_unsupported(q, v, state)
-    if why:
-        _fail("linear_attn_step", why)
-    return _linear_attn_step_op(q, k, v, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
-
-# =====================================================================================================================
-# 6. The short convolution: DeltaNet, GDN, KDA (q, k, v), Mamba2 (x, B, C); docs/mixers.md §1.1
-# model.py's ShortConv and Mamba2 call short_conv / short_conv_step (section 1).
-# =====================================================================================================================
-
-#   p_t = b + w0 x_{t-3} + w1 x_{t-2} + w2 x_{t-1} + w3 x_t   (x_t = 0 for t < 0),   y_t = silu(p_t)   per channel
-#   with norm (q and k of the delta rule): out_t = y_t / sqrt(|y_t|^2 + eps) over each group of G channels (a head)
-#   backward: dy = r (dout - r^2 (y . dout) y) with r = (|y|^2 + eps)^-1/2 (norm), dp_t = dy_t silu'(p_t),
-#             dx_t = w3 dp_t + w2 dp_{t+1} + w1 dp_{t+2} + w0 dp_{t+3},  dw_j = sum_t dp_t x_{t-3+j},  db = sum_t dp_t
-#   decode:   the last 3 raw inputs are the state; one token shifts it by one
-#   documents (doc_pos [B, T], the token's position inside its document, clipped at 3 or not): tap x_{t-j} is used
-#             only if j <= doc_pos_t (x_{t-j} of an earlier document counts as 0, as before the sequence start), so
-#             p_t = b + [pos>=3] w0 x_{t-3} + [pos>=2] w1 x_{t-2} + [pos>=1] w2 x_{t-1} + w3 x_t; the backward masks
-#             the same products: dx_{t-j} gets w_{3-j} dp_t and dw_{3-j} gets dp_t x_{t-j} only where j <= doc_pos_t
+# ---------------------------------------------------------------------------------------------------------------------
+# 3.3 The short convolution (the equations are in section 2)
 # The torch version runs F.conv1d over a [B, D, T] transpose; the Triton kernels read [B, T, D] as it is (channels
 # contiguous), fuse the SiLU (and the norm), and recompute p in the backward instead of saving it: the convs are
 # memory-bound, so the floor is one read of x and one write of y forward, two reads (x, dy) and one write backward.
+# ---------------------------------------------------------------------------------------------------------------------
 
-NORM_EPS = 1e-6  # of the l2 norm of q and k (as model.l2norm)
-
-# ---- 6.1 reference (the math; also the torch path: F.conv1d, or the masked taps with documents) --------------------
-
-def short_conv_torch(x, weight, bias=None, norm=0, doc_pos=None):
-    """x [B, T, D], weight [D, W], bias [D] | None -> silu(causal depthwise conv) [B, T, D] in x's dtype; norm G > 0:
-    then divided by its l2 norm over each group of G channels (in fp32). doc_pos [B, T] (integers, the position of
-    each token inside its document) | None: tap x_{t-j} only where j <= doc_pos_t (W masked products, not F.conv1d)."""
-    D, W = weight.shape
-    b = None if bias is None else bias.to(x.dtype)
-    if doc_pos is None:
-        xx = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, D, W-1+T]: zeros before the start
-        y = F.silu(F.conv1d(xx, weight.to(x.dtype)[:, None, :], b, groups=D)).transpose(1, 2)
-    else:
-        T, w = x.shape[1], weight.to(x.dtype)
-        xx = F.pad(x, (0, 0, W - 1, 0))  # [B, W-1+T, D]: zeros before the start
-        p = sum(torch.where((doc_pos >= W - 1 - j)[..., None], w[:, j] * xx[:, j:j + T], 0) for j in range(W))
-        y = F.silu(p if b is None else p + b)
-    if norm:
-        yf = y.float().unflatten(-1, (D // norm, norm))
-        y = (yf * torch.rsqrt(yf.pow(2).sum(-1, keepdim=True) + NORM_EPS)).flatten(-2).to(x.dtype)
-    return y
-
-# ---- 6.2 chunked torch: none (the convolution has no recurrence; 6.1 is the torch path) ----------------------------
-
-# ---- 6.3 Triton forward --------------------------------------------------------------------------------------------
+# ---- forward --------------------------------------------------------------------------------------------------------
 
 @triton.jit
 def _conv_ld(base, t, stride, lo, hi, d, dm):
@@ -3378,7 +3114,7 @@ def _short_conv_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pos_ptr, T, D, sxb, sxt, 
         tl.store(yb + t * D + d, y.to(y_ptr.dtype.element_ty), mask=dm & ((t + d * 0) < hi))
         xa, xm, xc = xm, xc, x0
 
-# ---- 6.4 Triton backward -------------------------------------------------------------------------------------------
+# ---- backward -------------------------------------------------------------------------------------------------------
 
 @triton.jit
 def _conv_bwd_row(x0, dy, xa, xm, xc, q1, q2, q3, w0, w1, w2, w3, bias, eps, dxb, sdt, t, t0, T, d, dm, ps,
@@ -3493,7 +3229,7 @@ def _short_conv_bwd_kernel(x_ptr, w_ptr, b_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, 
     if BIAS:
         tl.store(db_ptr + pid * D + d, ab, mask=dm)
 
-# ---- 6.5 the custom ops (kernels::short_conv_fwd, short_conv_bwd) --------------------------------------------------
+# ---- the custom ops (kernels::short_conv_fwd, short_conv_bwd) -------------------------------------------------------
 
 def _conv_rows(x):
     """(x, batch stride, row stride): x may be a column slice of a wider [B, T, *] (Mamba2's xBC) but its channels
@@ -3591,7 +3327,140 @@ class _ShortConv(torch.autograd.Function):
         dx, dw, db = _short_conv_bwd(x, weight, bias, ctx.sizes, ctx.norms, list(dys), doc_pos)
         return dx, dw.to(weight.dtype), None if bias is None else db.to(bias.dtype), None, None, None
 
-# ---- 6.6 the decode step: the last 3 raw inputs are the state; one token shifts it by one --------------------------
+# =====================================================================================================================
+# 4. The decode steps: one token, the state updated in place; the torch version (any device and dtype), then the
+# Triton step: one program per (V-tile, b, h) keeps its state tile in registers, one read and one write of it
+# =====================================================================================================================
+
+# ---- the delta rule: S <- Diag(exp g) S;  e = beta (v - S^T k);  S <- S + k e^T;  o = s S^T q -----------------------
+
+def delta_rule_step_torch(q, k, v, beta, g, state, scale=None):
+    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
+    dt = state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = q.to(dt), k.to(dt)
+    if g is not None:  # [B, H] -> [B, H, 1, 1];  [B, H, Dk] -> [B, H, Dk, 1] (rows of S are key channels)
+        state.mul_(g.to(dt).exp()[..., None, None] if g.ndim == 2 else g.to(dt).exp()[..., None])
+    err = beta.to(dt)[..., None] * (v.to(dt) - torch.einsum("bhk,bhkv->bhv", k, state))  # against the decayed state
+    state.add_(k[:, :, :, None] * err[:, :, None, :])
+    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
+
+@triton.jit
+def _step_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, s_ptr, o_ptr, scale,
+                 DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    q = tl.load(q_ptr + bh * DK + ck).to(tl.float32)
+    k = tl.load(k_ptr + bh * DK + ck).to(tl.float32)
+    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
+    beta = tl.load(beta_ptr + bh).to(tl.float32)
+    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
+    S = tl.load(s_ptr + s_offs)
+    if GATE == GATE_SCALAR:  # GDN: one decay for the whole state
+        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
+    if GATE == GATE_CHANNEL:  # KDA: one decay per key channel, a row of S
+        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
+    e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
+    S += k[:, None] * e[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + s_offs, S)
+    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
+
+@torch.library.custom_op("kernels::delta_rule_step", mutates_args=("state",))
+def _delta_rule_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                        g: Optional[torch.Tensor], state: torch.Tensor, scale: float) -> torch.Tensor:
+    B, H, DK = k.shape
+    DV = v.shape[-1]
+    GATE = _gate_kind(g, k)[0]
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    o = torch.empty_like(v)
+    BV = min(DV, TUNING['step']['v'])
+    _step_kernel[(DV // BV, B * H)](q, k, v, beta, g.contiguous() if g is not None else beta, state, o, scale,
+                                    DK, DV, BV, GATE)
+    return o
+
+@_delta_rule_step_op.register_fake
+def _(q, k, v, beta, g, state, scale):
+    return v.new_empty(v.shape)
+
+def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
+    """One delta-rule decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
+    _check_delta_rule("delta_rule_step", q, k, v, beta, g, state, step=True)
+    why = _triton_unsupported(q, v, state)
+    if why:
+        _fail("delta_rule_step", why)
+    return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+# ---- scalar decay: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ---------------------------
+
+def linear_attn_step_torch(q, k, v, g, state, scale=None):
+    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
+    H, dt = v.shape[1], state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = _expand_heads(q[:, None], H)[:, 0].to(dt), _expand_heads(k[:, None], H)[:, 0].to(dt)  # [B, H, Dk]
+    if g is not None and g.dim() == 3:  # GLA: [B, H, Dk], the rows of S
+        state.mul_(g.to(dt).exp()[..., None])
+    elif g is not None:
+        state.mul_(g.to(dt).exp().expand(v.shape[:2])[:, :, None, None])  # [H] or [B, H] -> [B, H, 1, 1]
+    state.add_(k[:, :, :, None] * v.to(dt)[:, :, None, :])
+    return (scale * torch.einsum("bhk,bhkv->bhv", q, state)).to(v.dtype)
+
+@triton.jit(do_not_specialize=["H", "HK"])
+def _la_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, s_ptr, o_ptr, scale, H, HK,
+                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr):
+    # S <- exp(g) S + k v^T;  o = scale S^T q.  q, k [B, HK, Dk] (head h reads h // (H // HK)), v [B, H, Dv];
+    # g: GATE_SCALAR [B, H] (Mamba2's Δ·A of this token), GATE_CONST [H] (RetNet's log γ), GATE_CHANNEL [B, H, Dk]
+    # (GLA: S <- Diag(exp g) S, one decay per row of the state), GATE_NONE none
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    bhk = b * HK + h // (H // HK)
+    ck = tl.arange(0, DK)
+    cv = iv * BV + tl.arange(0, BV)
+    q = tl.load(q_ptr + bhk * DK + ck).to(tl.float32)
+    k = tl.load(k_ptr + bhk * DK + ck).to(tl.float32)
+    v = tl.load(v_ptr + bh * DV + cv).to(tl.float32)
+    s_offs = bh * DK * DV + ck[:, None] * DV + cv[None, :]
+    S = tl.load(s_ptr + s_offs)
+    if GATE == GATE_SCALAR:
+        S = S * tl.exp(tl.load(g_ptr + bh).to(tl.float32))
+    if GATE == GATE_CONST:
+        S = S * tl.exp(tl.load(g_ptr + h).to(tl.float32))
+    if GATE == GATE_CHANNEL:
+        S = S * tl.exp(tl.load(g_ptr + bh * DK + ck).to(tl.float32))[:, None]
+    S += k[:, None] * v[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + s_offs, S)
+    tl.store(o_ptr + bh * DV + cv, o.to(o_ptr.dtype.element_ty))
+
+@torch.library.custom_op("kernels::linear_attn_step", mutates_args=("state",))
+def _linear_attn_step_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                         state: torch.Tensor, scale: float) -> torch.Tensor:
+    B, HK, DK = k.shape
+    H, DV = v.shape[1:]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(v)
+    BV = min(DV, TUNING['step']['v'])
+    GATE = int(GATE_CHANNEL) if g is not None and g.dim() == 3 else _decay_kind(g)  # [B, H, Dk]: GLA
+    _la_step_kernel[(DV // BV, B * H)](q, k, v, g.contiguous() if g is not None else v, state, o, scale, H, HK,
+                                       DK, DV, BV, GATE)
+    return o
+
+@_linear_attn_step_op.register_fake
+def _(q, k, v, g, state, scale):
+    return v.new_empty(v.shape)
+
+def linear_attn_step_triton(q, k, v, g, state, scale=None):
+    """One scalar-decay decode step through the Triton kernel (custom op; state fp32, contiguous, updated in place)."""
+    _check_linear_attn("linear_attn_step", q, k, v, g, state, step=True)
+    why = _triton_unsupported(q, v, state)
+    if why:
+        _fail("linear_attn_step", why)
+    return _linear_attn_step_op(q, k, v, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+# ---- the short conv: the last 3 raw inputs are the state; one token shifts it by one --------------------------------
 
 def short_conv_step_torch(x, state, weight, bias=None, norm=0):
     """One token: x [B, D], state [B, W-1, D] (the last W-1 raw inputs, updated in place) -> y [B, D]."""
@@ -3647,3 +3516,46 @@ def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tens
 @_short_conv_step_op.register_fake
 def _(x, state, weight, bias, norm):
     return x.new_empty(x.shape)
+
+# =====================================================================================================================
+# 5. TUNING
+# =====================================================================================================================
+
+# Every launch setting of the Triton kernels, read at each launch (nothing reads it at import): a changed value takes
+# effect at the next call, as tools/tune.py --tiles and the tests set them. Measured at B8 T4096 H16 D128 bf16 on an
+# H100 (the short conv at [8, 4096, 768]); why each value is what it is: notes/perf.md. tools/tune.py checks every
+# candidate against the fp64 reference before timing it (Triton 3.6 miscompiles some settings on Hopper). No entry
+# changes a result beyond rounding, except the inverse's precision, which the tests' tolerances cover.
+TUNING = {
+    # the forward hands the backward what it would recompute (W, h[c], Delta; KDA's Kd, Qg; scalar decay: h[c])
+    'keep': True,
+    # the delta rule's sequential passes: _state_tile (V-tiles, warps), _state_stages, _wu_in_pass (DeltaNet)
+    'state': dict(v={0: 32, 1: 64, 2: 64}, warps=4, kda_bwd_warps=8, bwd_warps=None, min_v=32, one_wave_v=16,
+                  one_wave_min_t=8192, out_warps=4, stages=2, bwd_stages=2, small_v_stages=3, small_v_bwd_min_k=128,
+                  wu_in_pass=64),
+    # _grams_block's key tile (KDA: kda_k) and warps; KDA's _grams_chunk (chunk_*; *_d64 at Dk <= 64, None: as above)
+    'grams': dict(k=64, kda_k=16, warps=1, chunk_k=32, chunk_warps=4, chunk_maxnreg=128, chunk_k_d64=64,
+                  chunk_warps_d64=None),
+    # _chunk_cumsum: columns per program and warps
+    'cumsum': dict(d=32, warps=2),
+    # _wy_fwd: programs a chunk (split_d64 by gate kind at Dk <= 64) and warps (None: by tile size, _warps)
+    'wy_fwd': dict(split=2, split_d64={0: 2, 1: 2, 2: 1}, warps=8),
+    # _inverse: one-warp programs hide its chain of small dots; its dots' precision by the inputs' (_meta's prec)
+    'inverse': dict(warps=1, prec={'bf16': 'tf32', 'tf32': 'tf32x3', 'ieee': 'ieee'}),
+    # DeltaNet's and GDN's gradient kernels: V-tile, warps (warps_d64 by gate kind at Dk <= 64), stages by gate kind
+    'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, stages={0: 2, 1: 1}),
+    # KDA's backward: _grads_bwd's key tile and warps, _wy_bwd's V-tile, warps and register cap (None: uncapped)
+    'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
+    # the decode steps' V-tile (more programs at batch 1)
+    'step': dict(v=32),
+    # scalar decay: passes (_la_state_tiles), output, gradients; fused_fwd: one-pass forwards; *_d64 at Dk <= 64
+    'scalar': dict(state_warps=4, state_stages=3, state_cover=1, state_cover_d64=0, state_min_v=32,
+                   out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,
+                   fused_fwd=(int(GATE_NONE), int(GATE_CONST)), fused_warps=4, fused_stages=2, fused_stages_d64=3,
+                   group_k=64, group_stages=2),
+    # GLA: key and V tiles, warps and stages of _gla_fwd and _gla_bwd (bwd_warps_small below [64, 64] tiles)
+    'gla': dict(k=64, v=64, fwd_warps=4, bwd_warps=8, bwd_warps_small=4, fwd_stages=1, bwd_stages=1),
+    # the short conv's row kernels: rows, channels (norm: heads), warps, rows ahead (4|8), unroll; parts (0: per item)
+    'conv_fwd': dict(L=32, BD=128, heads=1, warps=1, ahead=4, unroll=4),
+    'conv_bwd': dict(L=128, BD=128, heads=1, warps=1, ahead=8, unroll=8, parts=0),
+}

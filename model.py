@@ -63,7 +63,7 @@ class GPTConfig:
                                # elsewhere) | 'torch' (chunked) | 'recurrent' (the slow reference) | 'triton'
     documents: bool = False    # each document of a packed row is its own sequence: no state, conv window or attention
                                # crosses a document start (GPT.documents). Off by default: nanoGPT's behaviour, and
-                               # faster (per-token gates, masked convs, masked attention; measured by bench.py --train
+                               # faster (per-token gates, masked convs, masked attention; measured by tools/bench_train.py
                                # --documents); checkpoints from before the key load with it off
     eot_token: int = 50256     # with documents: the token that starts a document (GPT-2's <|endoftext|>, which
                                # data/*/prepare.py writes before every document)
@@ -616,7 +616,7 @@ class KDA(DeltaNet):
     config.kda_gate_bound = lb ∈ [−5, 0) (0: off, the gate above): fla's safe gate (docs/mixers.md §1.4 item 2)
         g = lb·sigmoid(exp(A_log[h])·(W_f↑ W_f↓ x + dt_bias))  ∈ (lb, 0)^{d_k}
     with A_log = 0 at init (fla's safe-gate init: A = 1, g ≈ lb·sigmoid(dt_bias), per-step decays ≈ 0.62–0.995
-    for lb = −5 at u ≈ 0); dt_bias as above. Its kernels need no dyadic split (kernels.py 4.3, the bounded gate)."""
+    for lb = −5 at u ≈ 0); dt_bias as above. Its kernels need no dyadic split (kernels.py 3.1, the bounded gate)."""
 
     projections = DeltaNet.projections + ('f_down', 'g_down')
 
@@ -686,7 +686,7 @@ class GLA(nn.Module):
 
 # ------------------------------------------------------------------------------------------------
 # The one place mixers are named. Adding a mixer = one class above + one line here: every test, grid.py and
-# bench.py --train take their mixer lists from MIXERS. What a mixer class provides (check_mixer says what is missing):
+# tools/bench_train.py take their mixer lists from MIXERS. What a mixer class provides (check_mixer says what is missing):
 #   __init__(self, config)                 sizes itself from config (n_embd, head_dim, ...) so that a layer has
 #                                          0.8-1.2x a softmax layer's 4·n_embd² parameters (models with different
 #                                          mixers compare; test_model.py's test_param_budget)
@@ -1331,7 +1331,7 @@ class Clock:
 
 def gpu_peak_flops(name):
     """Dense bf16 peak FLOP/s of a GPU by its name (torch.cuda.get_device_name), or None when unknown (MFU is then
-    not printed). Used by train.py and bench.py --train."""
+    not printed). Used by train.py and tools/bench_train.py."""
     for key, flops in (('H200', 989e12), ('H100 PCIe', 756e12), ('H100', 989e12), ('A100', 312e12), ('L40S', 362e12),
                        ('4090', 165e12), ('A10', 125e12), ('L4', 121e12), ('V100', 125e12), ('3090', 71e12)):
         if key in name:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from launches import LaunchRecorder  # tools/launches.py (conftest.py puts tools/ on the path): a launch recorded, not run
 
 B, H, DK, DV = 2, 2, 16, 8
 REGIMES = ("zero", "mild", "strong", "mixed")
@@ -769,19 +770,12 @@ def test_triton_wy_fwd_column_split(gate, strength, split, monkeypatch):
 
 
 @pytest.mark.parametrize("T,strength", [(1, "mild"), (64, "strong"), (65, "mild"), (130, "medium")])
-def test_triton_kda_gn_ahead(T, strength, monkeypatch):
-    # TUNING['state']['gn_ahead'] (the default): KDA's state passes load each chunk's G_n one chunk ahead (T = 1: one chunk,
-    # nothing ahead; 64: the last chunk full; 65, 130: a partial last chunk, whose last row is not row 63). The same
-    # output, final state and gradients as without it, and against the fp64 reference with and without a state
+def test_triton_kda_gn_ahead(T, strength):
+    # KDA's state passes load each chunk's G_n one chunk ahead (T = 1: one chunk, nothing ahead; 64: the last chunk
+    # full; 65, 130: a partial last chunk, whose last row is not row 63): against the fp64 reference with and without
+    # a state
     D = 128 if CUDA else 16
     dtype = torch.bfloat16 if CUDA else F32
-    x = triton_inputs(2 if CUDA else 1, T, 2, D, D, "kda", strength, dtype, 0)
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], gn_ahead=False))
-    base = run(kernels.delta_rule_triton, x)
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], gn_ahead=True))
-    ahead = run(kernels.delta_rule_triton, x)
-    for a, b in list(zip(base[:2], ahead[:2])) + [(base[2][n], ahead[2][n]) for n in base[2]]:
-        assert torch.equal(a, b)
     for with_state in (True, False):
         triton_check(2 if CUDA else 1, T, 2, D, D, "kda", strength, dtype, with_state=with_state)
 
@@ -801,19 +795,20 @@ def test_triton_state_one_wave_v_tiles(gate, strength, monkeypatch):
     assert kernels._state_tile(D, D, 0, False, 2, 130, dev)[0] == 16
     triton_check(1, 130, 2, D, D, gate, strength, torch.bfloat16 if CUDA else F32)
 
-# (T, Dk, Dv, V-tile, dtype, initial state): W's key columns shared out over 2 or 4 programs a head; on the GPU also
-# Dk 64, Dv 128 at V-tile 32 (shares of 16 columns, the least a dot takes)
+# (T, Dk, Dv, V-tile, dtype, initial state): 1 to 4 programs a head; T 130, 150, 65: a partial chunk (the first one
+# the backward visits), 128: whole chunks
 WU_CASES = ([(130, 128, 128, 32, torch.bfloat16, True), (65, 64, 128, 32, torch.bfloat16, False),
              (130, 128, 128, 64, torch.bfloat16, True), (130, 128, 128, 32, F32, True)] if CUDA else
-            [(130, 32, 32, 16, F32, True), (150, 32, 64, 32, torch.bfloat16, False)])
+            [(130, 32, 32, 16, F32, True), (150, 32, 64, 32, torch.bfloat16, False)]) + [(128, 32, 32, 16, F32, False)]
 
 @pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state", WU_CASES, ids=_id)
 def test_triton_deltanet_wu_in_state_pass(T, dk, dv, v_tile, dtype, with_state, monkeypatch):
-    # TUNING['state']['wu_in_pass']: DeltaNet's forward state pass forms Delta = A diag(beta) (V - K S) itself and
-    # stores W (each of a head's Dv / V-tile programs its share of W's key columns: 2 to 4 programs here), with no
+    # TUNING['state']['wu_in_pass']: DeltaNet's forward state pass forms Delta = A diag(beta) (V - K S) itself, with no
     # _wy_fwd launch, where the programs cover the SMs (a pretended single SM here; at 132 SMs, 8 x 16 heads and not
-    # 2 x 16). Forward and backward against the fp64 reference with keep on (the backward reads the pass's W) and off
-    # (the backward's recompute takes the same path), a partial last chunk, with or without an initial state
+    # 2 x 16), and stores no W: the backward pass forms W^T dDelta = K^T diag(beta) (A^T dDelta) itself, beta loaded
+    # a chunk ahead. Forward and backward against the fp64 reference with keep on (W's slot empty) and off (the
+    # backward's recompute takes the same path), two sequences (beta's rows of the second start at b T), with or
+    # without an initial state; the fake function's W agrees in shape
     dev = torch.device(DEV)
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     assert kernels._wu_in_pass(0, 128, 128, 32, 8 * 16, dev)  # on by default (Dk >= 64) at 8 x 16 heads
@@ -822,36 +817,19 @@ def test_triton_deltanet_wu_in_state_pass(T, dk, dv, v_tile, dtype, with_state, 
                                                       v={**kernels.TUNING["state"]["v"], 0: v_tile}))
     assert kernels._wu_in_pass(0, 128, 128, 32, 8 * 16, dev) and not kernels._wu_in_pass(0, 128, 128, 32, 2 * 16, dev)
     assert not kernels._wu_in_pass(1, 128, 128, 32, 8 * 16, dev)  # DeltaNet only
-    assert not kernels._wu_in_pass(0, 16, 128, 32, 8 * 16, dev)  # W's shares would be 4 columns
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 1)
-    launches = []
-    watch_launches(monkeypatch, "_wy_fwd_kernel", launches.append)
-    for keep in (True, False):
-        monkeypatch.setitem(kernels.TUNING, "keep", keep)
-        launches.clear()
-        triton_check(1, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
-        assert not launches, (keep, len(launches))
-
-
-@pytest.mark.parametrize("T,dk,dv,v_tile,dtype,with_state", WU_CASES + [(128, 32, 32, 16, F32, False)], ids=_id)
-def test_triton_deltanet_w_free(T, dk, dv, v_tile, dtype, with_state, monkeypatch):
-    # TUNING['state']['w_free'] (with wu_in_pass): the forward stores no W and the backward pass forms W^T dDelta =
-    # K^T diag(beta) (A^T dDelta) itself, beta loaded a chunk ahead (T 130, 150, 65: a partial first-visited chunk;
-    # 128: whole chunks).
-    # Forward and backward against the fp64 reference with keep on (W's slot empty) and off (the recompute stores
-    # none either), with or without an initial state; the fake function's W agrees in shape
-    dev = torch.device(DEV)
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 1)
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], wu_in_pass=16, w_free=True,
-                                                      v={**kernels.TUNING["state"]["v"], 0: v_tile}))
     x = triton_inputs(1, T, 2, dk, dv, "none", "-", dtype, 0)
     assert kernels._w_free(int(kernels.GATE_NONE), x["k"], x["v"])
     assert not kernels._w_free(int(kernels.GATE_SCALAR), x["k"], x["v"])  # DeltaNet only
     out = torch.ops.kernels.delta_rule_fwd(x["q"], x["k"], x["v"], x["beta"], None, dk ** -0.5, None, False, keep=True)
     assert out[5].numel() == 0 and out[6].numel() > 0  # no W; the snapshots kept
-    for keep in (True, False):  # two sequences: beta's rows of the second start at b T
+    launches = []
+    watch_launches(monkeypatch, "_wy_fwd_kernel", launches.append)
+    for keep in (True, False):
         monkeypatch.setitem(kernels.TUNING, "keep", keep)
+        launches.clear()
         triton_check(2, T, 2, dk, dv, "none", "-", dtype, with_state=with_state)
+        assert not launches, (keep, len(launches))
 
 
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
@@ -989,7 +967,7 @@ def test_triton_keep_equals_the_recompute(case, dtype, monkeypatch):
         results[keep] = run(kernels.delta_rule_triton, x, **kw)
         assert len(calls) == (1 if keep else 2), (keep, calls)
     assert_same_run(results[False], results[True], dtype)
-    # the call's keep=False (context_parallel's transition scan) recomputes under TUNING['keep'] = True
+    # the call's keep=False (parallel.py's transition scan) recomputes under TUNING['keep'] = True
     calls.clear()
     assert_same_run(results[False], run(kernels.delta_rule, x, path="triton", keep=False, **kw), dtype)
     assert len(calls) == 2 and calls[0] is False, calls  # (the backward's recompute passes no keep)
@@ -1090,7 +1068,7 @@ def test_bounded_gate_launches_lower_to_triton_ir(monkeypatch):
 @pytest.mark.parametrize("bk", ["whole", "half"])
 def test_triton_grams_tiles(gate, strength, bk, monkeypatch):
     # the Grams by 16 x 16 blocks with whole key rows and with two key tiles (the loop over them), as
-    # bench.py --tiles delta times them; T = 130: a partial last chunk whose last sub-chunks are empty
+    # tools/tune.py --tiles delta times them; T = 130: a partial last chunk whose last sub-chunks are empty
     D = 128 if CUDA else 32
     k = D if bk == "whole" else D // 2
     monkeypatch.setitem(kernels.TUNING, "grams", dict(kernels.TUNING["grams"], k=k, kda_k=k))
@@ -1789,7 +1767,7 @@ import kernels
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 failed = []
-for name, sig, constexprs, warps in json.load(sys.stdin):
+for name, sig, constexprs, warps, *_ in json.load(sys.stdin):
     fn = getattr(kernels, name)
     names = fn.arg_names
     src = ASTSource(fn=fn, signature={n: sig.get(n, "constexpr") for n in names},
@@ -1823,42 +1801,6 @@ def lower(launches):
     if p.returncode not in (0, 1):  # the script itself failed
         pytest.skip("cannot lower kernels with this Triton: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200])
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-
-TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-                   torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-                   torch.bool: "i1"}
-
-
-class LaunchRecorder:
-    """Stands in for a kernel: kernel[grid](*args) records (name, runtime argument types, constexpr values, warps)."""
-
-    def __init__(self, name, kernel, out):
-        import inspect
-        self.name, self.out = name, out
-        params = inspect.signature(kernel.fn).parameters
-        self.arg_names = list(params)
-        self.constexpr = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
-        self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
-
-    def __getitem__(self, grid):
-        def launch(*args, num_warps=4, num_stages=None, **kw):
-            values = dict(self.defaults) | dict(zip(self.arg_names, args)) | kw
-            sig, const = {}, {}
-            for n in self.arg_names:
-                v = values[n]
-                if n in self.constexpr or v is None:
-                    const[n] = v
-                elif isinstance(v, torch.Tensor):
-                    sig[n] = "*" + TORCH_TO_TRITON[v.dtype]
-                elif isinstance(v, bool):
-                    sig[n] = "i1"
-                elif isinstance(v, int):
-                    sig[n] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
-                else:
-                    sig[n] = "fp32"
-            self.out.append((self.name, sig, const, num_warps))
-        return launch
-
 
 def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
     import json
@@ -1900,10 +1842,9 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
             kernels.short_conv(x, w, b, norm=norm, path="triton", doc_pos=doc_pos).float().sum().backward()
             kernels.short_conv_step(x[:, 0].detach(), torch.zeros(2, 3, 32, device=DEV, dtype=dtype), w, b,
                                     norm=norm, path="triton")
-    # the other settings that launch other forms of the kernels (TUNING['keep'] off: the backward's recompute; and
-    # TUNING['state']['w_free']: DeltaNet's backward pass without W), at D = 128
+    # the other settings that launch other forms of the kernels (TUNING['keep'] off: the backward's recompute), at
+    # D = 128
     monkeypatch.setitem(kernels.TUNING, "keep", False)
-    monkeypatch.setitem(kernels.TUNING, "state", dict(kernels.TUNING["state"], w_free=True))
     for dtype in (torch.bfloat16, F32):
         for gate in ("none", "gdn", "kda"):
             x = triton_inputs(1, T, nh, 128, 128, gate, "mild", dtype)
