@@ -387,8 +387,12 @@ def model_settings(checkpoint, out_dir, asked):
     """On resume, what the checkpoint may set: the model's shape, its model_args that are GPTConfig fields (`asked`:
     this run's values), each type-checked against this run's; dropout stays this run's, and so does kernels when
     given. Every value that differs from what the config asked for gets a notice. -> {setting: value}. A key of
-    model_args that is not a GPTConfig field is left for build_model, which refuses the file."""
+    model_args that is not a GPTConfig field refuses the file: a checkpoint never steers the trainer."""
     from configurator import checked
+    unknown = sorted(set(checkpoint['model_args']) - set(asked))
+    if unknown:
+        raise CheckpointUnusable(f"{out_dir.ckpt}: model_args has keys this model.py does not know "
+                                 f"({', '.join(unknown)}): a checkpoint of another version or another trainer")
     taken = {}
     for k, v in checkpoint['model_args'].items():
         if k not in asked or k == 'dropout' or (k == 'kernels' and asked[k]):
