@@ -5,8 +5,8 @@ tracking (variables re-assigned many times) and the needle in a haystack. train.
 
 $ python train.py config/mqar.py --mixer=kda
 $ python train.py config/statetrack.py --mixer='kda*3,softmax'
-$ python train.py config/needle.py --mixer=gdn && python longctx.py needle out-needle-gdn
-$ python grid.py --quick                      # every mixer × task size × width, one results table
+$ python train.py config/needle.py --mixer=gdn && python tools/longctx.py needle out-needle-gdn
+$ python tools/grid.py --quick                      # every mixer × task size × width, one results table
 $ python -m pytest test_tasks.py -q
 
 Every sequence is block_size + 1 tokens; the model reads x = seq[:-1] and is scored on y, the next

@@ -3,23 +3,23 @@ The recall grid: train every mixer (and the 3:1 KDA:softmax hybrid) on MQAR and 
 task sizes and model widths, one run after another (or --jobs at a time), and write one markdown results table:
 the final val answer accuracy of each mixer × (pairs or assignments) × width.
 
-$ python grid.py --jobs=8           # the real run, on one GPU: config/mqar.py and config/statetrack.py as sized there
-$ python grid.py --quick            # a tiny version (vocab 32, 32 tokens, 200 steps per run) that runs on 2 CPU cores
-$ python grid.py --tasks mqar --mixers softmax kda 'kda*3,softmax' --sizes 8 24 --widths 128 --device=cuda:1
-$ python grid.py --resume           # keep the runs that finished (an interrupted grid, or parts run on other GPUs
+$ python tools/grid.py --jobs=8           # the real run, on one GPU: config/mqar.py and config/statetrack.py as sized there
+$ python tools/grid.py --quick            # a tiny version (vocab 32, 32 tokens, 200 steps per run) that runs on 2 CPU cores
+$ python tools/grid.py --tasks mqar --mixers softmax kda 'kda*3,softmax' --sizes 8 24 --widths 128 --device=cuda:1
+$ python tools/grid.py --resume           # keep the runs that finished (an interrupted grid, or parts run on other GPUs
                                     #   into the same --out_root), continue the unfinished ones from their ckpt.pt,
                                     #   run the rest, rewrite the table from all the logs
-$ python grid.py --jobs=16 --start_within=4    # on a time-limited lease: start no run after 4 min, --resume later
-$ python grid.py --learning_rates 3e-4 1e-3 3e-3    # each cell keeps its best LR (Zoology's protocol)
-$ python grid.py --tasks mqar --learning_rates 3e-4 1e-3 --seeds 1337 1338 --jobs 16 --max_iters=16000 \
+$ python tools/grid.py --jobs=16 --start_within=4    # on a time-limited lease: start no run after 4 min, --resume later
+$ python tools/grid.py --learning_rates 3e-4 1e-3 3e-3    # each cell keeps its best LR (Zoology's protocol)
+$ python tools/grid.py --tasks mqar --learning_rates 3e-4 1e-3 --seeds 1337 1338 --jobs 16 --max_iters=16000 \
     --lr_decay_iters=16000 --eval_interval=500 --stop_at_val_acc=0.99 --plot recall.png
                                     # 2 seeds per cell; 1e-3 runs only where 3e-4 did not reach 0.99; a figure too
-$ python grid.py ... --learning_rates 3e-4 1e-3 --batch_sizes 64 256 --stop_at_val_acc=0.99
+$ python tools/grid.py ... --learning_rates 3e-4 1e-3 --batch_sizes 64 256 --stop_at_val_acc=0.99
                                     # then, where neither LR reached 0.99, both again at 256 sequences a step
-$ python grid.py --tasks needle --seeds 1337 1338 --learning_rates 1e-3 3e-4 --stop_at_val_acc=0.99
+$ python tools/grid.py --tasks needle --seeds 1337 1338 --learning_rates 1e-3 3e-4 --stop_at_val_acc=0.99
                                     # the long-context study's runs (not in the default grid); then
-                                    #   python longctx.py needle out-grid/needle/* scores them at longer contexts
-$ python grid.py ... --ahead        # a cell's later settings start without waiting for its earlier ones, and are
+                                    #   python tools/longctx.py needle out-grid/needle/* scores them at longer contexts
+$ python tools/grid.py ... --ahead        # a cell's later settings start without waiting for its earlier ones, and are
                                     #   stopped if one of those reaches the threshold: the same table, sooner
 
 Every run is `python train.py config/<task>.py --mixer=M --<size key>=N --n_embd=W --n_head=W/32 --learning_rate=LR
@@ -40,7 +40,7 @@ softmax attention on MQAR more sequences a step made the recall circuit form whe
 The table is read back from the runs' log.txt files (plot.py's read_log), so it only ever shows what the runs
 printed; --plot draws the same numbers (one row of panels per task, one panel per width, accuracy against size,
 one line per mixer; needs matplotlib). Plot one cell's curves with plot.py, e.g.
-$ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_n16_w128.png
+$ python tools/plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_n16_w128.png
 """
 import argparse
 import os

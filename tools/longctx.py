@@ -1,9 +1,9 @@
 """
 Long context, measured: how models trained at block_size tokens do on longer sequences.
 
-$ python longctx.py needle out-grid/needle/*                 # needle accuracy by context length and depth
-$ python longctx.py text out-text/*-s1337 out-text/*-s1338   # loss against position, up to 16 x block_size
-$ python longctx.py needle out-grid/needle/* --scales 1 4 16 --depths 0 0.5 1 --plot assets/needle.png
+$ python tools/longctx.py needle out-grid/needle/*                 # needle accuracy by context length and depth
+$ python tools/longctx.py text out-text/*-s1337 out-text/*-s1338   # loss against position, up to 16 x block_size
+$ python tools/longctx.py needle out-grid/needle/* --scales 1 4 16 --depths 0 0.5 1 --plot assets/needle.png
 
 Each argument is a train.py out_dir; its ckpt.pt (data only: no code runs) is evaluated at contexts of
 scale x block_size for each --scales, the block_size it was trained at being scale 1.
@@ -278,7 +278,7 @@ def main():
         if args.table_only:
             path = os.path.join(out_dir, f'longctx-{args.study}.json')
             if not os.path.isfile(path):
-                raise UserError(f"{path}: no such file: run `python longctx.py {args.study} {out_dir}` first")
+                raise UserError(f"{path}: no such file: run `python tools/longctx.py {args.study} {out_dir}` first")
             with open(path) as f:
                 results.append(json.load(f))
         else:

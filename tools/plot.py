@@ -1,10 +1,10 @@
 """
 Plot the eval curves of several runs against training tokens, read from their out_dir/log.txt, into one PNG.
 
-$ python plot.py out-pystdlib-softmax out-pystdlib-kdax3+softmax   # -> out-pystdlib-softmax/val_loss.png
-$ python plot.py out-text/* --ymax=4                               # -> out-text/val_loss.png
-$ python plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_acc.png --title="MQAR, 16 pairs, width 128"
-$ python plot.py out-text/* --table     # markdown: mixer, parameters, tokens, final and best val loss, tokens/s
+$ python tools/plot.py out-pystdlib-softmax out-pystdlib-kdax3+softmax   # -> out-pystdlib-softmax/val_loss.png
+$ python tools/plot.py out-text/* --ymax=4                               # -> out-text/val_loss.png
+$ python tools/plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_acc.png --title="MQAR, 16 pairs, width 128"
+$ python tools/plot.py out-text/* --table     # markdown: mixer, parameters, tokens, final and best val loss, tokens/s
 
 Each argument is a run's out_dir (or its log.txt); the legend names the run by its out_dir. The x axis is
 step × tokens per iteration (from the log's "tokens per iteration" line), so runs with different batch shapes
