@@ -348,7 +348,10 @@ class OutDir:
         try:
             with open(self.log_path, 'a') as f:
                 f.write(line + '\n')
-        except OSError as e:  # a full disk or a quota: say so, not a traceback; the checkpoints are not touched here
+        except OSError as e:  # a full disk, a quota, a deleted folder: say which, not a traceback
+            if not os.path.isdir(self.path):
+                raise UserError(f"out_dir {self.path!r} was deleted while this run wrote to it: nothing more is saved "
+                                f"there; start the run again (or from a copy of its ckpt.pt)") from None
             raise UserError(f"cannot write {self.log_path}: {_cause(e)}: free space or pass another --out_dir "
                             f"(the checkpoints there are as they were)") from None
         if terminal:

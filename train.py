@@ -121,9 +121,8 @@ par = Parallel(device, backend, context_parallel)
 device, master = par.device, par.master
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 out = OutDir(out_dir, par.master, init_from, overwrite, eval_only)
-print0 = out.log
-checkpoint = None
-if init_from == 'resume':  # the model's shape comes from the checkpoint (dropout may change; kernels when given)
+print0, checkpoint = out.log, None
+if init_from == 'resume' or (eval_only and os.path.exists(out.ckpt)):  # eval_only: the run's weights, if any
     checkpoint = load_checkpoint(out.ckpt, map_location='cpu', need='resume')  # CPU: RNG states must stay there
     globals().update(model_settings(checkpoint, out, {k: globals()[k] for k in model_keys}))
 task = from_settings({k: globals()[k] for k in config_keys})
@@ -166,11 +165,12 @@ def make_loader(split):  # each data-parallel rank reads its own slice of the sa
 
 # -----------------------------------------------------------------------------
 # the model and its optimizer: built, or resumed
-iter_num, best_val_loss = 0, 1e9
+iter_num, best_val_loss, evaluated_at = 0, 1e9, -1  # evaluated_at: the iteration of the last eval
 if checkpoint is not None:
-    print0(f"Resuming training from {out.ckpt} (iter {checkpoint['iter_num']})")
+    print0(f"{'Evaluating' if eval_only else 'Resuming training from'} {out.ckpt} (iter {checkpoint['iter_num']})")
     raw_model = build_model(checkpoint, out.ckpt, model_args)
     iter_num, best_val_loss = checkpoint['iter_num'], checkpoint['best_val_loss']
+    evaluated_at = iter_num if checkpoint.get('evaluated', True) else -1  # a stop before its eval: evaluated now
 else:
     raw_model = GPT(GPTConfig(**model_args))
 print0(raw_model.describe(), terminal=False)  # per mixer; the header below says the total
@@ -254,8 +254,8 @@ def save(val_loss, improved=False, why=''):
     model_sd, optimizer_sd = par.full_state(raw_model, optimizer)
     if master:
         ckpt = {'model': model_sd, 'optimizer': optimizer_sd, 'model_args': model_args, 'iter_num': iter_num,
-                'val_loss': val_loss, 'best_val_loss': best_val_loss, 'config': config,
-                'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
+                'evaluated': evaluated_at == iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss,
+                'config': config, 'train_loader': loader_states, 'rng': rng_states, 'scaler': scaler.state_dict()}
         print0(f"saving checkpoint to {out_dir}{why}" + (" (best so far, also best.pt)" if improved else ""))
         save_checkpoint(ckpt, out.ckpt, best=out.best if improved else None)
     return iter_num
@@ -358,7 +358,7 @@ clock = StepClock(lagged=bool(optimizer.defaults.get('fused')) and not scaler.is
 meter = Meter()
 train_loader_state = train_loader.state_dict()  # the position of the batch about to be fetched
 X, Y = par.fetch(train_loader)
-start_iter, stop_signal, last_val = iter_num, 0, None
+stop_signal, last_val = 0, None
 saved_iter = iter_num if init_from == 'resume' else None  # the iteration ckpt.pt holds, once saved or resumed
 
 
@@ -375,7 +375,7 @@ def read(steps):
 while True:
     last_step = iter_num >= max_iters
     evaluating = ((iter_num % eval_interval == 0 or last_step or eval_only)
-                  and (iter_num > start_iter or iter_num == 0 or eval_only))
+                  and (iter_num != evaluated_at or eval_only))
     if stop_signal or evaluating or last_step:
         stop_signal = read(clock.settle()) or stop_signal  # the last step's numbers before any eval or save
     if stop_signal and iter_num < max_iters:  # every rank sees the same value (agreed over the ranks)
@@ -407,7 +407,7 @@ while True:
             wandb.log(dict({k.replace('_', '/') if '_' in k else f'{k}/loss': v for k, v in losses.items()}, iter=iter_num,
                            lr=lr, **({'mfu': meter.mfu * 100} if meter.mfu > 0 else {})))
         improved = losses['val'] < best_val_loss
-        best_val_loss, last_val = min(best_val_loss, losses['val']), losses['val']
+        best_val_loss, last_val, evaluated_at = min(best_val_loss, losses['val']), losses['val'], iter_num
         if iter_num > 0 and not eval_only and (improved or always_save_checkpoint):
             saved_iter = save(losses['val'], improved)  # every rank takes this branch (the losses are averaged)
         if task is not None and stop_at_val_acc > 0 and iter_num > 0 and losses['val_acc'] >= stop_at_val_acc:

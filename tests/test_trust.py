@@ -345,6 +345,45 @@ def test_sigterm_and_end_of_run_are_saved_and_resume_exactly(pystdlib, tmp_path)
     assert 'nothing to train' in again.stdout and not iter_losses(again.stdout)  # a finished run stays finished
 
 
+def test_a_stop_on_an_eval_step_is_evaluated_on_resume(pystdlib, tmp_path):
+    """Stopped at iter 38 with eval_interval 2, the log read 34, 36, 40 after resume: the stop saved before the eval of
+    its iteration, and a resume skipped the eval of the iteration it starts at. Now the checkpoint says whether its
+    iteration was evaluated, and a resume evaluates it when it was not (every iteration an eval step here)."""
+    args = TINY + [f'--out_dir={tmp_path}/out', '--eval_interval=1', '--lr_decay_iters=100000']
+    p = start(args + ['--max_iters=100000'])
+    seen = wait_for(p, r'^iter 3/')
+    p.send_signal(signal.SIGTERM)
+    stdout = seen + p.communicate(timeout=120)[0]
+    n = int(re.search(r'^stopped by SIGTERM at iter (\d+)', stdout, re.M).group(1))
+    evals = lambda text: [int(i) for i in re.findall(r'^step (\d+):', text, re.M)]
+    assert evals(stdout) == list(range(n)), stdout[-2000:]
+    resumed = run(args + ['--init_from=resume', f'--max_iters={n + 2}'])
+    assert evals(resumed.stdout) == [n, n + 1, n + 2], resumed.stdout[-2000:]
+
+
+def test_eval_only_evaluates_the_runs_checkpoint(finished, tmp_path):
+    """--eval_only=True in a finished out_dir evaluated fresh random weights (init_from defaults to scratch) and logged
+    that as the run's result. Now it evaluates out_dir's ckpt.pt, and writes no checkpoint."""
+    out = tmp_path / 'out'
+    shutil.copytree(finished[0], out)
+    final = re.findall(r'^step 20: .*val loss ([\d.]+)', finished[1], re.M)
+    before = (out / 'ckpt.pt').stat().st_mtime_ns
+    p = run(TINY + [f'--out_dir={out}', '--eval_only=True'])
+    assert re.findall(r'^step 20: .*val loss ([\d.]+)', p.stdout, re.M) == final, p.stdout[-2000:]
+    assert (out / 'ckpt.pt').stat().st_mtime_ns == before and 'saving' not in p.stdout
+
+
+def test_out_dir_deleted_under_a_live_run_is_named(pystdlib, tmp_path):
+    """out_dir deleted under a live run: the message said "free space" and "the checkpoints there are as they were"."""
+    out = tmp_path / 'out'
+    p = start(TINY + [f'--out_dir={out}', '--max_iters=100000', '--eval_interval=100000'])
+    wait_for(p, r'^iter 1/')
+    shutil.rmtree(out)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 1 and stderr.count('\n') == 1, stderr[-2000:]
+    assert f"out_dir '{out}' was deleted while this run wrote to it" in stderr
+
+
 def test_ctrl_c_saves_and_a_second_exits_at_once(pystdlib, tmp_path):
     """Ctrl-C printed a 41-line KeyboardInterrupt traceback and saved nothing. Now one Ctrl-C saves and exits 130; a
     second one exits at once, leaving no temp file."""
