@@ -200,10 +200,12 @@ class ShardLoader:
     def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None):
         assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
-        self.vocab_size, self.checked = vocab_size, set()  # token ids must be < vocab_size (checked once per shard)
         self.paths = shard_paths(data_dir, split)
-        # check every header up front: a bad or too-small shard fails now, not hours into a run
+        # every shard checked up front, so that a bad or too-small shard or a token id the model cannot embed fails now,
+        # not hours into a run; and each shard mapped once, for the whole run: a prepare.py run again meanwhile
+        # replaces the files (write_shard renames new ones in), while this run keeps reading the shards it started on
         need = batch_size * block_size * world_size + 1
+        self.shards = []
         for path in self.paths:
             ntok = read_header(path)
             if ntok < need:
@@ -211,6 +213,11 @@ class ShardLoader:
                     f"{path}: shard holds {ntok:,} tokens but one step needs batch_size*block_size*"
                     f"world_size+1 = {batch_size}*{block_size}*{world_size}+1 = {need:,}; "
                     f"lower batch_size/block_size or use a bigger dataset")
+            self.shards.append(read_shard(path))
+            top = int(self.shards[-1].max()) if vocab_size is not None and ntok else -1  # ~0.1 s per 100M tokens
+            if vocab_size is not None and top >= vocab_size:
+                raise UserError(f"{path} holds token id {top}, but the model's vocab_size is {vocab_size}: set "
+                                f"vocab_size above {top} (GPT-2 BPE: 50304), or re-tokenize the data")
         self.reset()
 
     def reset(self):
@@ -223,13 +230,7 @@ class ShardLoader:
 
     def load_state_dict(self, state):
         self.shard, self.pos = int(state['shard']) % len(self.paths), int(state['pos'])
-        self.tokens = read_shard(self.paths[self.shard])
-        if self.vocab_size is not None and self.shard not in self.checked:
-            top = int(self.tokens.max()) if len(self.tokens) else 0  # one pass over the shard: ~0.1 s per 100M tokens
-            if top >= self.vocab_size:
-                raise UserError(f"{self.paths[self.shard]} holds token id {top}, but the model's vocab_size is "
-                                f"{self.vocab_size}: set vocab_size above {top} (GPT-2 BPE: 50304), or re-tokenize the data")
-            self.checked.add(self.shard)
+        self.tokens = self.shards[self.shard]
 
     def next_batch(self):
         B, T = self.B, self.T

@@ -318,15 +318,28 @@ def test_pystdlib_split_is_stable():
 # -----------------------------------------------------------------------------
 # bad data and an offline machine give one line naming the file and what to do
 
-def test_loader_refuses_token_ids_past_vocab(tmp_path):
-    """A shard with ids >= the model's vocabulary used to fail as an IndexError deep in the embedding."""
+def test_loader_refuses_token_ids_past_vocab_up_front(tmp_path):
+    """A shard with ids >= the model's vocabulary used to fail as an IndexError deep in the embedding, then when the
+    run first reached that shard (iter ~13 of a run: its steps since the last save lost). Now every shard's ids are
+    checked when the loader is made, before the first step."""
     data_dir = _make_dataset(tmp_path, [100, 2000])  # shard 1 holds ids 1000..2999
-    loader = ShardLoader(data_dir, 'train', batch_size=2, block_size=8, vocab_size=1000)
-    loader.next_batch()  # shard 0 (ids < 100) is fine
     with pytest.raises(UserError, match=r'toy_train_000001\.bin holds token id 2999, but the model\'s vocab_size is 1000'):
-        for _ in range(10):
-            loader.next_batch()
+        ShardLoader(data_dir, 'train', batch_size=2, block_size=8, vocab_size=1000)
     ShardLoader(data_dir, 'train', batch_size=2, block_size=8, vocab_size=3000).next_batch()
+
+
+def test_loader_keeps_reading_its_shards_when_prepare_runs_again(tmp_path):
+    """prepare.py run again while a run trained deleted the shards, which the loader reopened by path at the next eval
+    (or read the new ones as the same run's). Now each shard is mapped once, and a run reads what it started on."""
+    data_dir = _make_dataset(tmp_path, [100, 2000])
+    loader = ShardLoader(data_dir, 'train', batch_size=2, block_size=8)
+    first = [loader.next_batch() for _ in range(20)]  # into the second shard
+    writer = ShardWriter(data_dir, 'toy', 'train', shard_size=50)  # what prepare.py does: old shards deleted...
+    writer.add(np.arange(500) % 7)
+    writer.close()  # ...and new ones renamed in
+    loader.reset()
+    again = [loader.next_batch() for _ in range(20)]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
 
 
 def test_unknown_dataset_lists_what_exists(tmp_path):
