@@ -309,8 +309,9 @@ def out_dir_user(out_dir):
 class OutDir:
     """The run's out_dir, made and locked (rank 0 holds the lock) before anything is written there, with its log.
 
-    A run from scratch never replaces an earlier run's ckpt.pt or best.pt: overwrite=True deletes them (and its
-    log.txt) and starts over, else it stops with a line saying what to do. `notices` holds the lines to log once the
+    A run from scratch never replaces an earlier run's ckpt.pt or best.pt: overwrite=True deletes them (and what the
+    run and the tools wrote beside them: log.txt, pictures, longctx-*.json) and starts over, else it stops with a line
+    saying what to do. `notices` holds the lines to log once the
     log is open. log(line) appends to log.txt and prints (rank 0 only; terminal=False: log.txt only)."""
 
     def __init__(self, path, master=True, init_from='scratch', overwrite=False, eval_only=False):
@@ -334,7 +335,9 @@ class OutDir:
         if not overwrite:
             raise UserError(f"out_dir {path!r} holds an earlier run's {' and '.join(earlier)}: continue that run with "
                             f"--init_from=resume, start over with --overwrite=True (deletes it), or pass another --out_dir")
-        gone = earlier + [n for n in ('log.txt',) if os.path.exists(os.path.join(path, n))]
+        made = [n for n in sorted(os.listdir(path)) if n == 'log.txt' or n.endswith('.png')  # by train.py and the
+                or (n.startswith('longctx-') and n.endswith('.json'))]                    # tools: plot, longctx
+        gone = earlier + made
         for n in gone:
             os.remove(os.path.join(path, n))
         self.notices.append(f"overwrite=True: deleted the earlier run's {', '.join(gone)} in {path}")
@@ -386,23 +389,23 @@ class OutDir:
         return wandb
 
 
-def model_settings(checkpoint, out_dir, asked):
+def model_settings(checkpoint, path, asked, notices):
     """On resume, what the checkpoint may set: the model's shape, its model_args that are GPTConfig fields (`asked`:
     this run's values), each type-checked against this run's; dropout stays this run's, and so does kernels when
-    given. Every value that differs from what the config asked for gets a notice. -> {setting: value}. A key of
+    given. Every value that differs from what the config asked for gets a line in notices. -> {setting: value}. A key of
     model_args that is not a GPTConfig field refuses the file: a checkpoint never steers the trainer."""
     from configurator import checked
     unknown = sorted(set(checkpoint['model_args']) - set(asked))
     if unknown:
-        raise CheckpointUnusable(f"{out_dir.ckpt}: model_args has keys this model.py does not know "
+        raise CheckpointUnusable(f"{path}: model_args has keys this model.py does not know "
                                  f"({', '.join(unknown)}): a checkpoint of another version or another trainer")
     taken = {}
     for k, v in checkpoint['model_args'].items():
         if k not in asked or k == 'dropout' or (k == 'kernels' and asked[k]):
             continue
-        v, now = checked(k, v, asked[k], out_dir.ckpt), (asked[k] or 'auto') if k == 'kernels' else asked[k]
+        v, now = checked(k, v, asked[k], path), (asked[k] or 'auto') if k == 'kernels' else asked[k]
         if v != now:
-            out_dir.notices.append(f"resume: {k} = {v!r} from the checkpoint (the config asked for {now!r})")
+            notices.append(f"resume: {k} = {v!r} from the checkpoint (the config asked for {now!r})")
             taken[k] = v
     return taken
 
@@ -427,9 +430,15 @@ class StopSignals:
             what = "again" if self.requested else "before the first step"
             # os.write, not print: a print here could land inside one the loop is making and raise
             os.write(2, f"{prog}: {signal.Signals(signum).name} {what}: exiting now without saving\n".encode())
-            if self.out_dir.master:  # a save under way: the previous files stay, the temp goes
+            if self.out_dir.master:  # a save under way: the previous files stay, the temp goes, and the log says so
                 for path in (self.out_dir.ckpt, self.out_dir.best):
                     _remove(path + '.tmp')
+                try:
+                    fd = os.open(self.out_dir.log_path, os.O_WRONLY | os.O_APPEND)
+                    os.write(fd, f"{signal.Signals(signum).name} {what}: exited without saving\n".encode())
+                    os.close(fd)
+                except OSError:
+                    pass
             os._exit(128 + signum)
         self.requested = signum
         if self.out_dir.master:

@@ -204,6 +204,8 @@ def check_training(c):
         raise UserError(f"stop_at_val_acc={c['stop_at_val_acc']} must be an accuracy in [0, 1] (0: never stop early)")
     if not (0 <= c['beta1'] < 1 and 0 <= c['beta2'] < 1):
         raise UserError(f"beta1={c['beta1']} and beta2={c['beta2']} must be in [0, 1)")
+    if not 0 <= c['seed'] < 2**32 - 2**16:  # numpy's seeds are below 2**32, and each rank adds its rank
+        raise UserError(f"seed={c['seed']} must be in [0, 2**32 - 65536)")
     if c['init_from'] not in ('scratch', 'resume'):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
     if c['compile'] not in (None, True, False):

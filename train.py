@@ -116,15 +116,14 @@ GPTConfig(**dict({k: globals()[k] for k in model_keys}, kernels=kernels or 'auto
 device, dtype = device_and_dtype(device, dtype)  # a device this machine lacks stops here, not deep in torch
 
 # -----------------------------------------------------------------------------
-# set-up: ranks, out_dir, resume, data
+# set-up: ranks, resume, data, then out_dir (a run refused for its checkpoint or its data leaves no trace)
 par = Parallel(device, backend, context_parallel)
 device, master = par.device, par.master
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
-out = OutDir(out_dir, par.master, init_from, overwrite, eval_only)
-print0, checkpoint = out.log, None
-if init_from == 'resume' or (eval_only and os.path.exists(out.ckpt)):  # eval_only: the run's weights, if any
-    checkpoint = load_checkpoint(out.ckpt, map_location='cpu', need='resume')  # CPU: RNG states must stay there
-    globals().update(model_settings(checkpoint, out, {k: globals()[k] for k in model_keys}))
+ckpt_path, checkpoint, notices = os.path.join(out_dir, 'ckpt.pt'), None, []
+if init_from == 'resume' or (eval_only and os.path.exists(ckpt_path)):  # eval_only: the run's weights, if any
+    checkpoint = load_checkpoint(ckpt_path, map_location='cpu', need='resume')  # CPU: RNG states must stay there
+    globals().update(model_settings(checkpoint, ckpt_path, {k: globals()[k] for k in model_keys}, notices))
 task = from_settings({k: globals()[k] for k in config_keys})
 vocab_size = task.vocab_size if task else vocab_size  # a task's vocabulary is the model's
 config = {k: globals()[k] for k in config_keys}  # the values in use: to the log, the checkpoint and wandb
@@ -133,11 +132,20 @@ grad_accum = par.micro_steps(gradient_accumulation_steps)  # this rank's share o
 compile = (device_type == 'cuda') if compile is None else compile
 TUNING['keep'] = bool(kernel_states)
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+splits = ('train', 'val', 'train')  # the training stream, and the two that evals read; each rank its own slice
+if task is not None:
+    loaders = [TaskLoader(task, split, batch_size, seed, par.dp_rank, par.dp_world) for split in splits]
+else:
+    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+    loaders = [ShardLoader(data_dir, s, batch_size, block_size, par.dp_rank, par.dp_world, vocab_size) for s in splits]
+train_loader, val_loader, eval_train_loader = loaders
+out = OutDir(out_dir, par.master, init_from, overwrite, eval_only)  # made and locked
+print0 = out.log
 
 print0(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}")
 if _echo is not None and _echo.getvalue().strip():
     print0(_echo.getvalue().rstrip('\n'), terminal=False)
-for line in out.notices:
+for line in out.notices + notices:
     print0(line)
 print0(f"config: {config}", terminal=False)
 print0(f"torch {torch.__version__}, device {device}, dtype {dtype}, compile {compile}, world size {par.world}")
@@ -154,13 +162,6 @@ for set_seed in (torch.manual_seed, random.seed, np.random.seed):
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=getattr(torch, dtype))
-
-
-def make_loader(split):  # each data-parallel rank reads its own slice of the same stream
-    if task is not None:
-        return TaskLoader(task, split, batch_size, seed, par.dp_rank, par.dp_world)
-    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-    return ShardLoader(data_dir, split, batch_size, block_size, par.dp_rank, par.dp_world, vocab_size=vocab_size)
 
 
 # -----------------------------------------------------------------------------
@@ -182,7 +183,6 @@ if fsdp and not par.ddp:
 if compile:
     print0(f"compiling the model{'' if compile_mode == 'default' else f' ({compile_mode})'}... (takes a minute)")
 model = par.wrap(raw_model, compile, compile_mode, fsdp, fsdp_per_block)
-train_loader, val_loader, eval_train_loader = make_loader('train'), make_loader('val'), make_loader('train')
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 with redirect_stdout(io.StringIO()) as _echo:  # its parameter counts: to log.txt
     optimizer = par.shard(raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type))

@@ -246,6 +246,30 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
         first.wait()
 
 
+def test_a_run_refused_at_start_leaves_no_trace(pystdlib, tmp_path):
+    """A run refused for its data, its checkpoint or its seed still made out_dir, its log.txt and the lock beside it;
+    a mistyped out_dir with --init_from=resume made an empty folder; --seed=-1 was a raw numpy error."""
+    for extra, message in [(['--dataset=nosuch'], "dataset='nosuch': no train shards"),
+                           (['--init_from=resume'], 'no checkpoint at'),
+                           (['--vocab_size=64'], 'holds token id'),
+                           (['--seed=-1'], 'seed=-1 must be in [0, 2**32 - 65536)')]:
+        out = tmp_path / 'typo'
+        assert message in one_line(run(TINY + [f'--out_dir={out}'] + extra, check=False))
+        assert sorted(os.listdir(tmp_path)) == [], (extra, os.listdir(tmp_path))
+
+
+def test_overwrite_deletes_what_the_tools_wrote_too(finished, tmp_path):
+    """--overwrite=True left the old run's longctx-text.json and plots, which longctx.py --table_only then reported as
+    the new run's."""
+    out = tmp_path / 'out'
+    shutil.copytree(finished[0], out)
+    for name in ('longctx-text.json', 'val_loss.png', 'notes.txt'):
+        (out / name).write_text('old')
+    p = run(TINY + [f'--out_dir={out}', '--max_iters=2', '--overwrite=True'])
+    assert "deleted the earlier run's ckpt.pt, best.pt, log.txt, longctx-text.json, val_loss.png" in p.stdout
+    assert sorted(os.listdir(out)) == ['best.pt', 'ckpt.pt', 'log.txt', 'notes.txt']  # a file of the user's stays
+
+
 def test_lock_holds_however_out_dir_is_spelled(pystdlib, tmp_path):
     """The lock was keyed on the path as given: a second run through a symlink to a live run's out_dir, with
     --overwrite=True, deleted the first run's files and trained beside it."""
@@ -400,6 +424,8 @@ def test_ctrl_c_saves_and_a_second_exits_at_once(pystdlib, tmp_path):
     p.send_signal(signal.SIGINT)  # within the step and the save (two at once would arrive as one)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130 and stderr == 'train.py: SIGINT again: exiting now without saving\n', stderr
+    # log.txt said "saving checkpoint" and nothing more when the second Ctrl-C aborted that save
+    assert (tmp_path / 'two' / 'log.txt').read_text().endswith('SIGINT again: exited without saving\n')
     assert not [f for f in os.listdir(f'{tmp_path}/two') if f.endswith('.tmp')]
 
 
