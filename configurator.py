@@ -27,6 +27,8 @@ __main__, configure() installs `excepthook`, which prints a UserError as one lin
 and exits with status 1; every other exception keeps its traceback. The prepare.py scripts install it themselves.
 """
 import os
+import difflib
+import math
 import sys
 import time
 from ast import literal_eval
@@ -37,8 +39,12 @@ class UserError(ValueError):
 
 
 def excepthook(kind, value, tb):
-    """sys.excepthook of the scripts: a UserError is one line on stderr (rank 0 only) and exit status 1;
-    anything else is a bug and prints its full traceback as usual."""
+    """sys.excepthook of the scripts: a UserError is one line on stderr (rank 0 only) and exit status 1; Ctrl-C
+    before a script handles it itself (while it imports or loads) is one line and 130; anything else is a bug and
+    prints its full traceback as usual."""
+    if issubclass(kind, KeyboardInterrupt):
+        print(f"{os.path.basename(sys.argv[0])}: interrupted (Ctrl-C); nothing was saved", file=sys.__stderr__, flush=True)
+        os._exit(130)
     if not issubclass(kind, UserError):
         return sys.__excepthook__(kind, value, tb)
     rank = int(os.environ.get('RANK', '0'))
@@ -100,6 +106,13 @@ def _help(config_globals):
             f"Settings (defaults shown), as --key=value or in a config file given first; later ones win:\n{block}")
 
 
+def unknown_key(key, source, keys):
+    """The error for a key the script does not have: the nearest ones, not all of them."""
+    near = difflib.get_close_matches(key, sorted(keys), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    return UserError(f"unknown config key '{key}' in {source}{hint} (--help lists every setting)")
+
+
 def checked(key, value, default, source, nullable=()):
     """Return value converted to the default's type, or raise naming the key and both types."""
     if default is None or (value is None and key in nullable):
@@ -107,7 +120,9 @@ def checked(key, value, default, source, nullable=()):
     if isinstance(default, bool) or isinstance(value, bool):
         if isinstance(default, bool) and isinstance(value, bool):
             return value  # bool is an int subclass: keep True/False from passing as 0/1
-    elif isinstance(default, float) and isinstance(value, int):
+    elif isinstance(default, float) and isinstance(value, (int, float)):
+        if not math.isfinite(value):  # (1e999 parses as inf)
+            raise UserError(f"config key '{key}' from {source}: {value!r} is not a finite number")
         return float(value)
     elif isinstance(value, type(default)):
         return value
@@ -121,7 +136,7 @@ def _override(arg, keys, config_globals, nullable):
         raise UserError(f"override '{arg}' must look like --key=value (see --help)")
     key, raw = arg[2:].split('=', 1)
     if key not in keys:
-        raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
+        raise unknown_key(key, arg, keys)
     default = config_globals[key]
     if isinstance(default, str):
         value = raw  # strings stay verbatim: no literal_eval surprises for paths or text
@@ -181,7 +196,7 @@ def configure(config_globals, argv, nullable=()):
             if key.startswith('_') or callable(value) or type(value).__name__ == 'module':
                 continue  # imports and helper functions in a config file are not settings
             if key not in keys:
-                raise UserError(f"unknown config key '{key}' in {arg}; valid keys: {', '.join(sorted(keys))}")
+                raise unknown_key(key, arg, keys)
             if value is not seen[key]:  # set by the file
                 config_globals[key] = checked(key, value, config_globals[key], arg, nullable)
 

@@ -74,6 +74,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from configurator import UserError
 try:
     import triton
     import triton.language as tl
@@ -119,11 +121,11 @@ def _pick_path(fn, x, v, state=None, path="auto"):
     if conv and v.shape[1] != 4:
         return "torch", f" (the Triton kernels are written for width 4, got {v.shape[1]})"
     if path != "auto":
-        if path == "triton" and not HAVE_TRITON:
-            raise ValueError(f"{fn}: path 'triton' but triton is not installed (use 'auto' or 'torch')")
+        if path == "triton" and not HAVE_TRITON:  # (UserError: a setting that cannot run here, said in one line)
+            raise UserError(f"{fn}: kernels='triton' but triton is not installed (use kernels='auto' or 'torch')")
         if path == "triton" and not x.is_cuda and not _INTERPRETING:
-            raise ValueError(f"{fn}: path 'triton' on CPU needs TRITON_INTERPRET=1, set before triton is imported "
-                             f"(or use 'auto' or 'torch')")
+            raise UserError(f"{fn}: kernels='triton' runs on a CUDA GPU, or on CPU with TRITON_INTERPRET=1 set before "
+                            f"triton is imported (slow): use kernels='auto' or 'torch' here")
         if conv and path == "triton" and state is not None and not state.is_contiguous():
             return "torch", " (the Triton step needs a contiguous state)"
         if conv:

@@ -121,8 +121,8 @@ def parse_mixer_pattern(pattern, n_layer):
         name, count = m.group(1), int(m.group(2) or 1)
         if name not in MIXERS:
             raise UserError(f"unknown mixer '{name}' in pattern '{pattern}'; valid mixers: {', '.join(MIXERS)}")
-        if count < 1:
-            raise UserError(f"repeat count must be >= 1 in '{item}' of pattern '{pattern}'")
+        if not 1 <= count <= n_layer:  # (a count past n_layer cannot tile it; a huge one would fill the memory)
+            raise UserError(f"repeat count must be in [1, n_layer={n_layer}] in '{item}' of pattern '{pattern}'")
         names += [name] * count
     if n_layer % len(names) != 0:
         raise UserError(f"mixer pattern '{pattern}' has {len(names)} layers, which does not tile n_layer={n_layer}")

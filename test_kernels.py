@@ -425,14 +425,14 @@ def test_forced_triton_path_errors(monkeypatch):
     # path='triton' where it cannot run: a clear error naming the call and what to do, not a silent fallback
     x = delta_inputs(5, "scalar", "mild", dtype=F32)
     monkeypatch.setattr(kernels, "_INTERPRETING", False)
-    with pytest.raises(ValueError, match=r"^delta_rule: path 'triton' on CPU needs TRITON_INTERPRET=1"):
+    with pytest.raises(ValueError, match=r"^delta_rule: kernels='triton' runs on a CUDA GPU, or on CPU with TRITON_INTERPRET=1"):
         kernels.delta_rule(**x, path="triton")
     c = conv_inputs(1, 5, 8, 4, F32, False)
-    with pytest.raises(ValueError, match=r"^short_conv: path 'triton' on CPU needs TRITON_INTERPRET=1"):
+    with pytest.raises(ValueError, match=r"^short_conv: kernels='triton' runs on a CUDA GPU, or on CPU with TRITON_INTERPRET"):
         kernels.short_conv(c[0].float(), c[1].float(), path="triton")
     monkeypatch.setattr(kernels, "HAVE_TRITON", False)
     y = linear_inputs(1, "token", "mild", Hk=1, dtype=F32)
-    with pytest.raises(ValueError, match=r"^linear_attn_step: path 'triton' but triton is not installed"):
+    with pytest.raises(ValueError, match=r"^linear_attn_step: kernels='triton' but triton is not installed"):
         kernels.linear_attn_step(y["q"][:, 0], y["k"][:, 0], y["v"][:, 0], y["g"][:, 0], y["initial_state"], path="triton")
 
 def test_cuda_defaults_to_triton_for_both_families():

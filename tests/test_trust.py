@@ -258,6 +258,23 @@ def test_a_run_refused_at_start_leaves_no_trace(pystdlib, tmp_path):
         assert sorted(os.listdir(tmp_path)) == [], (extra, os.listdir(tmp_path))
 
 
+def test_settings_typed_wrong_are_one_line(pystdlib, tmp_path):
+    """Each was a raw traceback or a misleading message: a huge repeat count in the mixer pattern (MemoryError after
+    gigabytes), 1e999 for a float setting (inf, then a loss blamed on the learning rate), kernels='triton' on a CPU
+    without the interpreter (53 lines), a mistyped key (every one of the 60 keys in one line, no suggestion)."""
+    e = dict(env())
+    e.pop('TRITON_INTERPRET', None)
+    for extra, message in [(["--mixer=kda*99999999999999"], "repeat count must be in [1, n_layer=2]"),
+                           (['--learning_rate=1e999'], "'learning_rate' from --learning_rate=1e999: inf is not a finite"),
+                           (['--weight_decay=1e999'], "'weight_decay' from --weight_decay=1e999: inf is not a finite"),
+                           (['--kernels=triton', '--mixer=gdn', '--head_dim=16', '--max_iters=1'], "kernels='triton' runs on a CUDA GPU"),
+                           (['--lerning_rate=1e-3'], "unknown config key 'lerning_rate' in --lerning_rate=1e-3; did you "
+                                                     "mean learning_rate? (--help lists every setting)")]:
+        p = subprocess.run([sys.executable, 'train.py'] + TINY + [f'--out_dir={tmp_path}/out'] + extra, cwd=ROOT,
+                           env=e, capture_output=True, text=True, timeout=300)
+        assert message in one_line(p), (extra, p.stderr[-2000:])
+
+
 def test_overwrite_deletes_what_the_tools_wrote_too(finished, tmp_path):
     """--overwrite=True left the old run's longctx-text.json and plots, which longctx.py --table_only then reported as
     the new run's."""
