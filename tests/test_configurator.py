@@ -3,6 +3,8 @@ Configurator tests: config files, --key=value overrides, type checks and their e
 
 $ python -m pytest tests/test_configurator.py -q
 """
+import os
+
 import pytest
 
 from configurator import UserError, configure, device_and_dtype, excepthook
@@ -180,3 +182,14 @@ def test_config_file_knows_its_path(tmp_path):
     g = defaults()
     configure(g, [str(tmp_path / 'c.py')])
     assert g['n_layer'] == 8 and g['learning_rate'] == 3e-4
+
+
+def test_ctrl_c_before_a_script_handles_it_is_one_line():
+    """Ctrl-C while train.py loaded a checkpoint (before its own handler) printed a 19-line KeyboardInterrupt."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.argv = ['train.py']; import configurator; sys.excepthook = configurator.excepthook; "
+            "raise KeyboardInterrupt")
+    p = subprocess.run([sys.executable, '-c', code], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 130 and p.stderr == 'train.py: interrupted (Ctrl-C); nothing was saved\n', p.stderr
