@@ -183,13 +183,14 @@ def load_checkpoint(path, map_location='cpu', need=None):
     except Exception as e:
         text = str(e)
         found = re.search(r'GLOBAL (\S+)', text)  # the function or class the pickle would call
-        if found or 'Weights only load failed' in text:
+        if found or ('Weights only load failed' in text and 'Unsupported operand' not in text):  # (operand: not a pickle)
             lines = [line.strip() for line in text.splitlines()[1:] if line.strip() and 'documentation' not in line]
             what = f"it asks to run {found.group(1)}" if found else (lines[-1] if lines else "it holds something else")
             raise CheckpointUnusable(f"refusing to load {path}: a checkpoint must be tensors and plain values, and {what} "
                                      f"(code, which loading would run); nothing was run. Use a checkpoint written by "
                                      f"train.py, or one from a source you trust converted to plain data") from None
-        raise CheckpointUnusable(f"cannot read checkpoint {path}: {_cause(e)} "
+        why = "it holds no pickle of tensors" if 'Unsupported operand' in text else _cause(e)  # (random bytes)
+        raise CheckpointUnusable(f"cannot read checkpoint {path}: {why} "
                                  f"(a truncated or foreign file? train again or pick another out_dir)") from None
     missing = [k for k in NEEDED[need] if not (isinstance(checkpoint, dict) and k in checkpoint)] if need else []
     if missing:
@@ -199,6 +200,8 @@ def load_checkpoint(path, map_location='cpu', need=None):
                                  f"it holds {kind}; use a ckpt.pt written by train.py")
     if need and not (isinstance(checkpoint['model'], dict) and isinstance(checkpoint['model_args'], dict)):
         raise CheckpointUnusable(f"{path} is not a checkpoint of this trainer: its model and model_args must be dicts")
+    if need == 'resume':
+        _check_training_state(checkpoint, path)
     if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get('model'), dict)):
         return checkpoint
     checkpoint['model'] = remap_old_keys(checkpoint['model'])
@@ -207,6 +210,30 @@ def load_checkpoint(path, map_location='cpu', need=None):
         raise CheckpointUnusable(f"checkpoint {path} holds non-finite weights ({len(bad)} tensors, first: {bad[0]}), "
                                  f"from a run that diverged: use an earlier checkpoint or train again")
     return checkpoint
+
+
+def _check_training_state(ckpt, path):
+    """What a resume reads besides the weights, each of the type train.py writes, and the optimizer's state finite:
+    a foreign or damaged file is refused in one line naming the key, before anything trains."""
+    def kind(k, ok, what):
+        if k in ckpt and not ok(ckpt[k]):
+            raise CheckpointUnusable(f"{path}: its {k} is {type(ckpt[k]).__name__} {str(ckpt[k])[:40]!r}, not {what}: "
+                                     f"not a checkpoint train.py wrote; resume from one it wrote, or start over")
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    kind('iter_num', lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an iteration >= 0")
+    kind('best_val_loss', number, "a number")
+    kind('train_loader', lambda v: isinstance(v, list) and v and all(isinstance(x, dict) for x in v),
+         "one data position (a dict) per rank")
+    kind('rng', lambda v: isinstance(v, list) and v and all(isinstance(x, dict) for x in v), "RNG states per rank")
+    kind('optimizer', lambda v: isinstance(v, dict) and isinstance(v.get('state'), dict)
+         and isinstance(v.get('param_groups'), list), "an optimizer state dict")
+    kind('config', lambda v: isinstance(v, dict), "a dict of settings")
+    kind('scaler', lambda v: isinstance(v, dict), "a grad scaler's state dict")
+    bad = [f"{i}.{n}" for i, st in ckpt['optimizer']['state'].items() for n, v in (st.items() if isinstance(st, dict) else ())
+           if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointUnusable(f"{path}: its optimizer state holds non-finite values ({len(bad)} tensors, first: "
+                                 f"{bad[0]}), which would diverge the run at once: resume from an earlier checkpoint")
 
 
 def build_model(checkpoint, path, model_args):

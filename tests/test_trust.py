@@ -196,6 +196,34 @@ def test_foreign_checkpoints_are_one_line(tmp_path):
         assert f'{out}/ckpt.pt is not a checkpoint of this trainer' in line
 
 
+def test_damaged_training_state_and_random_bytes_are_one_line(finished, tmp_path):
+    """A checkpoint whose training state had the wrong types (best_val_loss, iter_num, train_loader, optimizer, rng as
+    strings or None; config=None) crashed a resume raw or later; NaN in its optimizer state trained on and blamed the
+    learning rate; a file of random bytes was said to ask to run code."""
+    good = torch.load(os.path.join(finished[0], 'ckpt.pt'), weights_only=True)
+    nan_state = {i: {k: (v * float('nan') if torch.is_tensor(v) and v.dim() else v) for k, v in st.items()}
+                 for i, st in good['optimizer']['state'].items()}
+    for key, value, message in [('best_val_loss', 'low', "its best_val_loss is str 'low', not a number"),
+                                ('iter_num', -3, "its iter_num is int '-3', not an iteration >= 0"),
+                                ('train_loader', None, "its train_loader is NoneType"),
+                                ('rng', 'x', "its rng is str"),
+                                ('optimizer', {'state': {}}, "its optimizer is dict"),
+                                ('config', None, "its config is NoneType"),
+                                ('optimizer', dict(good['optimizer'], state=nan_state), "its optimizer state holds "
+                                                                                        "non-finite values")]:
+        out = tmp_path / f'out-{key}-{len(message)}'
+        out.mkdir()
+        torch.save(dict(good, **{key: value}), out / 'ckpt.pt')
+        p = run(TINY + [f'--out_dir={out}', '--init_from=resume', '--max_iters=30'], check=False)
+        assert message in one_line(p), (key, p.stderr)
+    out = tmp_path / 'random'
+    out.mkdir()
+    (out / 'ckpt.pt').write_bytes(os.urandom(5000))
+    line = one_line(run(TINY + [f'--out_dir={out}', '--init_from=resume'], check=False))
+    assert line.endswith(f"cannot read checkpoint {out}/ckpt.pt: it holds no pickle of tensors (a truncated or foreign "
+                         f"file? train again or pick another out_dir)\n"), line
+
+
 # -----------------------------------------------------------------------------
 # 2, 3. no run destroys another's work
 
