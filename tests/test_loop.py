@@ -265,6 +265,28 @@ def test_plot_py_refuses_a_run_without_a_train_log_in_one_line(tmp_path):
         assert p.stderr.startswith(f"plot.py: error: {tmp_path / 'run'}"), p.stderr
 
 
+def test_plot_py_skips_its_own_picture_reads_eval_only_as_the_run_and_names_a_bad_config_line(tmp_path):
+    """`plot.py out-cmp/*` run a second time read its own val_loss.png as a run ('utf-8' codec can't decode); a
+    malformed config line was a SyntaxError traceback; an --eval_only=True run in an out_dir became the run's whole
+    history in the picture."""
+    log = tmp_path / 'a' / 'log.txt'
+    log.parent.mkdir()
+    log.write_text("config: {'init_from': 'scratch', 'mixer': 'gdn'}\ntokens per iteration: 1 x 1 = 32\n"
+                   "step 0: train loss 9.0000, val loss 9.0000 (eval 0.1s)\nstep 2: train loss 7.0000, val loss 7.5000 (eval 0.1s)\n"
+                   "config: {'init_from': 'scratch', 'mixer': 'gdn', 'eval_only': True}\nEvaluating a/ckpt.pt (iter 2)\n"
+                   "step 2: train loss 7.0000, val loss 7.5000 (eval 0.1s)\n")
+    assert [e['step'] for e in read_log(str(tmp_path / 'a'))['evals']] == [0, 2]
+    (tmp_path / 'val_loss.png').write_bytes(b'\x89PNG\r\n')
+    p = subprocess.run([sys.executable, 'tools/plot.py', str(tmp_path / 'a'), str(tmp_path / 'val_loss.png'), '--table'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == f"plot.py: skipping {tmp_path / 'val_loss.png'}: not an out_dir or a log.txt\n"
+    (tmp_path / 'b').mkdir()
+    (tmp_path / 'b' / 'log.txt').write_text("config: {'init_from': scratch}\nstep 0: train loss 9.0, val loss 9.0 (eval 0.1s)\n")
+    p = subprocess.run([sys.executable, 'tools/plot.py', str(tmp_path / 'b'), '--table'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1 and "a malformed 'config:' line" in p.stderr and p.stderr.count('\n') == 1, p.stderr
+
+
 def test_lagged_step_time_is_read_off_the_gpu_timeline():
     """train.py's StepClock (CUDA only, so run here with stand-in events): a step's time runs from the end event of the
     step before it, or from its own start event after an eval or at the start, to its end event; the host's clock

@@ -29,6 +29,17 @@ ITER_LINE = re.compile(r'^iter \d+(?:/\d+)?: .*tok/s ([\d,]+)', re.M)  # "iter N
 METRICS = {'val_loss': 'val loss', 'train_loss': 'train loss', 'val_acc': 'val answer accuracy', 'train_acc': 'train answer accuracy'}
 
 
+def _config(line, path):
+    """A log's `config: {...}` line as a dict; a malformed one is a ValueError naming the file."""
+    try:
+        config = ast.literal_eval(line)
+    except (SyntaxError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: a malformed 'config:' line (not a dict of settings): {line[:60]!r}")
+    return config
+
+
 def read_log(path):
     """What a train.py log.txt says about the run that last trained there: {'config': the config dict of its last
     start (None if absent), 'tokens_per_iter': int or None, 'params': 'N.NNM' or None, 'tok_s': [tokens/s of each iter
@@ -46,17 +57,18 @@ def read_log(path):
     first = 0
     for i, start in enumerate(starts):
         m = re.search(r'^config: (\{.*\})$', start, re.M)
-        config = ast.literal_eval(m.group(1)) if m else {}
-        if config.get('init_from', 'resume') != 'resume' and (EVAL_LINE.search(start) or ITER_LINE.search(start)):
+        config = _config(m.group(1), path) if m else {}
+        if (config.get('init_from', 'resume') != 'resume' and not config.get('eval_only')  # (an eval of the run)
+                and (EVAL_LINE.search(start) or ITER_LINE.search(start))):
             first = i
     config, tokens, params, tok_s, evals = None, None, None, [], {}
     for start in starts[first:]:
         configs = re.findall(r'^config: (\{.*\})$', start, re.M)
-        config = ast.literal_eval(configs[-1]) if configs else config
+        config = _config(configs[-1], path) if configs else config
         tokens = ([int(t.replace(',', '')) for t in re.findall(r'^tokens per iteration: .* = ([\d,]+)$', start, re.M)]
                   or [tokens])[-1]
         params = (re.findall(r'^number of parameters: ([\d.]+M)$', start, re.M) or [params])[-1]
-        resumed = re.search(r'^Resuming training from .* \(iter (\d+)\)$', start, re.M)
+        resumed = re.search(r'^(?:Resuming training from|Evaluating) .* \(iter (\d+)\)$', start, re.M)
         if resumed:
             evals = {s: e for s, e in evals.items() if s <= int(resumed.group(1))}
         tok_s += [float(m.group(1).replace(',', '')) for m in ITER_LINE.finditer(start)]
@@ -141,6 +153,12 @@ if __name__ == '__main__':
     ap.add_argument('--ymax', type=float, default=None, help="top of the y axis")
     ap.add_argument('--table', action='store_true', help="print a markdown table of the runs instead of plotting")
     args = ap.parse_args()
+    skipped = [r for r in args.runs if not (os.path.isdir(r) or os.path.basename(r) == 'log.txt')]
+    for r in skipped:  # e.g. out-text/* run again: its own val_loss.png beside the runs
+        print(f"plot.py: skipping {r}: not an out_dir or a log.txt", file=sys.stderr)
+    args.runs = [r for r in args.runs if r not in skipped]
+    if not args.runs:
+        sys.exit("plot.py: error: no out_dir among the arguments (a run's folder, or its log.txt)")
     try:
         if args.table:
             print(table(args.runs))
