@@ -652,6 +652,20 @@ def test_grid_batch_sizes_ladder(tmp_path):
         assert p.returncode == 2 and message in p.stderr, p.stderr
 
 
+def test_grid_refuses_counts_that_cannot_run_in_one_line(tmp_path):
+    """--jobs 0 hung, --jobs -1 started every run at once, --widths 33 and --batch_sizes 0 failed in each run."""
+    base = [sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+            f'--out_root={tmp_path / "grid"}', '--device=cpu']
+    for bad, message in ((['--jobs', '0'], '--jobs 0: each must be >= 1'), (['--jobs', '-1'], '--jobs -1: each must be'),
+                         (['--widths', '33'], '--widths 33: each must be a multiple of 32'),
+                         (['--widths', '16'], '--widths 16: each must be >= 32'),
+                         (['--batch_sizes', '0'], '--batch_sizes 0: each must be >= 1'),
+                         (['--sizes', '0'], '--sizes 0: each must be >= 1')):
+        p = subprocess.run(base + bad, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr, (bad, p.stderr[-1000:])
+    assert not (tmp_path / 'grid').exists()
+
+
 def test_grid_table_means_over_seeds_of_each_seeds_best_lr(tmp_path):
     """collect() and the table from fake logs: a cell is the mean over seeds of each seed's best final val accuracy,
     ± half the range, the LRs of those bests (each once, a tie keeps the earlier LR); a seed with no finished run

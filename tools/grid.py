@@ -584,6 +584,12 @@ def main():
                 stop_at_val_acc = float(value)
             except ValueError:
                 ap.error(f"{a}: stop_at_val_acc must be a number, an accuracy in [0, 1]")
+    for flag, values, least in (('--jobs', [args.jobs], 1), ('--batch_sizes', args.batch_sizes or [], 1),
+                                ('--sizes', args.sizes or [], 1), ('--widths', args.widths or [], 32)):
+        if any(v < least for v in values):
+            ap.error(f"{flag} {' '.join(map(str, values))}: each must be >= {least}")
+    if any(w % 32 for w in args.widths or []):  # two softmax heads of a multiple of 16, and every mixer's head_dim
+        ap.error(f"--widths {' '.join(map(str, args.widths))}: each must be a multiple of 32")
     if args.ahead and stop_at_val_acc <= 0:
         ap.error("--ahead needs --stop_at_val_acc=X: without a threshold every setting runs anyway, none waits")
     # two runs with the same name would share an out_dir (and train.py's lock would stop the second)
