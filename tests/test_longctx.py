@@ -143,7 +143,14 @@ def test_needle_study_end_to_end(tmp_path, monkeypatch):
     # bad input: one line naming the problem (the command's exit once, the rest in this process)
     p = run(['needle', str(tmp_path / 'nothing'), '--device=cpu'])
     assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1 and 'no checkpoint at' in p.stderr, p.stderr
-    for args, says in ((['text', outs[0]], "the text study scores runs on a token dataset"),
+    (tmp_path / 'a_file').write_text('')
+    with open(os.path.join(outs[1], 'longctx-needle.json'), 'w') as f:
+        f.write('{"block_size": 32, "cel')  # truncated
+    for args, says in ((['needle', outs[0], '--sequences', '0'], '--sequences=0 must be >= 1'),
+                       (['text', outs[0], '--windows', '0'], '--windows=0 must be >= 1'),
+                       (['needle', outs[0], '--plot', str(tmp_path / 'a_file' / 'p.png')], 'a_file is a file, not a folder'),
+                       (['needle', outs[1], '--table_only'], 'longctx-needle.json: not a longctx.py result'),
+                       (['text', outs[0]], "the text study scores runs on a token dataset"),
                        (['needle', outs[0], '--scales', '2', '1'], '--scales must be increasing integers'),
                        (['needle', outs[0], '--depths', '1.5'], r'--depths must lie in \[0, 1\]')):
         monkeypatch.setattr(sys, 'argv', ['longctx.py'] + args + ['--device=cpu'])

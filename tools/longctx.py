@@ -269,6 +269,19 @@ def main():
         raise UserError(f"--scales must be increasing integers >= 1, got {args.scales}")
     if not all(0 <= d <= 1 for d in args.depths):
         raise UserError(f"--depths must lie in [0, 1] (0: the first token, 1: just before the query), got {args.depths}")
+    for flag in ('sequences', 'windows', 'tokens_per_batch'):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag}={getattr(args, flag)} must be >= 1")
+    # where the results go, checked before hours of scoring: each out_dir's longctx-<study>.json, and the picture
+    for folder in ([] if args.table_only else args.out_dirs) + ([os.path.dirname(os.path.abspath(args.plot))] if args.plot else []):
+        probe = folder
+        while not os.path.isdir(probe):  # a --plot folder not made yet: its nearest existing parent must be writable
+            if os.path.exists(probe):
+                raise UserError(f"cannot write into {folder}: {probe} is a file, not a folder")
+            probe = os.path.dirname(probe)
+        if not os.access(probe, os.W_OK):
+            raise UserError(f"cannot write into {folder} (read-only or permissions), where the results go: make it "
+                            f"writable, or copy the run elsewhere / give another --plot path")
     device, dtype = device_and_dtype(args.device, args.dtype)
     ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
     kind = torch.device(device).type
@@ -279,8 +292,17 @@ def main():
             path = os.path.join(out_dir, f'longctx-{args.study}.json')
             if not os.path.isfile(path):
                 raise UserError(f"{path}: no such file: run `python tools/longctx.py {args.study} {out_dir}` first")
-            with open(path) as f:
-                results.append(json.load(f))
+            try:
+                with open(path) as f:
+                    result = json.load(f)
+            except ValueError as e:  # truncated, or not JSON
+                raise UserError(f"{path}: not a longctx.py result ({e}): run `python tools/longctx.py {args.study} "
+                                f"{out_dir}` again") from None
+            if not (isinstance(result, dict) and isinstance(result.get('block_size'), int)
+                    and isinstance(result.get('cells' if args.study == 'needle' else 'buckets'), list)):
+                raise UserError(f"{path}: not a longctx.py {args.study} result: run `python tools/longctx.py "
+                                f"{args.study} {out_dir}` again")
+            results.append(result)
         else:
             results.append(evaluate(args.study, out_dir, args, device, ctx))
             print(f"{out_dir}: scored", file=sys.stderr, flush=True)
