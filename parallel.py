@@ -4,8 +4,8 @@ Training on several processes (torchrun): who is who, how the model is wrapped, 
     par = Parallel(device, backend, context_parallel)     # ranks, groups, this process's device
     model = par.wrap(model, compile, compile_mode, fsdp, fsdp_per_block)   # compile, then FSDP or DDP: one order
     optimizer = par.shard(raw_model.configure_optimizers(...))            # any torch.optim.Optimizer
-    ... par.sync_gradients(model, last_micro_step); loss.backward() ...; par.to_shards()
-    norm = par.clip(optimizer, grad_clip)
+    ... par.sync_gradients(model, last_micro_step); loss.backward() ...; par.to_shards(model)
+    norm = par.clip(model, grad_clip)                                     # the shards under FSDP
     model_sd, optim_sd = par.full_state(raw_model, optimizer)             # checkpoints hold whole tensors
     par.load_optimizer(optimizer, optim_sd)                               # any number of ranks, any layout
 
@@ -215,12 +215,11 @@ class Parallel:
             if not self.per_block:  # gather the new weights now, queued behind the optimizer step on every rank,
                 model.unshard(async_op=True)  # not at the next forward, where each rank's host arrives when it does
 
-    def clip(self, optimizer, max_norm):
-        """Clip the gradients of every parameter the optimizer steps to max_norm (0: measure only) -> the norm
-        before clipping (a tensor). Under FSDP the norm is the root of the sum over ranks of each rank's squared
-        norm of its shards'."""
-        if not self.sharded:
-            return torch.nn.utils.clip_grad_norm_(self.params, max_norm or math.inf)
+    def clip(self, model, max_norm):
+        """Clip the model's gradients to max_norm (0: measure only) -> the norm before clipping (a tensor). Under FSDP
+        the norm is the root of the sum over ranks of each rank's squared norm of its shards'."""
+        if not self.sharded:  # (in the model's order: the norm's sum is rounded as it always was)
+            return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf)
         with torch.no_grad():
             grads = [sh.grad for sh in self.shards if sh.grad is not None]
             norm = self.sum(torch.nn.utils.get_total_norm(grads).float() ** 2).sqrt()

@@ -390,7 +390,7 @@ while True:
         sys.exit(128 + stop_signal)
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:  # the schedule scales each group's own rate, as the model set it
-        group['lr'] = group['initial_lr'] * lr / learning_rate
+        group['lr'] = lr * (group['initial_lr'] / learning_rate)  # (x 1.0 exactly for the groups at learning_rate)
 
     if evaluating:
         clock.last_end = None  # the next step's time starts at its own start, not at the end of the one before the eval
@@ -430,7 +430,7 @@ while True:
         step_loss += loss.detach()
     par.to_shards(model)
     scaler.unscale_(optimizer)  # a no-op without the fp16 scaler
-    numbers = par.step_numbers(step_loss, par.clip(optimizer, grad_clip), signals.requested)
+    numbers = par.step_numbers(step_loss, par.clip(model, grad_clip), signals.requested)
     if clock.lagged:  # the optimizer skips a non-finite step by itself, on the GPU; the host reads it a step late
         optimizer.found_inf = numbers[4]
     else:  # the check before the weights change: one CPU-GPU sync a step
