@@ -255,3 +255,13 @@ def test_cpu_defaults_are_a_smoke_run(monkeypatch, capsys):
 def test_help():
     p = subprocess.run([sys.executable, 'tools/bench_train.py', '--help'], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and '--model_decode' in p.stdout and '--tiles' not in p.stdout, p.stderr[-2000:]
+
+
+def test_bad_patterns_and_counts_are_one_line_before_any_cell():
+    """--mixers nosuch ran every cell and reported the error in a table row with exit 0; --contexts 0 was a
+    ZeroDivisionError traceback."""
+    for args, says in ((['--mixers', 'nosuch'], "unknown mixer 'nosuch'"),
+                       (['--contexts', '0'], '--contexts, --tokens and --steps must be >= 1')):
+        p = subprocess.run([sys.executable, 'tools/bench_train.py', '--tiny'] + args, cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 2 and says in p.stderr and 'Traceback' not in p.stderr and 'CELL' not in p.stdout, p.stderr

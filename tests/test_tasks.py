@@ -660,7 +660,9 @@ def test_grid_refuses_counts_that_cannot_run_in_one_line(tmp_path):
                          (['--widths', '33'], '--widths 33: each must be a multiple of 32'),
                          (['--widths', '16'], '--widths 16: each must be >= 32'),
                          (['--batch_sizes', '0'], '--batch_sizes 0: each must be >= 1'),
-                         (['--sizes', '0'], '--sizes 0: each must be >= 1')):
+                         (['--sizes', '0'], '--sizes 0: each must be >= 1'),
+                         (['--mixers', 'nosuch'], "--mixers: unknown mixer 'nosuch'"),  # each started a failing run
+                         (['--seeds', '-1'], '--seeds must be >= 0'), (['--learning_rates', '0'], '> 0 and finite')):
         p = subprocess.run(base + bad, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr, (bad, p.stderr[-1000:])
     assert not (tmp_path / 'grid').exists()

@@ -496,6 +496,15 @@ def main():
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     small = args.tiny or device == "cpu"
+    try:  # every pattern and context checked before any cell runs (a cell's own error lands in its table row)
+        counts = [int(t) for t in (args.contexts or "1").split(",")] + [n for n in (args.tokens, args.steps) if n is not None]
+        from model import parse_mixer_pattern
+        for m in args.mixers or []:
+            parse_mixer_pattern(m, 12)  # config/owt.py's 12 layers (4 with --tiny): both tiled by 1, 2, 3, 4
+    except ValueError as e:  # (UserError is one)
+        ap.error(str(e))
+    if min(counts) < 1:
+        ap.error(f"--contexts, --tokens and --steps must be >= 1, got {args.contexts}, {args.tokens}, {args.steps}")
     if args.tokens is None:
         args.tokens = CPU_TOKENS if small else TRAIN_TOKENS
     if args.model_decode:  # needs no GPU

@@ -588,6 +588,13 @@ def main():
                                 ('--sizes', args.sizes or [], 1), ('--widths', args.widths or [], 32)):
         if any(v < least for v in values):
             ap.error(f"{flag} {' '.join(map(str, values))}: each must be >= {least}")
+    if any(s < 0 for s in args.seeds) or not all(0 < lr < float('inf') for lr in args.learning_rates):
+        ap.error(f"--seeds must be >= 0 and --learning_rates > 0 and finite, got {args.seeds}, {args.learning_rates}")
+    for m in args.mixers:  # every pattern's names, before any run starts (the layer count is the task's: 4 divides)
+        try:
+            model.parse_mixer_pattern(m, 4 * len(m.split(',')))
+        except ValueError as e:
+            ap.error(f"--mixers: {e}")
     if any(w % 32 for w in args.widths or []):  # two softmax heads of a multiple of 16, and every mixer's head_dim
         ap.error(f"--widths {' '.join(map(str, args.widths))}: each must be a multiple of 32")
     if args.ahead and stop_at_val_acc <= 0:
