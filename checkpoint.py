@@ -236,14 +236,19 @@ def _check_training_state(ckpt, path):
                                  f"{bad[0]}), which would diverge the run at once: resume from an earlier checkpoint")
 
 
+def _refuse_unknown(model_args, fields, path):
+    """A model_args key that is not a GPTConfig field: a checkpoint of another version or trainer, refused."""
+    unknown = sorted(set(model_args) - set(fields))
+    if unknown:
+        raise CheckpointUnusable(f"{path}: model_args has keys this model.py does not know ({', '.join(unknown)}): "
+                                 f"a checkpoint of another version or another trainer")
+
+
 def build_model(checkpoint, path, model_args):
     """GPT(model_args) with the checkpoint's weights, or one line saying why they do not fit."""
     import dataclasses
     from model import GPT, GPTConfig  # here: a reader of checkpoints need not build models
-    unknown = sorted(set(model_args) - {f.name for f in dataclasses.fields(GPTConfig)})
-    if unknown:
-        raise CheckpointUnusable(f"{path}: model_args has keys this model.py does not know ({', '.join(unknown)}): "
-                                 f"a checkpoint of another version or another trainer")
+    _refuse_unknown(model_args, {f.name for f in dataclasses.fields(GPTConfig)}, path)
     model = GPT(GPTConfig(**model_args))
     try:
         model.load_state_dict(checkpoint['model'])
@@ -338,8 +343,8 @@ class OutDir:
 
     A run from scratch never replaces an earlier run's ckpt.pt or best.pt: overwrite=True deletes them (and what the
     run and the tools wrote beside them: log.txt, pictures, longctx-*.json) and starts over, else it stops with a line
-    saying what to do. `notices` holds the lines to log once the
-    log is open. log(line) appends to log.txt and prints (rank 0 only; terminal=False: log.txt only)."""
+    saying what to do. `notices` holds the lines to log once the log is open. log(line) appends to log.txt and prints
+    (rank 0 only; terminal=False: log.txt only)."""
 
     def __init__(self, path, master=True, init_from='scratch', overwrite=False, eval_only=False):
         self.path, self.master, self.notices, self.lock = path, master, [], None
@@ -387,7 +392,6 @@ class OutDir:
         if terminal:
             print(line, flush=True)
 
-
     def progress(self, total, desc):
         """A progress bar on stderr for work between two log lines (rank 0, on a terminal, shown once it has run for
         a second, erased when done)."""
@@ -422,13 +426,10 @@ def model_settings(checkpoint, path, asked, notices):
     given. Every value that differs from what the config asked for gets a line in notices. -> {setting: value}. A key of
     model_args that is not a GPTConfig field refuses the file: a checkpoint never steers the trainer."""
     from configurator import checked
-    unknown = sorted(set(checkpoint['model_args']) - set(asked))
-    if unknown:
-        raise CheckpointUnusable(f"{path}: model_args has keys this model.py does not know "
-                                 f"({', '.join(unknown)}): a checkpoint of another version or another trainer")
+    _refuse_unknown(checkpoint['model_args'], asked, path)
     taken = {}
     for k, v in checkpoint['model_args'].items():
-        if k not in asked or k == 'dropout' or (k == 'kernels' and asked[k]):
+        if k == 'dropout' or (k == 'kernels' and asked[k]):
             continue
         v, now = checked(k, v, asked[k], path), (asked[k] or 'auto') if k == 'kernels' else asked[k]
         if v != now:
