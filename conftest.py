@@ -56,3 +56,11 @@ def torchrun_train(tmp_path):
     driver = tmp_path / 'ddp_train.py'
     driver.write_text(DDP_DRIVER.format(train=os.path.join(ROOT, 'train.py')))
     return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(driver)]
+
+
+@pytest.fixture(scope='session')
+def pystdlib():
+    """The offline dataset's shards (data/pystdlib), prepared once if missing: the tests that run train.py on text."""
+    if not os.path.exists(os.path.join(ROOT, 'data', 'pystdlib', 'pystdlib_val_000000.bin')):
+        import subprocess
+        subprocess.run([sys.executable, 'data/pystdlib/prepare.py'], cwd=ROOT, check=True, timeout=600)

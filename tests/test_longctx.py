@@ -75,12 +75,6 @@ class CopyCurrent(torch.nn.Module):
         return logits, None
 
 
-@pytest.fixture(scope='module')
-def pystdlib():
-    if not os.path.exists(os.path.join(ROOT, 'data', 'pystdlib', 'pystdlib_val_000000.bin')):
-        subprocess.run([sys.executable, 'data/pystdlib/prepare.py'], cwd=ROOT, check=True, timeout=600)
-
-
 def test_text_buckets_are_the_mean_loss_of_their_positions(pystdlib):
     config, scales, windows = dict(block_size=8, dataset='pystdlib'), [1, 2, 4], 5
     losses, n = longctx.text_losses(CopyCurrent(), config, scales, windows, 'cpu', torch.no_grad())

@@ -43,12 +43,6 @@ def iter_losses(text):
     return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r'^iter (\d+)/\d+: loss ([\d.]+)', text, re.M)}
 
 
-@pytest.fixture(scope='module')
-def pystdlib():
-    if not os.path.exists(os.path.join(ROOT, 'data', 'pystdlib', 'pystdlib_val_000000.bin')):
-        subprocess.run([sys.executable, 'data/pystdlib/prepare.py'], cwd=ROOT, check=True, timeout=600)
-
-
 ITER = re.compile(r'^iter (\d+)/(\d+): loss ([\d.]+), smooth ([\d.]+), time ([\d.]+)ms, .*, eta (\w+)$', re.M)
 EVAL = re.compile(r'^step (\d+): train loss ([\d.]+), val loss ([\d.]+) \(eval ([\d.]+)s\)$', re.M)
 

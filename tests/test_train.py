@@ -39,12 +39,6 @@ def iter_losses(text):
 
 
 @pytest.fixture(scope='session')
-def pystdlib():
-    if not os.path.exists(os.path.join(ROOT, 'data', 'pystdlib', 'pystdlib_val_000000.bin')):
-        subprocess.run([sys.executable, 'data/pystdlib/prepare.py'], cwd=ROOT, check=True, timeout=600)
-
-
-@pytest.fixture(scope='session')
 def trained(pystdlib, tmp_path_factory):
     """One short run shared by the tests that need a checkpoint."""
     out = str(tmp_path_factory.mktemp('out'))

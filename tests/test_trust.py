@@ -75,12 +75,6 @@ def wait_for(proc, pattern):
 
 
 @pytest.fixture(scope='module')
-def pystdlib():
-    if not os.path.exists(os.path.join(ROOT, 'data', 'pystdlib', 'pystdlib_val_000000.bin')):
-        subprocess.run([sys.executable, 'data/pystdlib/prepare.py'], cwd=ROOT, check=True, timeout=600)
-
-
-@pytest.fixture(scope='module')
 def finished(pystdlib, tmp_path_factory):
     """A finished 20-iteration run (evals at 10 and 20), copied by the tests that need one."""
     out = str(tmp_path_factory.mktemp('finished') / 'out')
