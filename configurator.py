@@ -22,9 +22,10 @@ Rules (nanoGPT's, made strict):
 - `--help` (or `-h`) prints the script's docstring and its settings block (the globals between the first two
   `# ---` lines: defaults and their comments), then exits.
 
-UserError is a mistake in the settings, the data, a checkpoint or the environment, not a bug. In a script run as
-__main__, configure() installs `excepthook`, which prints a UserError as one line (on rank 0 only under torchrun)
-and exits with status 1; every other exception keeps its traceback. The prepare.py scripts install it themselves.
+UserError is a mistake in the settings, the data, a checkpoint or the environment, not a bug. Every script calls
+main_script(__name__) before its heavy imports: run as __main__, it installs `excepthook`, which prints a UserError as
+one line (on rank 0 only under torchrun) and exits with status 1, and a Ctrl-C before the script handles it as one line
+and 130; every other exception keeps its traceback.
 """
 import os
 import difflib
@@ -60,6 +61,13 @@ def excepthook(kind, value, tb):
         os._exit(1)
 
 
+def main_script(name):
+    """Every script's first call (name = its __name__), before torch loads: run as a program, a UserError and a
+    Ctrl-C while it still imports are one line each (excepthook); imported as a module (by a test), nothing changes."""
+    if name == '__main__':
+        sys.excepthook = excepthook
+
+
 def device_and_dtype(device, dtype):
     """Resolve device ('' = cuda if available, else cpu) and dtype ('' = bfloat16 on CUDA if supported, else float16
     there; float32 elsewhere), or raise a UserError naming what this machine lacks."""
@@ -87,6 +95,19 @@ def device_and_dtype(device, dtype):
     if kind == 'cuda' and dtype == 'bfloat16' and not torch.cuda.is_bf16_supported():
         raise UserError("dtype='bfloat16' but this GPU has no bfloat16: use --dtype=float16 (with a grad scaler) or float32")
     return device, dtype
+
+
+def free_memory(device):
+    """Bytes free on device now (CUDA: the driver's count; CPU: Linux's MemAvailable), or None where unknown."""
+    import torch
+    if device.startswith('cuda'):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    if device == 'cpu' and os.path.exists('/proc/meminfo'):
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemAvailable:'):
+                    return int(line.split()[1]) * 1024
+    return None
 
 
 def _print0(*args):

@@ -1070,6 +1070,17 @@ class GPT(nn.Module):
                 fixed += n
         return fixed, growing
 
+    @torch.no_grad()
+    def generation_bytes(self, batch, prompt, context, device):
+        """A lower bound on the memory that generating `batch` sequences of `context` tokens from a `prompt`-token
+        prefill holds at once: their caches (each tensor's size per sequence from a one-token prefill; run it under
+        the decode's autocast), the prefill's residual stream and the last logits. Returns (total, per sequence)."""
+        caches = self.new_caches()
+        self(torch.zeros(1, 1, dtype=torch.long, device=device), caches=caches)
+        fixed, per_position = self.cache_bytes(caches)
+        per_sequence = fixed + per_position * context + 4 * (prompt * self.config.n_embd + self.config.vocab_size)
+        return batch * per_sequence, per_sequence
+
     def static_caches(self, batch, max_len, device):
         """Decode caches of fixed size and address, zero-filled (what Decoder captures once as a CUDA graph): per layer
         the linear mixer's state and conv windows, or a growing cache's tensors (softmax's K/V) for max_len positions,

@@ -20,6 +20,8 @@ import sys
 import time
 from contextlib import nullcontext
 
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
 import torch
 from model import Decoder
 from checkpoint import load_checkpoint, build_model
@@ -44,7 +46,7 @@ dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewher
 kernels = ''              # '' = the checkpoint's (train.py's kernels); or 'auto' | 'torch' | 'recurrent' | 'triton':
                           # 'auto' samples on CPU a model trained with kernels='triton'
 # -----------------------------------------------------------------------------
-from configurator import configure, device_and_dtype, UserError
+from configurator import configure, device_and_dtype, free_memory, UserError
 configure(globals(), sys.argv[1:], nullable={'top_k'})
 # -----------------------------------------------------------------------------
 for k, least in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 1)):
@@ -102,17 +104,34 @@ context = x.size(1) + max_new_tokens
 warning = model.length_warning(context)  # softmax layers past block_size: one line, then sample anyway
 if warning:
     print(warning)
-times = {}
-if device_type == 'cuda' and cuda_graph:
-    t0 = time.perf_counter()
-    decoder = Decoder(model, num_samples, context, temperature, top_k, n_vocab, ptdtype, compile=compile)
-    print(f"decode step {'compiled and ' if compile else ''}captured as a CUDA graph in {time.perf_counter() - t0:.1f} s")
-    y = decoder.generate(x, max_new_tokens, timings=times)
-    caches, steps, how = decoder.caches, max_new_tokens - 1, "CUDA graph"
-else:
+def generate():
+    """(tokens [num_samples, context], caches, decode steps timed, how)."""
+    if device_type == 'cuda' and cuda_graph:
+        t0 = time.perf_counter()
+        decoder = Decoder(model, num_samples, context, temperature, top_k, n_vocab, ptdtype, compile=compile)
+        print(f"decode step {'compiled and ' if compile else ''}captured as a CUDA graph in {time.perf_counter() - t0:.1f} s")
+        return decoder.generate(x, max_new_tokens, timings=times), decoder.caches, max_new_tokens - 1, "CUDA graph"
     with torch.no_grad(), ctx:
         y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=n_vocab, timings=times)
-    steps, how = max_new_tokens, "eager"
+    return y, caches, max_new_tokens, "eager"
+
+
+with ctx:
+    need, per_sample = model.generation_bytes(num_samples, x.size(1), context, device)
+free = free_memory(device)
+if free is not None and need > free:  # on CPU the kernel would kill the process with no word said
+    raise UserError(f"num_samples={num_samples} at {context:,} tokens need at least {need / 2**30:,.1f} GiB ("
+                    f"{per_sample / 2**20:,.1f} MiB per sample: caches, prompt, logits) but {device} has "
+                    f"{free / 2**30:,.1f} GiB free: at most {free // per_sample:,} samples fit; use fewer --num_samples, "
+                    f"a shorter prompt or --max_new_tokens")
+times = {}
+try:
+    y, caches, steps, how = generate()
+except (torch.OutOfMemoryError, RuntimeError) as e:  # CPU: RuntimeError "DefaultCPUAllocator: can't allocate memory"
+    if not isinstance(e, torch.OutOfMemoryError) and 'allocate memory' not in str(e):
+        raise
+    raise UserError(f"out of memory on {device} generating {num_samples} samples of {context:,} tokens: use fewer "
+                    f"--num_samples, a shorter prompt or --max_new_tokens") from None
 for k in range(num_samples):
     print(decode(y[k].tolist()))
     print('---------------')

@@ -22,6 +22,8 @@ import time
 from contextlib import nullcontext, redirect_stdout
 from dataclasses import fields
 
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
 import numpy as np
 import torch
 

@@ -562,3 +562,50 @@ def test_readme_says_what_is_trusted():
     with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
         readme = f.read()
     assert 'weights_only=True' in readme and '--overwrite=True' in readme and 'SIGTERM' in readme
+
+
+def _torch_loading(pid):
+    try:
+        with open(f'/proc/{pid}/maps') as f:
+            return 'libtorch' in f.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/maps'), reason="needs Linux's /proc to see torch loading")
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'tools/longctx.py'])
+def test_ctrl_c_while_torch_loads_is_one_line(script):
+    """A Ctrl-C while a script still imported torch printed a 19-line KeyboardInterrupt traceback."""
+    p = subprocess.Popen([sys.executable, script], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not _torch_loading(p.pid) and time.time() < deadline:
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)  # libtorch is mapped; importing torch's Python side takes a second more
+    stdout, stderr = p.communicate(timeout=120)
+    assert not stdout and p.returncode == 130, (p.returncode, stdout[-2000:], stderr[-2000:])
+    assert stderr == f'{os.path.basename(script)}: interrupted (Ctrl-C); nothing was saved\n', stderr
+
+
+def test_every_script_installs_its_excepthook_before_torch():
+    """The rule behind the test above, for every script: main_script(__name__) comes before `import torch`."""
+    scripts = ['train.py', 'sample.py'] + [f'tools/{f}' for f in sorted(os.listdir(os.path.join(ROOT, 'tools')))
+                                           if f.endswith('.py')]
+    for script in scripts:
+        text = open(os.path.join(ROOT, script)).read()
+        if "if __name__ == '__main__'" not in text and 'if __name__ == "__main__"' not in text and \
+                script not in ('train.py', 'sample.py'):
+            continue  # a library module (benchlib.py), never run as a program
+        first = text.find('configurator.main_script(__name__)')
+        assert first != -1, f"{script} never calls configurator.main_script(__name__)"
+        torch_at = re.search(r'^import torch', text, re.M)
+        assert torch_at is None or first < torch_at.start(), f"{script} imports torch before main_script"
+
+
+def test_sample_that_cannot_fit_in_memory_is_one_line(finished):
+    """sample.py --num_samples=100000000 was killed by the kernel for memory, with no message."""
+    line = one_line(run([f'--out_dir={finished[0]}', '--num_samples=100000000', '--max_new_tokens=5', '--device=cpu'],
+                        script='sample.py', check=False))
+    assert 'num_samples=100000000' in line and 'at most' in line and 'samples fit' in line, line
+    n = int(re.search(r'at most ([\d,]+) samples fit', line).group(1).replace(',', ''))
+    assert 1 <= n < 100000000

@@ -51,6 +51,8 @@ import signal
 import subprocess
 import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
 import time
 from collections import namedtuple
 

@@ -13,6 +13,8 @@ import json
 import os
 import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
 if __name__ == "__main__":  # before kernels.py is imported: its kernels are jitted for the interpreter then
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

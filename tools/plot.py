@@ -20,6 +20,8 @@ import os
 import re
 import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
 
 # the eval line train.py prints: "step N: train loss X, val loss Y" (+ ", train acc A, val acc B" for tasks, then
 # " (eval Ts)"); a diverged run prints nan or inf

@@ -23,6 +23,8 @@ import re
 import subprocess
 import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
