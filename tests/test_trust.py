@@ -609,3 +609,22 @@ def test_sample_that_cannot_fit_in_memory_is_one_line(finished):
     assert 'num_samples=100000000' in line and 'at most' in line and 'samples fit' in line, line
     n = int(re.search(r'at most ([\d,]+) samples fit', line).group(1).replace(',', ''))
     assert 1 <= n < 100000000
+
+
+def test_longctx_keeps_its_table_when_a_result_cannot_be_written(finished, tmp_path):
+    """A result file that could not be written (here: a folder in its place, which even root cannot write) was a
+    traceback after all the scoring, and the table was lost."""
+    out = tmp_path / 'run'
+    shutil.copytree(finished[0], out)
+    (out / 'longctx-text.json').mkdir()
+    p = run(['text', str(out), '--scales', '1', '2', '--windows', '2', '--device=cpu'], script='tools/longctx.py')
+    assert 'Traceback' not in p.stderr and 'not saved' in p.stderr, p.stderr
+    assert 'Val loss by position bucket' in p.stdout, p.stdout
+    (out / 'pic.png').mkdir()
+    p = run(['text', str(out), '--scales', '1', '2', '--windows', '2', '--device=cpu', '--plot', str(out / 'pic.png')],
+            script='tools/longctx.py', check=False)
+    assert p.returncode == 1 and 'Traceback' not in p.stderr and 'Val loss by position bucket' in p.stdout, p.stderr
+    assert 'the table above stands' in p.stderr.splitlines()[-1], p.stderr
+    line = one_line(run(['text', str(out), '--table_only', '--plot', str(out / 'pic.json')], script='tools/longctx.py',
+                        check=False))
+    assert 'ending .png' in line, line

@@ -130,8 +130,13 @@ def evaluate(study, out_dir, args, device, ctx):
         result.update(windows=n, documents=config.get('documents', False),
                       buckets=[dict(start=a, end=b, loss=float(losses[a:b].mean())) for a, b in buckets(args.scales, T0)],
                       curve=[float(v) for v in losses])  # the per-position means, for the picture
-    with open(os.path.join(out_dir, f'longctx-{study}.json'), 'w') as f:
-        json.dump(result, f)
+    path = os.path.join(out_dir, f'longctx-{study}.json')
+    try:
+        with open(path, 'w') as f:
+            json.dump(result, f)
+    except OSError as e:  # disk full, or the folder changed since the check in main(): the table still shows it
+        print(f"{path}: not saved ({e.strerror or e}); the table below is all there is of this run's result",
+              file=sys.stderr)
     return result
 
 
@@ -274,6 +279,8 @@ def main():
     for flag in ('sequences', 'windows', 'tokens_per_batch'):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag}={getattr(args, flag)} must be >= 1")
+    if args.plot and os.path.splitext(args.plot)[1].lower() not in ('.png', '.pdf', '.svg', '.jpg', '.jpeg'):
+        raise UserError(f"--plot {args.plot}: give a picture's path ending .png, .pdf, .svg or .jpg")
     # where the results go, checked before hours of scoring: each out_dir's longctx-<study>.json, and the picture
     for folder in ([] if args.table_only else args.out_dirs) + ([os.path.dirname(os.path.abspath(args.plot))] if args.plot else []):
         probe = folder
@@ -322,7 +329,11 @@ def main():
     if args.plot:
         default = (f"needle accuracy against context, trained at {r0['block_size']:,}" if args.study == 'needle'
                    else f"{r0['dataset']} val loss against position, trained at {r0['block_size']:,}")
-        plot(args.study, results, args.plot, args.title or default)
+        try:
+            plot(args.study, results, args.plot, args.title or default)
+        except OSError as e:
+            raise UserError(f"the picture could not be written to {args.plot} ({e.strerror or e}); the table above "
+                            f"stands: draw it again with --table_only --plot PATH") from None
         print(f"\npicture: {args.plot}")
 
 
