@@ -122,8 +122,9 @@ free = free_memory(device)
 if free is not None and need > free:  # on CPU the kernel would kill the process with no word said
     raise UserError(f"num_samples={num_samples} at {context:,} tokens need at least {need / 2**30:,.1f} GiB ("
                     f"{per_sample / 2**20:,.1f} MiB per sample: caches, prompt, logits) but {device} has "
-                    f"{free / 2**30:,.1f} GiB free: at most {free // per_sample:,} samples fit; use fewer --num_samples, "
-                    f"a shorter prompt or --max_new_tokens")
+                    f"{free / 2**30:,.1f} GiB free: " + (f"at most {free // per_sample:,} samples fit; use fewer --num_samples, "
+                    f"a shorter prompt or --max_new_tokens" if free >= per_sample else
+                    "not one sample fits; use a shorter prompt or --max_new_tokens"))
 times = {}
 try:
     y, caches, steps, how = generate()
