@@ -153,10 +153,6 @@ print0(f"config: {config}", terminal=False)
 print0(f"torch {torch.__version__}, device {device}, dtype {dtype}, compile {compile}, world size {par.world}")
 if master and device_type == 'cuda' and shutil.which('nvidia-smi'):  # modded-nanogpt's habit: the hardware, logged
     print0(subprocess.run(['nvidia-smi'], capture_output=True, text=True).stdout, terminal=False)
-print0(f"tokens per iteration: {grad_accum} grad accum × {par.dp_world} data-parallel ranks × {batch_size} batch × "
-       f"{block_size} context = {tokens_per_iter:,}", terminal=False)
-if task is not None:
-    print0(f"task {dataset}: vocab_size {vocab_size}, sequences of {block_size} tokens, loss and accuracy on answers only")
 signals = StopSignals(out)
 
 for set_seed in (torch.manual_seed, random.seed, np.random.seed):
@@ -312,9 +308,10 @@ class Meter:
 
     def __init__(self):
         self.n, self.smooth, self.time_sum, self.mfu, self.eval_time, self.bar = 0, 0.0, 0.0, -1.0, 0.0, None
+        self.elapsed = 0.0  # seconds of all the steps this process made, evals and saves not counted: tools/ttl.py
 
     def report(self, n, loss, peak, dt):
-        self.time_sum, self.n = self.time_sum + dt if self.n else 0.0, self.n + 1
+        self.time_sum, self.n, self.elapsed = self.time_sum + dt if self.n else 0.0, self.n + 1, self.elapsed + dt
         self.smooth = 0.9 * self.smooth + 0.1 * loss
         if n % log_interval and n != max_iters - 1:  # no line for this step: a bar up to the next one
             next_line = min((n // log_interval + 1) * log_interval, max_iters - 1)
@@ -340,7 +337,8 @@ class Meter:
 # -----------------------------------------------------------------------------
 print0(f"model: {' '.join(raw_model.mixers)} ({n_layer} layers × {n_embd}), {raw_model.get_num_params() / 1e6:.2f}M "
        f"parameters")
-print0(f"data: {dataset}, {grad_accum} grad accum × {par.dp_world} ranks × {batch_size} batch × {block_size} context "
+print0(f"data: {dataset}" + (f" (a task: vocab_size {vocab_size}, loss and accuracy on the answers only)" if task else "") +
+       f", {grad_accum} grad accum × {par.dp_world} ranks × {batch_size} batch × {block_size} context "
        f"= {tokens_per_iter:,} tokens per step, " + (f"each sequence split over {context_parallel} ranks, " if
        context_parallel > 1 else "") + ("activations recomputed, " if activation_checkpointing else "") +
        ("kernel states recomputed, " if not kernel_states else "") +
@@ -402,7 +400,7 @@ while True:
         meter.eval_time = time.time() - t_eval
         print0(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}" +
                (f", train acc {losses['train_acc']:.4f}, val acc {losses['val_acc']:.4f}" if task else "") +
-               f" (eval {meter.eval_time:.2f}s)")
+               f" (eval {meter.eval_time:.2f}s, train clock {meter.elapsed:.3f}s)")
         if not all(map(math.isfinite, losses.values())):
             raise guard.error('a non-finite eval loss', iter_num)
         if wandb:  # losses and accuracies as train/loss, val/acc...; mfu once measured (CUDA, after the first steps)

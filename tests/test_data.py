@@ -7,6 +7,7 @@ tiny local inputs (CPU, offline, a few seconds).
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -17,7 +18,7 @@ import torch
 
 from configurator import UserError
 from dataloader import (HEADER_INTS, MAGIC, VERSION, ShardLoader, ShardWriter,
-                        gpt2_encoding, read_shard, shard_paths, shared_tiktoken_cache, write_shard)
+                        gpt2_encoding, read_header, read_shard, shard_paths, shared_tiktoken_cache, write_shard)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -226,7 +227,8 @@ def test_owt_prepare_folder(tmp_path):
         for text in JSONL_DOCS:
             f.write(json.dumps({'text': text}) + '\n')
     out_dir = str(tmp_path / 'openwebtext')
-    owt_prepare.main(['--input', str(src), '--out_dir', out_dir, '--num_proc', '1', '--shard_size', '40'])
+    owt_prepare.main(['--input', str(src), '--out_dir', out_dir, '--num_proc', '1', '--shard_size', '40',
+                      '--val_tokens', '20'])
     _check_owt_output(out_dir, DOCS + JSONL_DOCS)
 
 
@@ -251,7 +253,7 @@ def test_owt_prepare_tar_xz(tmp_path):
     out_dir = str(tmp_path / 'openwebtext')
     # through the command line, with 2 processes, as a user would run it
     cmd = [sys.executable, os.path.join(HERE, 'data', 'openwebtext', 'prepare.py'), '--input', str(archive),
-           '--out_dir', out_dir, '--num_proc', '2', '--shard_size', '30']
+           '--out_dir', out_dir, '--num_proc', '2', '--shard_size', '30', '--val_tokens', '20']
     subprocess.run(cmd, check=True, capture_output=True)
     _check_owt_output(out_dir, DOCS)
 
@@ -264,10 +266,81 @@ def test_owt_local_split_is_deterministic(tmp_path):
     runs = []
     for run in range(2):
         out_dir = str(tmp_path / f'run{run}' / 'openwebtext')
-        owt_prepare.main(['--input', str(src), '--out_dir', out_dir, '--num_proc', '1', '--val_fraction', '0.3'])
+        owt_prepare.main(['--input', str(src), '--out_dir', out_dir, '--num_proc', '1', '--val_fraction', '0.3',
+                          '--val_tokens', '10'])
         runs.append([read_shard(p).tolist() for s in ('val', 'train') for p in shard_paths(out_dir, s)])
     assert runs[0] == runs[1]
     assert owt_prepare.unit_hash('a/b.txt') == owt_prepare.unit_hash('a/b.txt') < 1
+
+
+def _text_folder(folder, n=36):
+    """n small, distinct .txt files (20-60 tokens each); returns {file name: text}."""
+    texts = {f'notes/n{i:02d}.txt' if i % 3 else f'n{i:02d}.txt':
+             f"Note {i}: " + ' '.join(f"word{(i * 7 + j) % 50}" for j in range(10 + i % 25)) for i in range(n)}
+    for name, text in texts.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding='utf-8')
+    return texts
+
+
+def _documents(paths):
+    """The decoded documents of shards (split on the EOT token) and the number of EOT tokens."""
+    tokens = np.concatenate([read_shard(p) for p in paths])
+    starts = np.flatnonzero(tokens == EOT).tolist() + [len(tokens)]
+    assert starts[0] == 0  # a split starts at a document
+    return [enc.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts[:-1], starts[1:])], int((tokens == EOT).sum())
+
+
+def test_owt_prepare_own_text_is_named_for_the_folder_with_a_val_batch(tmp_path):
+    """--input DIR --out_dir data/mytext wrote openwebtext_*.bin, which --dataset=mytext cannot find, and the 0.05%
+    val split held one short document. Now the shards are mytext_*, val holds >= --val_tokens tokens of whole
+    documents (the lowest hashes), the split is the same on every run, and the last line is the train command."""
+    texts = _text_folder(tmp_path / 'src')
+    out_dir = tmp_path / 'run1' / 'mytext'
+    args = ['--input', str(tmp_path / 'src'), '--val_tokens', '300']
+    out = owt_prepare.main(args + ['--out_dir', str(out_dir), '--num_proc', '1'])
+    assert sorted(os.listdir(out_dir)) == ['mytext_train_000000.bin', 'mytext_val_000000.bin']
+    val, train = shard_paths(str(out_dir), 'val'), shard_paths(str(out_dir), 'train')  # what train.py looks for
+    assert sum(read_header(p) for p in val) >= 300 and sum(read_header(p) for p in train) >= 300
+    (val_docs, val_eot), (train_docs, train_eot) = _documents(val), _documents(train)
+    assert (val_eot, train_eot) == (out['val'][1], out['train'][1]) and val_eot + train_eot == len(texts)
+    assert sorted(val_docs + train_docs) == sorted(texts.values())  # every file whole, in exactly one split
+    # the rule: val is the lowest hashes (none falls below the default 0.0005 here), and no more than needed
+    by_text = {t: owt_prepare.unit_hash(name) for name, t in texts.items()}
+    assert min(by_text.values()) > 0.0005
+    assert max(by_text[t] for t in val_docs) < min(by_text[t] for t in train_docs)
+    top = max(val_docs, key=by_text.get)
+    assert sum(1 + len(enc.encode_ordinary(t)) for t in val_docs if t != top) < 300
+    # again, from the command line with 2 processes: the same bytes, and the command that trains on them
+    out_dir2 = tmp_path / 'run2' / 'mytext'
+    p = subprocess.run([sys.executable, os.path.join(HERE, 'data', 'openwebtext', 'prepare.py')] + args +
+                       ['--out_dir', str(out_dir2), '--num_proc', '2'], capture_output=True, text=True, check=True)
+    for name in os.listdir(out_dir):
+        assert (out_dir / name).read_bytes() == (out_dir2 / name).read_bytes(), name
+    lines = p.stdout.strip().splitlines()
+    assert f"val: {sum(read_header(p) for p in val):,} tokens in {val_eot} documents" in p.stdout
+    assert str(out_dir2 / 'mytext_val_000000.bin') in p.stdout
+    assert lines[-1] == f"train on it: python train.py --dataset={out_dir2} --out_dir=out-mytext"
+    # train.py reads os.path.join(<repo>/data, dataset): an absolute --dataset is the folder itself
+    ShardLoader(os.path.join(HERE, 'data', str(out_dir2)), 'val', batch_size=2, block_size=64).next_batch()
+    assert owt_prepare.train_command(os.path.join(HERE, 'data', 'mytext')) == "python train.py --dataset=mytext"
+
+
+def test_owt_prepare_too_small_input_is_one_line(tmp_path):
+    _text_folder(tmp_path / 'src', n=5)
+    out_dir = tmp_path / 'mytext'
+    p = subprocess.run([sys.executable, os.path.join(HERE, 'data', 'openwebtext', 'prepare.py'), '--input',
+                        str(tmp_path / 'src'), '--out_dir', str(out_dir), '--num_proc', '1'],
+                       capture_output=True, text=True)
+    last = p.stderr.strip().splitlines()[-1]  # the lines before it are tqdm's progress
+    assert p.returncode == 1 and 'Traceback' not in p.stderr, p.stderr
+    assert re.fullmatch(r'prepare\.py: error: --input .*src: \d+ tokens in 5 documents are too few '
+                        r'.*--val_tokens=131,072.*', last), p.stderr
+    assert not list(out_dir.glob('*.bin'))  # no shards for the loader to half-read
+    # val reachable but nothing left for train: the same error, naming what each split would hold
+    with pytest.raises(UserError, match=r'too few .*: val would hold 140 and train 0;'):
+        owt_prepare.main(['--input', str(tmp_path / 'src'), '--out_dir', str(out_dir), '--num_proc', '1',
+                          '--val_tokens', '10', '--val_fraction', '1'])
 
 
 def test_owt_prepare_hf_path(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ def iter_losses(text):
 
 
 ITER = re.compile(r'^iter (\d+)/(\d+): loss ([\d.]+), smooth ([\d.]+), time ([\d.]+)ms, .*, eta (\w+)$', re.M)
-EVAL = re.compile(r'^step (\d+): train loss ([\d.]+), val loss ([\d.]+) \(eval ([\d.]+)s\)$', re.M)
+EVAL = re.compile(r'^step (\d+): train loss ([\d.]+), val loss ([\d.]+) \(eval ([\d.]+)s, train clock [\d.]+s\)$', re.M)
 
 
 def run_on_a_terminal(args):

@@ -362,8 +362,8 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path, torchrun_train):
     single_dir = out_root / 'mqar' / 'softmax_n2_w64_lr0.001_s1337'  # the default seed is train.py's
     with open(single_dir / 'log.txt') as f:
         single_log = f.read()
-    assert 'task mqar: vocab_size 32' in single_log
-    assert re.search(r'^step 6: train loss [\d.]+, val loss [\d.]+, train acc [\d.]+, val acc [\d.]+ \(eval [\d.]+s\)$', single_log, re.M)
+    assert 'data: mqar (a task: vocab_size 32,' in single_log
+    assert re.search(r'^step 6: train loss [\d.]+, val loss [\d.]+, train acc [\d.]+, val acc [\d.]+ \(eval [\d.]+s, train clock [\d.]+s\)$', single_log, re.M)
     log = read_log(single_dir)
     assert [e['step'] for e in log['evals']] == [0, 3, 6] and log['config']['mqar_num_pairs'] == 2
     assert log['config']['seed'] == 1337
@@ -378,7 +378,7 @@ def test_grid_and_train_py_with_ddp_and_resume(tmp_path, torchrun_train):
     args = grid.train_args(**CELL, out_dir=str(ddp_dir), extra=extra)
     ddp = run(torchrun_train + args + ['--max_iters=3'])
     assert 'world size 2' in ddp.stdout
-    m = re.search(r'^step 3: .*, val acc ([\d.]+) \(eval [\d.]+s\)$', ddp.stdout, re.M)  # accuracy summed over both ranks' answers
+    m = re.search(r'^step 3: .*, val acc ([\d.]+) \(eval [\d.]+s, train clock [\d.]+s\)$', ddp.stdout, re.M)  # accuracy summed over both ranks' answers
     assert m and 0.0 <= float(m.group(1)) <= 1.0
     resumed = run([sys.executable, 'train.py'] + args + ['--init_from=resume'])
     a, b = iter_losses(single_log), iter_losses(resumed.stdout)

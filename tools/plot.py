@@ -7,7 +7,7 @@ $ python tools/plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_ac
 $ python tools/plot.py out-text/* --table     # markdown: mixer, parameters, tokens, final and best val loss, tokens/s
 
 Each argument is a run's out_dir (or its log.txt); the legend names the run by its out_dir. The x axis is
-step × tokens per iteration (from the log's "tokens per iteration" line), so runs with different batch shapes
+step × tokens per step (from the log's "data:" line), so runs with different batch shapes
 line up by tokens seen. The picture goes to --out, else to <metric>.png in the folder holding all the runs (out-text/
 above) or, when they share none below the current folder, in the first run's out_dir. A reused out_dir's log.txt
 holds several runs: each run is read from its last start from scratch on (with the resumes after it), never mixed with
@@ -67,8 +67,9 @@ def read_log(path):
     for start in starts[first:]:
         configs = re.findall(r'^config: (\{.*\})$', start, re.M)
         config = _config(configs[-1], path) if configs else config
-        tokens = ([int(t.replace(',', '')) for t in re.findall(r'^tokens per iteration: .* = ([\d,]+)$', start, re.M)]
-                  or [tokens])[-1]
+        per_step = re.findall(r'^(?:data: .* = ([\d,]+) tokens per step|tokens per iteration: .* = ([\d,]+)$)', start,
+                              re.M)  # (older logs: the "tokens per iteration" line)
+        tokens = ([int((a or b).replace(',', '')) for a, b in per_step] or [tokens])[-1]
         params = (re.findall(r'^number of parameters: ([\d.]+M)$', start, re.M) or [params])[-1]
         resumed = re.search(r'^(?:Resuming training from|Evaluating) .* \(iter (\d+)\)$', start, re.M)
         if resumed:

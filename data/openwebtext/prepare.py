@@ -1,13 +1,15 @@
 """
-OpenWebText tokenized with GPT-2 BPE into llm.c shards of ~100M tokens (see dataloader.py).
+OpenWebText, or your own text, tokenized with GPT-2 BPE into llm.c shards of ~100M tokens (see dataloader.py).
 
-    python data/openwebtext/prepare.py                                # download from Hugging Face
+    python data/openwebtext/prepare.py                                # OpenWebText, downloaded from Hugging Face
     python data/openwebtext/prepare.py --input /path/openwebtext.tar.xz   # the original archive
-    python data/openwebtext/prepare.py --input /path/folder           # .txt files and/or .jsonl files
+    python data/openwebtext/prepare.py --input DIR --out_dir data/mytext  # your .txt and/or .jsonl files
+    python train.py --dataset=mytext                                  # trains on them
 
-Writes openwebtext_val_000000.bin and openwebtext_train_000000.bin, ..._000001.bin, ... next to
-this file (or in --out_dir; keep the folder named openwebtext, the loader finds shards by the
-folder's name). Each document is EOT (50256) followed by its tokens.
+Shards are named for --out_dir's folder, as the loader finds them (data/<dataset>/<dataset>_<split>_*.bin):
+the default folder, data/openwebtext, gets openwebtext_val_000000.bin, openwebtext_train_000000.bin, ...;
+--out_dir data/mytext gets mytext_val_000000.bin, mytext_train_000000.bin, ... The last line printed is the
+train.py command that reads them. Each document is EOT (50256) followed by its tokens.
 
 Needs (approximate, from nanoGPT's published figures for the same data, not measured here):
 OpenWebText is ~8M documents, ~9.0B GPT-2 tokens (nanoGPT: train 9,035,582,198 tokens, ~17 GB;
@@ -18,15 +20,21 @@ small: one shard-sized uint16 buffer (200 MB) per split plus the worker processe
 Splits:
 - Hugging Face: train_test_split(test_size=0.0005, seed=2357, shuffle=True), the same call as
   nanoGPT, so val should hold the same 4,007 documents as nanoGPT's val.bin.
-- --input: a document goes to val when a stable hash of its name (file path, or path:line for
-  .jsonl) is below --val_fraction. The data is streamed once, so to keep val non-empty the
-  train document with the smallest hash is held back and goes to val if nothing else did.
+- --input: documents stay whole and are ranked by a stable hash of their name (file path, or path:line
+  for .jsonl). Val holds every document whose hash is below --val_fraction, and, when those hold fewer
+  than --val_tokens tokens, the lowest-hash other documents until it holds that many (one eval batch;
+  a shard shorter than one batch is refused by the loader). So val = the documents with hash <= a cutoff,
+  whatever the order of the input. It stays one streamed pass: only the train documents that may still
+  be needed for val (the lowest hashes, ~--val_tokens tokens) wait in RAM, the rest go to train at once.
+  An input too small for a val of --val_tokens and a train split at least as large is a one-line error.
 """
 import argparse
 import contextlib
 import hashlib
+import heapq
 import json
 import os
+import shlex
 import socket
 import sys
 import tarfile
@@ -121,29 +129,37 @@ def tokenized(pool, docs):
     return pool.imap(tokenize, docs, chunksize=16)  # imap keeps the order: shards are reproducible
 
 
-def prepare_local(args, pool):
-    train = ShardWriter(args.out_dir, 'openwebtext', 'train', args.shard_size)
-    val = ShardWriter(args.out_dir, 'openwebtext', 'val', args.shard_size)
+def prepare_local(args, pool, prefix):
+    """Shards of --input's documents; val by the rule of the module docstring (val <= a hash cutoff)."""
+    val = ShardWriter(args.out_dir, prefix, 'val', args.shard_size)
+    train = ShardWriter(args.out_dir, prefix, 'train', args.shard_size)
     ndocs = {'train': 0, 'val': 0}
-    held = None  # (hash, tokens) of the train document with the smallest hash so far
-    for name, tokens in tqdm(tokenized(pool, local_docs(args.input)), unit='docs'):
+    # train documents that val may still need: the lowest hashes seen, a max-heap of (-hash, seq, tokens)
+    reserve, reserve_tok = [], 0
+    for seq, (name, tokens) in enumerate(tqdm(tokenized(pool, local_docs(args.input)), unit='docs')):
         h = unit_hash(name)
         if h < args.val_fraction:
             val.add(tokens)
             ndocs['val'] += 1
-            continue
-        ndocs['train'] += 1
-        if held is None or h < held[0]:
-            held, tokens = (h, tokens), (held[1] if held else None)  # hold the new one, write the old one
-        if tokens is not None:
-            train.add(tokens)
-    if held is not None:
-        # no document hashed into val (small inputs): the held one goes there, if train keeps some
-        if ndocs['val'] == 0 and ndocs['train'] >= 2:
-            val.add(held[1])
-            ndocs['val'], ndocs['train'] = 1, ndocs['train'] - 1
         else:
-            train.add(held[1])
+            heapq.heappush(reserve, (-h, seq, tokens))
+            reserve_tok += len(tokens)
+        # the highest-hash reserved document goes to train once val can reach --val_tokens without it
+        while reserve and val.ntok + reserve_tok - len(reserve[0][2]) >= args.val_tokens:
+            tokens = heapq.heappop(reserve)[2]
+            reserve_tok -= len(tokens)
+            train.add(tokens)
+            ndocs['train'] += 1
+    for _, _, tokens in sorted(reserve, key=lambda r: -r[0]):  # what is left fills val, lowest hash first
+        val.add(tokens)
+        ndocs['val'] += 1
+    if val.ntok < args.val_tokens or train.ntok < args.val_tokens:
+        for path in val.paths + train.paths:  # no half dataset left behind for the loader to read
+            os.remove(path)
+        raise UserError(f"--input {args.input}: {val.ntok + train.ntok:,} tokens in {sum(ndocs.values()):,} documents "
+                        f"are too few for a val split of --val_tokens={args.val_tokens:,} (one eval batch) and a train "
+                        f"split at least as large: val would hold {val.ntok:,} and train {train.ntok:,}; add text, or "
+                        f"lower --val_tokens (the loader needs batch_size*block_size+1 tokens of your run in val)")
     return {'val': (val, ndocs['val']), 'train': (train, ndocs['train'])}
 
 
@@ -164,7 +180,7 @@ OFFLINE_HINT = ("download OpenWebText where there is a network and pass it with 
                 "files or a folder of .txt), or set HF_HUB_OFFLINE=1 if it is already in the Hugging Face cache")
 
 
-def prepare_hf(args, pool):
+def prepare_hf(args, pool, prefix):
     if not hub_reachable():
         raise UserError(f"cannot reach the Hugging Face Hub to download Skylion007/openwebtext: {OFFLINE_HINT}")
     from datasets import load_dataset  # only this path needs it
@@ -178,7 +194,7 @@ def prepare_hf(args, pool):
     out = {}
     for split in ['val', 'train']:
         ds = split_dataset[split]
-        writer = ShardWriter(args.out_dir, 'openwebtext', split, args.shard_size)
+        writer = ShardWriter(args.out_dir, prefix, split, args.shard_size)
         # ds.iter reads the Arrow files in batches: the texts are never all in RAM at once
         docs = ((None, text) for batch in ds.iter(batch_size=1000) for text in batch['text'])
         for _, tokens in tqdm(tokenized(pool, docs), total=len(ds), desc=split, unit='docs'):
@@ -187,26 +203,49 @@ def prepare_hf(args, pool):
     return out
 
 
+DATA = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's data/, where train.py looks
+
+
+def train_command(out_dir):
+    """The train.py command that reads the shards in out_dir. train.py reads data/<dataset> of the repository;
+    an absolute --dataset is that folder itself (os.path.join keeps it), and its default out_dir would hold
+    the whole path, so it gets a short one."""
+    out_dir = os.path.abspath(out_dir)
+    name = os.path.basename(out_dir)
+    if os.path.realpath(os.path.dirname(out_dir)) == os.path.realpath(DATA):
+        return f"python train.py --dataset={name}"
+    return f"python train.py --dataset={shlex.quote(out_dir)} --out_dir={shlex.quote('out-' + name)}"
+
+
 def main(argv=None):
-    here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description="Tokenize OpenWebText (GPT-2 BPE) into llm.c shards.")
-    parser.add_argument('--input', default=None, help='local openwebtext.tar.xz, .jsonl or folder; default: download from HF')
-    parser.add_argument('--out_dir', default=here, help='where the shards go (default: next to this script)')
+    parser = argparse.ArgumentParser(description="Tokenize OpenWebText or your own text (GPT-2 BPE) into llm.c shards.")
+    parser.add_argument('--input', default=None, help='local openwebtext.tar.xz, .jsonl or folder of .txt/.jsonl; '
+                        'default: download OpenWebText from HF')
+    parser.add_argument('--out_dir', default=os.path.join(DATA, 'openwebtext'),
+                        help="where the shards go, named for this folder: data/mytext -> mytext_train_000000.bin, "
+                             "for train.py --dataset=mytext (default: data/openwebtext)")
     parser.add_argument('--shard_size', type=int, default=100_000_000, help='tokens per shard; 1e8 tokens = 200 MB')
     parser.add_argument('--num_proc', type=int, default=max(1, os.cpu_count() // 2), help='tokenizer processes')
-    parser.add_argument('--val_fraction', type=float, default=0.0005, help='share of documents in val (0.05%%)')
+    parser.add_argument('--val_fraction', type=float, default=0.0005,
+                        help="share of documents in val (0.05%%, nanoGPT's); with --input: those whose name hashes "
+                             "below it")
+    parser.add_argument('--val_tokens', type=int, default=131_072,
+                        help='with --input: the fewest tokens in val, filled up with the lowest-hash documents; the '
+                             'loader takes no less than one batch (batch_size*block_size*GPUs+1 tokens), and 131,072 '
+                             'covers config/owt.py (12*1,024) on up to 8 GPUs (98,305)')
     args = parser.parse_args(argv)
     gpt2_encoding()  # fail here, before any work, when the tokenizer cannot be loaded; forked workers inherit it
 
+    prefix = os.path.basename(os.path.abspath(args.out_dir))  # the loader finds <folder>_<split>_*.bin by its folder
     os.makedirs(args.out_dir, exist_ok=True)
     with Pool(args.num_proc) if args.num_proc > 1 else contextlib.nullcontext() as pool:  # pool is None for 1
-        out = prepare_local(args, pool) if args.input else prepare_hf(args, pool)
+        out = prepare_local(args, pool, prefix) if args.input else prepare_hf(args, pool, prefix)
     for split, (writer, ndocs) in out.items():
         for path in writer.close():
             print(f"wrote {path}")
-        print(f"{split}: {writer.ntok:,} tokens in {ndocs:,} documents")
-        if ndocs == 0:
-            print(f"warning: {split} is empty; the input needs at least 2 documents")
+    for split, (writer, ndocs) in out.items():
+        print(f"{split}: {writer.ntok:,} tokens in {ndocs:,} documents, {len(writer.paths)} shard(s)")
+    print(f"train on it: {train_command(args.out_dir)}")
     return out
 
 
