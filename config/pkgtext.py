@@ -1,0 +1,22 @@
+# The time-to-loss runs: GPT-2 small's shape (config/owt.py: 12 layers x 768, 124M parameters with softmax) at
+# T = 4,096 on one GPU, on data/pkgtext (documentation and source code of pinned PyPI and Debian packages). Every
+# mixer reads the same batches in the same order (tools/ttl.py run gives each its mixer, learning rate and seed):
+# $ python tools/ttl.py run out-ttl --mixers softmax 'kda*3,softmax' gdn kda --lrs 6e-4 1.2e-3 --seeds 1337 1338 \
+#       -- config/pkgtext.py
+# $ python tools/ttl.py report out-ttl
+# Hardware: one H100 class GPU (bf16, compiled); a run of 100M tokens is about 4-5 minutes at the speeds of
+# README "Speed" (not counting compile and evals). Needs the shards: python data/pkgtext/prepare.py
+from pathlib import Path
+
+exec(Path(__file__).with_name('owt.py').read_text())  # the model: owt.py's (its head_dim rule reads mixer)
+dataset = 'pkgtext'
+block_size = 4096
+# 8 x 4,096 = 32,768 tokens a step; 3,052 steps = 100.0M tokens
+batch_size = 8
+gradient_accumulation_steps = 1
+max_iters = 3052
+lr_decay_iters = 3052  # (a shorter run, e.g. a learning-rate sweep, sets both: --max_iters=763 --lr_decay_iters=763)
+warmup_iters = 100
+eval_interval = 100    # 3.3M tokens between evals: the curves' resolution
+eval_iters = 16        # 16 x 8 x 4,096 = 524k val tokens, the same ones at every eval
+log_interval = 1       # every step's time and loss in log.txt: ttl.py's compile time and training-loss curve

@@ -1,0 +1,110 @@
+"""
+tools/ttl.py, the time-to-loss benchmark: its arithmetic on logs written by hand (numbers worked out here), and one
+tiny sweep through train.py on CPU.
+
+$ python -m pytest tests/test_ttl.py -q
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import ttl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000, max_iters=None):
+    """A train.py log.txt: evals = [(step, val loss, train clock s)], step_ms = each step's time (ms)."""
+    max_iters = max_iters or evals[-1][0]
+    os.makedirs(folder, exist_ok=True)
+    config = dict(out_dir=str(folder), eval_only=False, init_from='scratch', mixer=mixer, learning_rate=lr, seed=seed,
+                  max_iters=max_iters)
+    lines = [f"=== 2026-12-06 12:00:00 train.py", f"config: {config!r}",
+             f"data: pystdlib, 1 grad accum × 1 ranks × 1 batch × 1000 context = {tokens_per_step:,} tokens per step, "
+             f"{max_iters} steps"]
+    at = {s: (v, c) for s, v, c in evals}
+    for n in range(max_iters + 1):
+        if n in at:
+            v, c = at[n]
+            lines.append(f"step {n}: train loss {v:.4f}, val loss {v:.4f} (eval 0.10s, train clock {c:.3f}s)")
+        if n < max_iters:
+            lines.append(f"iter {n}/{max_iters}: loss {9 - n / max_iters:.4f}, smooth 9.0, time {step_ms[n]:.2f}ms, "
+                         f"tok/s {tokens_per_step / step_ms[n] * 1000:,.0f}, lr 1.00e-03, eta 1s")
+    with open(os.path.join(folder, 'log.txt'), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
+def test_report_arithmetic_on_written_logs(tmp_path, capsys):
+    """Compile time = the first ten steps' time beyond the median step; time at an eval = train clock − compile;
+    the target = the baseline's final val loss (mean of its seeds at its best rate); time to it interpolated."""
+    steps = 20
+    fast = [1000.0] + [100.0] * (steps - 1)        # softmax: step 0 compiles for 0.9 s, then 0.1 s a step
+    slow = [500.0, 300.0] + [200.0] * (steps - 2)  # gdn: 0.3 + 0.1 s beyond its median 0.2 s, then 0.2 s a step
+    clock = lambda ms, s: sum(ms[:s]) / 1000
+    for seed, final in ((1, 3.0), (2, 3.2)):  # softmax: final 3.0 and 3.2 -> mean 3.1 ± 0.1
+        write_log(tmp_path / f'softmax_s{seed}', 'softmax', 1e-3, seed,
+                  [(0, 10.0, 0.0), (10, 4.0, clock(fast, 10)), (20, final, clock(fast, 20))], fast)
+    write_log(tmp_path / 'softmax_worse', 'softmax', 2e-3, 1, [(0, 10.0, 0.0), (20, 5.0, clock(fast, 20))], fast)
+    for seed, mid in ((1, 3.4), (2, 3.6)):  # gdn's mean curve: 10, 3.5 at step 10, 2.5 at step 20
+        write_log(tmp_path / f'gdn_s{seed}', 'gdn', 1e-3, seed,
+                  [(0, 10.0, 0.0), (10, mid, clock(slow, 10)), (20, 2.5, clock(slow, 20))], slow)
+    write_log(tmp_path / 'kda_s1', 'kda', 1e-3, 1, [(0, 10.0, 0.0), (20, 3.5, clock(fast, 20))], fast)
+    ttl.main_args(['report', str(tmp_path), '--plot', ''])
+    out = capsys.readouterr().out
+    rows = {m.group(1) + m.group(2): m.group(0) for m in re.finditer(r'^\| `(\w+)` \| ([\d.e-]+) \|.*$', out, re.M)}
+    # softmax at 1e-3 (mean 3.1) beats 2e-3 (5.0); compile 0.9 s; its own time to 3.1 is at its last eval, 2.9 - 0.9 s
+    assert '| 3.1000 ± 0.1000 | 10,000,000 | 0.9 | 2.0 s (1.00×), 20.0M tokens |' in rows['softmax0.001'], out
+    # gdn: compile 0.3 + 0.1 = 0.4 s; clock at step 10 = 0.5 + 0.3 + 8 x 0.2 - 0.4 = 2.0 s, at 20: 4.0 s;
+    # 3.1 is crossed between 3.5 (2.0 s) and 2.5 (4.0 s): 2.0 + 0.4 / 1.0 x 2.0 = 2.8 s, at 10 + 0.4 x 10 = 14 steps
+    assert '| 2.5000 ± 0.0000 | 5,000,000 | 0.4 | 2.8 s (1.40×), 14.0M tokens |' in rows['gdn0.001'], out
+    assert 'not reached' in rows['kda0.001'], out
+    assert 'softmax0.002' in rows and rows['softmax0.002'].count('|') == 8  # the sweep table lists every rate
+
+
+def test_time_and_tokens_to_target_interpolate_between_evals():
+    assert ttl.reach([0, 10, 20], [10.0, 3.5, 2.5], 3.1) == pytest.approx(14.0)
+    assert ttl.reach([0, 10, 20], [10.0, 3.5, 3.2], 3.1) is None
+    assert ttl.reach([0, 10], [3.0, 2.0], 3.1) == 0
+
+
+def test_a_resumed_run_and_bad_settings_are_one_line(tmp_path):
+    fast = [100.0] * 10
+    write_log(tmp_path / 'a', 'softmax', 1e-3, 1, [(0, 10.0, 0.0), (10, 4.0, 1.0)], fast)
+    text = open(tmp_path / 'a' / 'log.txt').read()
+    with open(tmp_path / 'a' / 'log.txt', 'a') as f:  # the run again, resumed: its config says so
+        f.write(text.replace("'init_from': 'scratch'", "'init_from': 'resume'"))
+    for args, message in (
+            (['report', str(tmp_path / 'a')], 'a resumed run'),
+            (['run', str(tmp_path / 'b'), '--mixers', 'softmax', '--lrs', '1e-3', '--', '--mixer=gdn'], '--mixer is set by'),
+            (['run', str(tmp_path / 'b'), '--mixers', 'softmax', '--lrs', '1e-3'], "give train.py's settings after --"),
+            (['report', str(tmp_path / 'none')], 'no such folder')):
+        p = subprocess.run([sys.executable, 'tools/ttl.py'] + args, cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode == 1 and p.stderr.count('\n') == 1 and message in p.stderr, (args, p.stderr)
+
+
+def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
+    """Two mixers, two seeds, each run in its own out_dir; a second `run` keeps the finished runs; the report names
+    both mixers, and the runs of one seed read the same batches (their first training losses agree across rates
+    only through the data: the same seed and data give the same step-0 loss)."""
+    settings = ['--dataset=pystdlib', '--n_layer=2', '--n_head=2', '--n_embd=32', '--head_dim=16', '--block_size=32',
+                '--batch_size=4', '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1',
+                '--warmup_iters=2', '--max_iters=6', '--lr_decay_iters=6', '--eval_interval=3', '--device=cpu',
+                '--compile=False']
+    cmd = [sys.executable, 'tools/ttl.py', 'run', str(tmp_path), '--mixers', 'softmax', 'gdn', '--lrs', '3e-3', '1e-2',
+           '--seeds', '1', '--'] + settings
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    names = sorted(n for n in os.listdir(tmp_path) if not n.startswith('.'))  # (each run's lock file beside it)
+    assert names == ['gdn_lr0.003_s1', 'gdn_lr0.01_s1', 'softmax_lr0.003_s1', 'softmax_lr0.01_s1'], names
+    first = lambda d: re.search(r'^iter 0/6: loss ([\d.]+)', open(tmp_path / d / 'log.txt').read(), re.M).group(1)
+    assert first('softmax_lr0.003_s1') == first('softmax_lr0.01_s1')  # the step-0 loss: before any update
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count('finished before, kept') == 4, again.stdout
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'report', str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and '| `softmax` |' in p.stdout and '| `gdn` |' in p.stdout, p.stderr
+    if os.path.exists(tmp_path / 'ttl.png'):  # (matplotlib, from requirements.txt)
+        assert os.path.getsize(tmp_path / 'ttl.png') > 10_000

@@ -1,0 +1,250 @@
+"""
+Time to loss: mixers trained on the same tokens in the same order, compared by val loss against tokens and against
+seconds, and by the time each takes to reach a baseline's final val loss.
+
+$ python tools/ttl.py run out-ttl --mixers softmax 'kda*3,softmax' gdn kda --lrs 6e-4 1.2e-3 --seeds 1337 1338 \\
+      -- config/pkgtext.py                      # the settings after -- go to every run, unchanged
+$ python tools/ttl.py report out-ttl            # the tables, and out-ttl/ttl.png
+$ python tools/ttl.py report out-ttl --baseline softmax --plot ttl.png
+
+run: train.py once per (mixer, learning rate, seed), one run at a time (each alone on the GPU: the clock is what is
+measured), into <out>/<mixer>_lr<lr>_s<seed>; each gets --mixer, --learning_rate, --min_lr = learning_rate / 10 and
+--seed, and the same settings after `--` (config and overrides). The data loader reads the train shards in order,
+so every run sees the same batches in the same order, and every eval scores the same first eval_iters val batches.
+A finished run is kept (run again to fill in the rest); an unfinished one starts again from scratch, since a resumed
+run's clock would not be one run's.
+
+report: each run's log.txt (plot.py's read_log). The clock at an eval is train.py's train clock (the sum of the step
+times: evals and saves not counted) less the compile time: what the first ten steps took beyond the median step
+(compiling, autotuning), reported apart; give train.py --log_interval=1 so that all ten are logged (with a longer
+interval only step 0 is seen). Per (mixer, learning rate): the final val loss as
+mean ± half-range over seeds, the median tokens/s, the compile time, and the time and tokens to reach the baseline's
+final val loss (the mean over its seeds, at its best rate): where the mean curve over seeds first reaches it,
+interpolated linearly between evals, or "not reached". A mixer's best rate is the one with the lowest mean final val
+loss, chosen the same way for every mixer. The picture: val loss against tokens and against seconds, one line per
+mixer at its best rate (the mean over seeds), and the per-step training loss.
+"""
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
+import configurator
+configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
+from configurator import UserError
+from plot import read_log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLOCK = re.compile(r'^step (\d+): .*\(eval [\d.]+s, train clock ([\d.]+)s\)$', re.M)
+ITER = re.compile(r'^iter (\d+)/\d+: loss (nan|inf|[\d.]+),.* time ([\d.]+)ms', re.M)
+
+
+def run_name(mixer, lr, seed):
+    return f"{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}_lr{lr:g}_s{seed}"
+
+
+def finished(out_dir):
+    """True when out_dir's log holds a run that reached its max_iters (its final eval)."""
+    if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
+        return False
+    try:
+        log = read_log(out_dir)
+    except (OSError, ValueError):
+        return False
+    return bool(log['config'] and log['evals']) and log['evals'][-1]['step'] == log['config'].get('max_iters')
+
+
+def run(args, settings):
+    jobs = [(m, lr, s) for m in args.mixers for lr in args.lrs for s in args.seeds]  # a mixer's runs together:
+    for i, (mixer, lr, seed) in enumerate(jobs):                                       # its compile cache is warm
+        out_dir = os.path.join(args.out, run_name(mixer, lr, seed))
+        if finished(out_dir):
+            print(f"[{i + 1}/{len(jobs)}] {out_dir}: finished before, kept", flush=True)
+            continue
+        cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + settings + [
+            f'--mixer={mixer}', f'--learning_rate={lr}', f'--min_lr={lr / 10:g}', f'--seed={seed}', f'--out_dir={out_dir}',
+            '--overwrite=True', '--init_from=scratch']
+        print(f"[{i + 1}/{len(jobs)}] {out_dir}: {' '.join(cmd[1:])}", flush=True)
+        code = subprocess.run(cmd, cwd=ROOT).returncode
+        if code != 0:
+            sys.exit(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt; `ttl.py run` again starts it anew")
+
+
+def read_run(out_dir):
+    """One run's curve: {'mixer', 'lr', 'seed', 'steps', 'tokens', 'seconds', 'val', 'iters', 'losses', 'tok_s',
+    'compile', 'max_iters'} with seconds at each eval, compile time not counted."""
+    log = read_log(out_dir)
+    c = log['config']
+    if not c or not log['evals'] or log['tokens_per_iter'] is None:
+        raise UserError(f"{out_dir}: no evals in its log.txt (not a train.py run, or it never evaluated)")
+    with open(os.path.join(out_dir, 'log.txt')) as f:
+        starts = [s for s in re.split(r'^(?==== )', f.read(), flags=re.M) if re.search(r'^config: ', s, re.M)]
+    scratch = [i for i, s in enumerate(starts) if "'init_from': 'scratch'" in s and "'eval_only': False" in s]
+    if not scratch or scratch[-1] != len(starts) - 1:
+        raise UserError(f"{out_dir}: a resumed run, whose clock restarted: run it again straight (ttl.py run)")
+    text = starts[-1]  # the run itself
+    clock = {int(s): float(t) for s, t in CLOCK.findall(text)}
+    iters = [(int(n), float(loss), float(ms) / 1000) for n, loss, ms in ITER.findall(text)]
+    if not clock or not iters or iters[0][0] != 0:
+        raise UserError(f"{out_dir}: its log has no train clock or no iter 0 line (a log of an older train.py?)")
+    median = statistics.median([t for _, _, t in iters[1:]] or [iters[0][2]])
+    compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
+    evals = [e for e in log['evals'] if e['step'] in clock]
+    return {'mixer': c['mixer'], 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
+            'steps': [e['step'] for e in evals], 'tokens': [e['step'] * log['tokens_per_iter'] for e in evals],
+            'seconds': [max(clock[e['step']] - compile_s, 0.0) if e['step'] else 0.0 for e in evals],
+            'val': [e['val_loss'] for e in evals], 'iters': [n * log['tokens_per_iter'] for n, _, _ in iters],
+            'losses': [loss for _, loss, _ in iters], 'tok_s': log['tokens_per_iter'] / median, 'compile': compile_s}
+
+
+def mean_curve(runs):
+    """The seeds' mean (steps, tokens, seconds, val) at the eval steps they all have."""
+    steps = sorted(set.intersection(*(set(r['steps']) for r in runs)))
+    at = lambda r, key: [r[key][r['steps'].index(s)] for s in steps]
+    mean = lambda key: [statistics.fmean(v) for v in zip(*(at(r, key) for r in runs))]
+    return steps, mean('tokens'), mean('seconds'), mean('val')
+
+
+def reach(xs, losses, target):
+    """The x where the curve (xs, losses) first reaches target, linear between evals; None when it never does."""
+    for i, loss in enumerate(losses):
+        if loss <= target:
+            if i == 0:
+                return xs[0]
+            x0, l0 = xs[i - 1], losses[i - 1]
+            return x0 + (l0 - target) / (l0 - loss) * (xs[i] - x0)
+    return None
+
+
+def groups(out_dirs):
+    """{(mixer, lr): [runs over seeds]} of the finished runs among out_dirs (a warning for each unfinished one)."""
+    found = {}
+    for d in out_dirs:
+        if not finished(d):
+            print(f"ttl.py: {d}: not finished, left out", file=sys.stderr)
+            continue
+        r = read_run(d)
+        found.setdefault((r['mixer'], r['lr']), []).append(r)
+    if not found:
+        raise UserError(f"no finished train.py runs among {', '.join(out_dirs)}: `ttl.py run` first")
+    for (mixer, lr), runs in found.items():
+        if len({(r['max_iters'], r['tokens'][-1]) for r in runs}) > 1:
+            raise UserError(f"{mixer} at lr {lr:g}: its seeds trained different token counts: compare like with like")
+    return found
+
+
+def report(args):
+    out_dirs = []
+    for path in args.runs:
+        subs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
+        out_dirs += [d for d in subs if os.path.isfile(os.path.join(d, 'log.txt'))] or [path]
+    found = groups(out_dirs)
+    final = {k: [r['val'][-1] for r in runs] for k, runs in found.items()}
+    best = {}
+    for (mixer, lr), vals in final.items():
+        if mixer not in best or statistics.fmean(vals) < statistics.fmean(final[(mixer, best[mixer])]):
+            best[mixer] = lr
+    if args.baseline not in best:
+        raise UserError(f"no finished run of the baseline {args.baseline!r} (mixers found: {', '.join(best)}): "
+                        f"give --baseline one of them")
+    best = dict(sorted(best.items(), key=lambda kv: kv[0] != args.baseline))  # the baseline's row first
+    base = found[(args.baseline, best[args.baseline])]
+    target = statistics.fmean(r['val'][-1] for r in base)
+    base_time = reach(mean_curve(base)[2], mean_curve(base)[3], target)
+
+    def row(mixer, lr):
+        runs = found[(mixer, lr)]
+        vals = final[(mixer, lr)]
+        _, tokens, seconds, val = mean_curve(runs)
+        t, n = reach(seconds, val, target), reach(tokens, val, target)
+        return (f"| `{mixer}` | {lr:g} | {len(runs)} | {statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f} | "
+                f"{statistics.fmean(r['tok_s'] for r in runs):,.0f} | {statistics.fmean(r['compile'] for r in runs):.1f} | "
+                + (f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens |" if t is not None else "not reached |"))
+
+    r0 = base[0]
+    head = (f"| mixer | lr | seeds | final val loss | tokens/s | compile s | time to {args.baseline}'s {target:.4f} |\n"
+            f"|---|---|---|---|---|---|---|")
+    print(f"Time to loss: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: {args.baseline}'s final val loss "
+          f"at its best lr, mean over its seeds (× = the time over {args.baseline}'s own)\n")
+    print(head)
+    for mixer in best:
+        print(row(mixer, best[mixer]))
+    if any(len([k for k in found if k[0] == m]) > 1 for m in best):
+        print("\nEvery learning rate (the best per mixer above: the lowest mean final val loss):\n")
+        print(head)
+        for mixer, lr in sorted(found, key=lambda k: (list(best).index(k[0]), k[1])):
+            print(row(mixer, lr))
+    if args.plot != '':
+        path = args.plot or os.path.join(args.runs[0] if os.path.isdir(args.runs[0]) else '.', 'ttl.png')
+        picture({m: found[(m, best[m])] for m in best}, target, args.baseline, path, args.title)
+        print(f"\npicture: {path}")
+
+
+def picture(curves, target, baseline, path, title=None):
+    import matplotlib
+    matplotlib.use('Agg')  # files only, no display needed
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    top = max(statistics.fmean(r['val'][min(1, len(r['val']) - 1)] for r in runs) for runs in curves.values())
+    for i, (mixer, runs) in enumerate(curves.items()):
+        _, tokens, seconds, val = mean_curve(runs)
+        label = f"{mixer} (lr {runs[0]['lr']:g}, {len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        axes[0].plot([t / 1e6 for t in tokens], val, marker='o', markersize=2, color=f'C{i}', label=label)
+        axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
+        for j, r in enumerate(runs):  # each seed's per-step loss, smoothed over ~1% of the run
+            k = max(1, len(r['losses']) // 100)
+            smooth = [statistics.fmean(r['losses'][max(0, n - k):n + 1]) for n in range(len(r['losses']))]
+            axes[2].plot([t / 1e6 for t in r['iters']], smooth, color=f'C{i}', linewidth=0.8, alpha=0.8,
+                         label=label if j == 0 else None)
+    for ax, xlabel, ylabel in ((axes[0], 'training tokens (M)', 'val loss'), (axes[1], 'training seconds (compile not '
+                               'counted)', 'val loss'), (axes[2], 'training tokens (M)', 'training loss (per step, smoothed)')):
+        ax.axhline(target, color='grey', linestyle=':', linewidth=0.8, label=f"{baseline}'s final {target:.3f}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(target - 0.3 if math.isfinite(target) else None, top)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title or "time to loss", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main_args(argv):
+    settings = argv[argv.index('--') + 1:] if '--' in argv else []
+    argv = argv[:argv.index('--')] if '--' in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], allow_abbrev=False)
+    sub = ap.add_subparsers(dest='command', required=True)
+    r = sub.add_parser('run', help="train every (mixer, lr, seed), one at a time; train.py settings after --")
+    r.add_argument('out', help="folder for the runs: <out>/<mixer>_lr<lr>_s<seed>")
+    r.add_argument('--mixers', nargs='+', required=True)
+    r.add_argument('--lrs', nargs='+', type=float, required=True)
+    r.add_argument('--seeds', nargs='+', type=int, default=[1337])
+    p = sub.add_parser('report', help="tables and picture from finished runs")
+    p.add_argument('runs', nargs='+', help="run folders, or folders holding them (ttl.py run's <out>)")
+    p.add_argument('--baseline', default='softmax', help="the mixer whose final val loss is the target")
+    p.add_argument('--plot', default=None, help="PNG path ('' for none); default <first folder>/ttl.png")
+    p.add_argument('--title', default=None)
+    args = ap.parse_args(argv)
+    if args.command == 'run':
+        if not settings:
+            raise UserError("give train.py's settings after --, e.g. `-- config/pkgtext.py` (every run gets the same)")
+        for flag in ('mixer', 'learning_rate', 'min_lr', 'seed', 'out_dir', 'init_from', 'overwrite'):
+            if any(s.startswith(f'--{flag}=') for s in settings):
+                raise UserError(f"--{flag} is set by ttl.py for each run: leave it out of the settings after --")
+        if min(args.lrs) <= 0 or len(set(args.seeds)) < len(args.seeds):
+            raise UserError(f"--lrs must be > 0 and --seeds distinct, got {args.lrs} and {args.seeds}")
+        run(args, settings)
+    else:
+        for path in args.runs:
+            if not os.path.exists(path):
+                raise UserError(f"{path}: no such folder")
+        report(args)
+
+
+if __name__ == '__main__':
+    main_args(sys.argv[1:])
