@@ -244,6 +244,14 @@ def check_training(c):
         raise UserError(f"seed={c['seed']} must be in [0, 2**32 - 65536)")
     if c['init_from'] not in ('scratch', 'resume'):
         raise UserError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
+    if c.get('optimizer', 'adamw') not in ('adamw', 'muon'):
+        raise UserError(f"optimizer must be 'adamw' or 'muon' (Muon for the blocks' matrices, AdamW for the rest), got "
+                        f"{c['optimizer']!r}")
+    if c.get('lr_schedule', 'cosine') not in ('cosine', 'wsd'):
+        raise UserError(f"lr_schedule must be 'cosine' or 'wsd' (warmup-stable-decay), got {c['lr_schedule']!r}")
+    if not 0 < c.get('decay_fraction', 0.2) <= 1:
+        raise UserError(f"decay_fraction={c['decay_fraction']} must be in (0, 1]: the share of max_iters that wsd "
+                        f"decays over")
     if c['compile'] not in (None, True, False):
         raise UserError(f"compile must be None (auto), True or False, got {c['compile']!r}")
     cp = c['context_parallel']

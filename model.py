@@ -37,6 +37,7 @@ import torch.utils.checkpoint
 import parallel
 import kernels
 from configurator import UserError
+from optim import Muon
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # torch < 2.5: documents=True attends through SDPA with a dense mask
@@ -226,6 +227,7 @@ class ShortConv(nn.Module):
         self.name, self.width, self.norm, self.path = name, width, norm, path  # path: GPTConfig.kernels
         conv = nn.Conv1d(dim, dim, width, groups=dim, bias=bias)  # PyTorch's init: U(±1/sqrt(width))
         self.weight = nn.Parameter(conv.weight.detach().squeeze(1))  # [dim, W]
+        self.weight._no_muon = True  # W taps per channel, not a linear map between spaces: AdamW's (optim.Muon)
         self.bias = nn.Parameter(conv.bias.detach()) if bias else None
 
     def forward(self, x, cache=None, split=None, doc_pos=None, cp=None):
@@ -1132,16 +1134,25 @@ class GPT(nn.Module):
 
     # --- training helpers -----------------------------------------------------------------------
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; matrices (dim >= 2) decay, vectors (norms, biases, decay rates, dt biases) do not,
-        nor any parameter a mixer marks with `_no_weight_decay = True`."""
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw'):
+        """AdamW; matrices (dim >= 2) decay, vectors (norms, biases, decay rates, dt biases) do not, nor any parameter
+        a mixer marks with `_no_weight_decay = True`. optimizer='muon' (optim.Muon): the blocks' weight matrices
+        (2-D, not marked `_no_muon = True` as a conv kernel is) by Muon, with weight decay; the rest as with AdamW."""
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
-        decay = [p for p in params.values() if p.dim() >= 2 and not getattr(p, '_no_weight_decay', False)]
-        no_decay = [p for p in params.values() if p.dim() < 2 or getattr(p, '_no_weight_decay', False)]
+        muon = [p for n, p in params.items() if optimizer == 'muon' and n.startswith('transformer.h.') and p.dim() == 2
+                and not getattr(p, '_no_muon', False) and not getattr(p, '_no_weight_decay', False)]
+        rest = [p for p in params.values() if all(p is not q for q in muon)]
+        decay = [p for p in rest if p.dim() >= 2 and not getattr(p, '_no_weight_decay', False)]
+        no_decay = [p for p in rest if p.dim() < 2 or getattr(p, '_no_weight_decay', False)]
         groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
         if int(os.environ.get('RANK', '0')) == 0:  # once, not once per DDP rank
+            if muon:
+                print(f"num Muon parameter tensors: {len(muon)}, with {sum(p.numel() for p in muon):,} parameters")
             print(f"num decayed parameter tensors: {len(decay)}, with {sum(p.numel() for p in decay):,} parameters")
             print(f"num non-decayed parameter tensors: {len(no_decay)}, with {sum(p.numel() for p in no_decay):,} parameters")
+        if optimizer == 'muon':
+            return Muon([{'params': muon, 'weight_decay': weight_decay, 'muon': True}] + groups, lr=learning_rate,
+                        betas=betas)
         # fused: one kernel a step on CUDA; and it can skip a step on the device (found_inf), which lets train.py
         # read each step's loss a step late without a non-finite step reaching the weights
         fused = device_type in ('cuda', 'cpu')

@@ -199,7 +199,22 @@ class Parallel:
         accepted = inspect.signature(type(optimizer)).parameters  # (AdamW's defaults hold a key its __init__ lacks)
         local = type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
         self.shards = [p for g in local.param_groups for p in g['params']]
-        return local
+        if hasattr(local, 'whole'):  # an optimizer of whole matrices (optim.Muon): every rank gathers each matrix,
+            local.whole, local.part = self._whole, self._part  # orthogonalises it and keeps its own rows: the same
+        return local                                            # numbers as one process, for one all-gather each
+
+    def _whole(self, i, t):
+        """The whole tensor of parameter i (in the optimizer's order) whose local shard-shaped part is t."""
+        from torch.distributed.tensor import DTensor
+        p = self.params[i]
+        return DTensor.from_local(t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(),
+                                  run_check=False).full_tensor()
+
+    def _part(self, i, t):
+        """This rank's shard of parameter i's whole-shaped tensor t (a slice: no communication)."""
+        from torch.distributed.tensor import distribute_tensor
+        p = self.params[i]
+        return distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None).to_local()
 
     def to_shards(self, model):
         """After the backward: each shard's gradient is its DTensor gradient's local part."""

@@ -27,6 +27,7 @@ configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one l
 import numpy as np
 import torch
 
+import optim
 from kernels import TUNING
 from model import GPTConfig, GPT, gpu_peak_flops
 from checkpoint import (Divergence, OutDir, StopSignals, build_model, load_checkpoint, model_settings, rng_state,
@@ -81,17 +82,20 @@ kernels = ''                    # kernels.py's path: auto (Triton on CUDA), torc
 documents = False               # each EOT-separated document of a row is its own sequence (model.GPT.documents)
 eot_token = 50256               # with documents: the token that starts a document (GPT-2's <|endoftext|>)
 kda_gate_bound = 0.0            # KDA's gate: 0 = the released one; in [-5, 0): bounded at that value (fla's safe gate)
-# optimizer (model.GPT.configure_optimizers: AdamW)
+# optimizer (model.GPT.configure_optimizers, optim.py)
+optimizer = 'adamw'             # 'adamw', or 'muon': Muon for the blocks' weight matrices, AdamW for the rest, one lr
 learning_rate = 6e-4            # max learning rate
 max_iters = 600000              # total optimizer steps
 weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0                 # clip gradients at this norm, or 0.0 to disable
-# learning rate schedule: linear warmup then cosine decay to min_lr
+# learning rate schedule: linear warmup, then cosine decay to min_lr (or wsd: constant, then a linear decay)
 decay_lr = True
+lr_schedule = 'cosine'          # 'cosine' (to min_lr at lr_decay_iters) or 'wsd' (warmup-stable-decay)
 warmup_iters = 2000
-lr_decay_iters = 600000         # ~= max_iters per Chinchilla
+lr_decay_iters = 600000         # ~= max_iters per Chinchilla (cosine)
+decay_fraction = 0.2            # wsd: the last this fraction of max_iters decays linearly to min_lr
 min_lr = 6e-5                   # ~= learning_rate / 10
 # distributed (parallel.py)
 backend = ''                    # '' = nccl on CUDA, gloo on CPU
@@ -183,13 +187,14 @@ if compile:
 model = par.wrap(raw_model, compile, compile_mode, fsdp, fsdp_per_block)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 with redirect_stdout(io.StringIO()) as _echo:  # its parameter counts: to log.txt
-    optimizer = par.shard(raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type))
-    for group in optimizer.param_groups:
+    opt = par.shard(raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
+                                                   optimizer))  # optimizer: the setting, opt: the object
+    for group in opt.param_groups:
         group.setdefault('initial_lr', group['lr'])  # the rate the schedule scales (torch's schedulers' key)
 print0(_echo.getvalue().rstrip('\n'), terminal=False)
 wandb = out.wandb(wandb_project, wandb_run_name, wandb_mode, config) if wandb_log else None
 if checkpoint is not None:
-    par.load_optimizer(optimizer, checkpoint['optimizer'])
+    par.load_optimizer(opt, checkpoint['optimizer'])
     if 'scaler' in checkpoint:
         scaler.load_state_dict(checkpoint['scaler'])
     positions = checkpoint['train_loader']
@@ -233,15 +238,9 @@ def estimate_loss():
 
 
 def get_lr(it):
-    """Linear warmup for warmup_iters steps, cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    if not decay_lr:
-        return learning_rate
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it >= lr_decay_iters:  # (>=: no division by zero when lr_decay_iters == warmup_iters)
-        return min_lr
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)  # cosine: 1 -> 0
+    """The schedule's rate at step it (optim.lr_at: warmup, then cosine or wsd), or learning_rate with decay_lr off."""
+    return optim.lr_at(it, lr_schedule, learning_rate, min_lr, warmup_iters, lr_decay_iters, max_iters,
+                       decay_fraction) if decay_lr else learning_rate
 
 
 def save(val_loss, improved=False, why=''):
@@ -249,7 +248,7 @@ def save(val_loss, improved=False, why=''):
     iter_num steps, every rank's data position and RNG states, so that a resume continues exactly. A collective:
     every rank calls it. -> the iteration saved."""
     loader_states, rng_states = par.gather(train_loader_state), par.gather(rng_state(device_type, device))
-    model_sd, optimizer_sd = par.full_state(raw_model, optimizer)
+    model_sd, optimizer_sd = par.full_state(raw_model, opt)
     if master:
         ckpt = {'model': model_sd, 'optimizer': optimizer_sd, 'model_args': model_args, 'iter_num': iter_num,
                 'evaluated': evaluated_at == iter_num, 'val_loss': val_loss, 'best_val_loss': best_val_loss,
@@ -354,7 +353,8 @@ if max_iters < eval_interval and iter_num == 0 and not eval_only:
 # the training loop. Iteration iter_num evaluates (every eval_interval steps, and at max_iters: the weights the run
 # ends with), then makes optimizer step iter_num; the run makes max_iters steps and ends at the eval of step max_iters
 guard = Divergence(out.ckpt, learning_rate, grad_clip, fp16=scaler.is_enabled(), warn=print0)
-clock = StepClock(lagged=bool(optimizer.defaults.get('fused')) and not scaler.is_enabled(), cuda=device_type == 'cuda')
+lagged = getattr(opt, 'skips_on_device', bool(opt.defaults.get('fused')))  # fused AdamW and Muon skip on the device
+clock = StepClock(lagged=lagged and not scaler.is_enabled(), cuda=device_type == 'cuda')
 meter = Meter()
 train_loader_state = train_loader.state_dict()  # the position of the batch about to be fetched
 X, Y = par.fetch(train_loader)
@@ -389,7 +389,7 @@ while True:
         par.close()
         sys.exit(128 + stop_signal)
     lr = get_lr(iter_num)
-    for group in optimizer.param_groups:  # the schedule scales each group's own rate, as the model set it
+    for group in opt.param_groups:  # the schedule scales each group's own rate, as the model set it
         group['lr'] = lr * (group['initial_lr'] / learning_rate)  # (x 1.0 exactly for the groups at learning_rate)
 
     if evaluating:
@@ -429,16 +429,16 @@ while True:
         scaler.scale(loss).backward()
         step_loss += loss.detach()
     par.to_shards(model)
-    scaler.unscale_(optimizer)  # a no-op without the fp16 scaler
+    scaler.unscale_(opt)  # a no-op without the fp16 scaler
     numbers = par.step_numbers(step_loss, par.clip(model, grad_clip), signals.requested)
     if clock.lagged:  # the optimizer skips a non-finite step by itself, on the GPU; the host reads it a step late
-        optimizer.found_inf = numbers[4]
+        opt.found_inf = numbers[4]
     else:  # the check before the weights change: one CPU-GPU sync a step
         loss_f, norm_f, _, _, bad = numbers.tolist()
         guard.check(iter_num, loss_f, norm_f, bad)
-    scaler.step(optimizer)
+    scaler.step(opt)
     scaler.update()
-    par.zero_grad(model, optimizer)
+    par.zero_grad(model, opt)
     stop_signal = read(clock.end(iter_num, numbers))  # lagged: the step before, read while the GPU works on this one
     signals.started = True
     iter_num += 1

@@ -57,12 +57,14 @@ def test_training_lowers_the_loss(trained):
     assert 'config:' not in stdout  # the terminal gets a short header instead
 
 
-def test_resume_continues_exactly(pystdlib, tmp_path):
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_resume_continues_exactly(pystdlib, tmp_path, optimizer):
     """Stop after iter 4 (checkpoints at the eval of step 4 and at the end, step 5), resume, and get the same losses
-    as one uninterrupted run."""
-    straight = run(TINY + [f'--out_dir={tmp_path}/a', '--max_iters=8', '--eval_interval=4'])
-    run(TINY + [f'--out_dir={tmp_path}/b', '--max_iters=5', '--eval_interval=4'])  # last checkpoint: its end, step 5
-    resumed = run(TINY + [f'--out_dir={tmp_path}/b', '--max_iters=8', '--eval_interval=4', '--init_from=resume'])
+    as one uninterrupted run (Muon: its momentum buffers and its AdamW part's moments are in the checkpoint)."""
+    args = TINY + [f'--optimizer={optimizer}', '--eval_interval=4']
+    straight = run(args + [f'--out_dir={tmp_path}/a', '--max_iters=8'])
+    run(args + [f'--out_dir={tmp_path}/b', '--max_iters=5'])  # last checkpoint: its end, step 5
+    resumed = run(args + [f'--out_dir={tmp_path}/b', '--max_iters=8', '--init_from=resume'])
     a, b = iter_losses(straight.stdout), iter_losses(resumed.stdout)
     assert min(b) == 5, resumed.stdout[-2000:]  # iter_num continues from the checkpoint
     for it in range(5, 8):
@@ -81,11 +83,12 @@ def test_resume_with_dropout_continues_rng(pystdlib, tmp_path):
         assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
 
 
-def test_ddp_two_processes_gloo(pystdlib, tmp_path, torchrun_train):
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_ddp_two_processes_gloo(pystdlib, tmp_path, torchrun_train, optimizer):
     """2 ranks × 1 micro-step read the same tokens as 1 process × 2 micro-steps, so the weights must agree
     (this checks the gradient averaging and the accumulation split), and the ranks must agree with each other."""
     from checkpoint import load_checkpoint
-    args = TINY + ['--max_iters=3', '--eval_interval=3', '--gradient_accumulation_steps=2']
+    args = TINY + ['--max_iters=3', '--eval_interval=3', '--gradient_accumulation_steps=2', f'--optimizer={optimizer}']
     p = run(args + [f'--out_dir={tmp_path}/ddp'], cmd=torchrun_train)
     assert 'world size 2' in p.stdout
     rank0, rank1 = (torch.load(f'{tmp_path}/ddp/rank{r}.pt', weights_only=True) for r in (0, 1))  # each rank's weights at the end
@@ -149,6 +152,39 @@ def test_fsdp_two_processes_gloo_matches_one_and_resumes_across_rank_counts(pyst
             torch.testing.assert_close(resumed['model'][k], straight[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}")
 
 
+def test_muon_under_fsdp_gathers_whole_matrices_matches_one_process_and_resumes(pystdlib, tmp_path, torchrun_train):
+    """--optimizer=muon under FSDP over 2 gloo ranks: each rank holds half the rows of every matrix, so Muon gathers
+    each whole to orthogonalise it; weights, momentum buffers and AdamW moments must equal one process's, and the
+    FSDP checkpoint resumes in one process as one straight run ends."""
+    import shutil
+    from checkpoint import load_checkpoint
+    # Newton–Schulz in fp32 here: in bf16 a last-bit difference in a gradient (the ranks sum in another order) can
+    # round an update's element the other way, ~1e-4 after 3 steps, too close to the ~1e-3 that orthogonalising each
+    # rank's half of the rows instead of the whole matrix gives
+    patch = "import os, sys\nsys.path.insert(0, os.getcwd())\nimport torch, optim\noptim.NS_DTYPE = torch.float32\n"
+    driver = tmp_path / 'fp32_ns_train.py'
+    driver.write_text(patch + "import runpy\nsys.argv[0] = 'train.py'\nrunpy.run_path('train.py', run_name='__main__')\n")
+    ddp_driver = open(torchrun_train[-1]).read()
+    open(torchrun_train[-1], 'w').write(patch + ddp_driver)
+    one = [sys.executable, str(driver)]
+    args = TINY + ['--eval_interval=3', '--gradient_accumulation_steps=4', '--grad_clip=0.5', '--optimizer=muon']
+    run(args + ['--max_iters=3', '--fsdp=True', f'--out_dir={tmp_path}/fsdp'], cmd=torchrun_train)
+    run(args + ['--max_iters=3', f'--out_dir={tmp_path}/single'], cmd=one)
+    single, fsdp = load_checkpoint(f'{tmp_path}/single/ckpt.pt'), load_checkpoint(f'{tmp_path}/fsdp/ckpt.pt')
+    assert [g['muon'] for g in fsdp['optimizer']['param_groups']] == [True, False, False]
+    for k in single['model']:
+        torch.testing.assert_close(fsdp['model'][k], single['model'][k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    for i, state in single['optimizer']['state'].items():
+        for name, value in state.items():
+            torch.testing.assert_close(fsdp['optimizer']['state'][i][name], value, rtol=1e-4, atol=1e-6)
+    run(args + ['--max_iters=6', f'--out_dir={tmp_path}/straight'], cmd=one)
+    shutil.copytree(f'{tmp_path}/fsdp', f'{tmp_path}/fsdp_then_one')
+    run(args + ['--max_iters=6', '--init_from=resume', f'--out_dir={tmp_path}/fsdp_then_one'], cmd=one)
+    straight, resumed = (load_checkpoint(f'{tmp_path}/{n}/ckpt.pt') for n in ('straight', 'fsdp_then_one'))
+    for k in straight['model']:
+        torch.testing.assert_close(resumed['model'][k], straight['model'][k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
+
+
 # a model whose configure_optimizers returns another optimizer: SGD with momentum over three param groups of their own
 # rates and weight decays (what a researcher changes in model.py); train.py and parallel.py must not replace it
 SGD_PATCH = """\
@@ -158,7 +194,7 @@ import torch
 import model
 
 
-def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw'):
     named = dict(self.named_parameters())
     groups = [dict(params=[p for n, p in named.items() if p.dim() >= 2 and 'wte' not in n], weight_decay=weight_decay),
               dict(params=[named['transformer.wte.weight']], lr=learning_rate / 2, weight_decay=0.0),

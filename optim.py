@@ -1,0 +1,131 @@
+"""
+The optimizers and learning-rate schedules of train.py (model.GPT.configure_optimizers picks the optimizer's groups).
+
+AdamW is torch's. Muon, below, is one torch.optim.Optimizer whose param groups say which rule updates them: the
+blocks' weight matrices by Muon, everything else (embedding, head, norms, gains, biases, decay rates, conv kernels)
+by AdamW, so that train.py and parallel.py handle it as any optimizer (one state dict, one step, sharded by FSDP).
+
+Muon (Keller Jordan, 2024, kellerjordan.github.io/posts/muon; Moonshot's "Muon is Scalable for LLM Training",
+arXiv 2502.16982), for a weight matrix W [m, n] with gradient G:
+
+    M ← μ·M + G                       momentum (μ = 0.95)
+    U ← G + μ·M                       Nesterov's look-ahead
+    O ← NewtonSchulz5(U)              ≈ the orthogonal factor of U's polar decomposition (U = O·P)
+    W ← W − lr·(wd·W + 0.2·√max(m, n)·O)
+
+The orthogonal factor has every singular value ≈ 1, so its RMS is 1/√max(m, n); the scale 0.2·√max(m, n) (Moonlight's)
+gives the update AdamW's typical RMS of about 0.2, so the two rules share one learning rate and weight decay.
+"""
+import math
+
+import torch
+from torch.optim.adamw import adamw  # the functional form of torch.optim.AdamW's update
+
+# Newton–Schulz: X ← a·X + b·(XXᵀ)X + c·(XXᵀ)²X pushes every singular value of X (normalised to norm ≤ 1) towards ~1
+# in five steps; coefficients from Keller Jordan's Muon (tuned for the largest slope at 0, not exact convergence:
+# singular values end in about [0.7, 1.2], which works as well in training)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_DTYPE = torch.bfloat16  # tensor cores; its rounding is far below what the iteration's approximation leaves
+
+
+def newton_schulz(G, steps=5):
+    """≈ the orthogonal polar factor of each matrix in G [..., m, n], computed in NS_DTYPE."""
+    a, b, c = NS_COEFFICIENTS
+    X = G.to(NS_DTYPE)
+    tall = G.size(-2) > G.size(-1)
+    if tall:  # iterate on the wide orientation: XXᵀ is the smaller square
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # Frobenius norm ≥ spectral norm: singular values ≤ 1
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.mT if tall else X
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the groups with muon=True (2-D parameters), AdamW (torch's rule) for the others; lr, weight_decay
+    and AdamW's betas and eps per group. found_inf (a 0-dim tensor, set by train.py before step) skips a step on the
+    device, with no host sync, as fused AdamW does. Matrices of one shape are orthogonalised together, as a batch.
+    whole, part: under FSDP (parallel.Parallel.shard sets them) a parameter here is one rank's rows of the matrix;
+    whole(i, t) gathers the whole matrix of parameter i's tensor t, part(i, t) takes this rank's rows back."""
+    skips_on_device = True
+
+    def __init__(self, param_groups, lr=1e-3, weight_decay=0.0, momentum=0.95, betas=(0.9, 0.95), eps=1e-8,
+                 ns_steps=5):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, betas=betas, eps=eps, ns_steps=ns_steps,
+                        muon=False)
+        super().__init__(param_groups, defaults)
+        self.found_inf = None  # train.py's lagged read relies on the skip below (skips_on_device)
+        self.whole = self.part = None
+
+    @torch.no_grad()
+    def step(self):
+        keep = None if self.found_inf is None else (self.found_inf == 0).float()  # 1: apply the step, 0: skip it
+        index = 0  # a parameter's place in the optimizer's order (whole/part's i)
+        for group in self.param_groups:
+            params = [(index + k, p) for k, p in enumerate(group['params'])]
+            index += len(params)
+            params = [(i, p) for i, p in params if p.grad is not None]
+            if group['muon']:
+                self._muon(group, params, keep)
+            elif params:
+                self._adamw(group, params)
+
+    def _muon(self, group, params, keep):
+        lr, wd, mu = group['lr'], group['weight_decay'], group['momentum']
+        updates = {}
+        for i, p in params:
+            g = p.grad.float()
+            state = self.state[p]
+            if 'momentum_buffer' not in state:
+                state['momentum_buffer'] = torch.zeros_like(p, dtype=torch.float32)
+            m = state['momentum_buffer']
+            if keep is None:
+                m.mul_(mu).add_(g)
+            else:  # a skipped step leaves M as it was (and a non-finite G never reaches it)
+                m.copy_(torch.where(keep.bool(), m * mu + g, m))
+            u = g.add(m, alpha=mu).nan_to_num_(0.0, 0.0, 0.0) if keep is not None else g.add(m, alpha=mu)
+            updates[i] = u if self.whole is None else self.whole(i, u)
+        by_shape = {}
+        for i, u in updates.items():
+            by_shape.setdefault(tuple(u.shape), []).append(i)
+        for shape, ids in by_shape.items():  # one batched Newton–Schulz per shape
+            O = newton_schulz(torch.stack([updates[i] for i in ids]), group['ns_steps'])
+            scale = 0.2 * math.sqrt(max(shape))
+            for i, o in zip(ids, O):
+                updates[i] = o if self.part is None else self.part(i, o)
+                updates[i] = updates[i].to(torch.float32) * scale
+        for i, p in params:
+            step = lr if keep is None else lr * keep
+            p.mul_(1 - step * wd)
+            p.sub_((step * updates[i]).to(p.dtype))
+
+    def _adamw(self, group, params):
+        """torch's fused AdamW kernel on these parameters (its state: step, exp_avg, exp_avg_sq, as torch.optim.AdamW)."""
+        for _, p in params:
+            if not self.state[p]:
+                self.state[p].update(step=torch.zeros((), dtype=torch.float32, device=p.device),
+                                     exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        ps = [p for _, p in params]
+        states = [self.state[p] for p in ps]
+        adamw(ps, [p.grad for p in ps], [s['exp_avg'] for s in states], [s['exp_avg_sq'] for s in states], [],
+              [s['step'] for s in states], fused=True, found_inf=self.found_inf, amsgrad=False, beta1=group['betas'][0],
+              beta2=group['betas'][1], lr=group['lr'], weight_decay=group['weight_decay'], eps=group['eps'],
+              maximize=False)
+
+
+def lr_at(it, schedule, learning_rate, min_lr, warmup_iters, lr_decay_iters, max_iters, decay_fraction):
+    """The learning rate of step it. Both schedules warm up linearly for warmup_iters steps. cosine (nanoGPT's): then
+    a cosine from learning_rate to min_lr at lr_decay_iters, then min_lr. wsd (warmup-stable-decay): then
+    learning_rate until the last decay_fraction of max_iters, over which it falls linearly to min_lr."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if schedule == 'wsd':
+        decay_start = max_iters - decay_fraction * max_iters
+        if it < decay_start:
+            return learning_rate
+        return learning_rate + (min_lr - learning_rate) * min(1.0, (it - decay_start + 1) / (max_iters - decay_start))
+    if it >= lr_decay_iters:  # (>=: no division by zero when lr_decay_iters == warmup_iters)
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) * (learning_rate - min_lr)  # cosine: 1 -> 0
