@@ -201,6 +201,12 @@ def test_plot_table_and_picture_use_the_current_run_of_a_reused_out_dir(pystdlib
         with open(where, 'rb') as f:
             assert f.read(8) == b'\x89PNG\r\n\x1a\n'
     assert set(os.listdir(ROOT)) == before  # nothing written into the repository
+    # the per-step training loss: every iter line of the current run (after its resume), the same numbers
+    losses = iter_losses(second.stdout) | iter_losses(resumed.stdout)
+    assert read_log(str(out))['steps'] == sorted(losses.items())
+    p = subprocess.run([sys.executable, 'tools/plot.py', str(out), '--metric=step_loss'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and (out / 'step_loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n', p.stderr[-2000:]
 
 
 def test_read_log_keeps_one_run(tmp_path):

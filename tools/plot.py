@@ -4,6 +4,7 @@ Plot the eval curves of several runs against training tokens, read from their ou
 $ python tools/plot.py out-pystdlib-softmax out-pystdlib-kdax3+softmax   # -> out-pystdlib-softmax/val_loss.png
 $ python tools/plot.py out-text/* --ymax=4                               # -> out-text/val_loss.png
 $ python tools/plot.py out-grid/mqar/*_n16_w128_* --metric=val_acc --out=mqar_acc.png --title="MQAR, 16 pairs, width 128"
+$ python tools/plot.py out-text/* --metric=step_loss   # the training loss of every logged step (iter lines)
 $ python tools/plot.py out-text/* --table     # markdown: mixer, parameters, tokens, final and best val loss, tokens/s
 
 Each argument is a run's out_dir (or its log.txt); the legend names the run by its out_dir. The x axis is
@@ -27,8 +28,9 @@ configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one l
 # " (eval Ts)"); a diverged run prints nan or inf
 NUM = r'(nan|inf|[\d.]+)'
 EVAL_LINE = re.compile(rf'^step (\d+): train loss {NUM}, val loss {NUM}(?:, train acc {NUM}, val acc {NUM})?', re.M)
-ITER_LINE = re.compile(r'^iter \d+(?:/\d+)?: .*tok/s ([\d,]+)', re.M)  # "iter N/max: ..." (older logs: "iter N: ...")
-METRICS = {'val_loss': 'val loss', 'train_loss': 'train loss', 'val_acc': 'val answer accuracy', 'train_acc': 'train answer accuracy'}
+ITER_LINE = re.compile(rf'^iter (\d+)(?:/\d+)?: loss {NUM},.*tok/s ([\d,]+)', re.M)  # "iter N/max: ..." (older: "iter N:")
+METRICS = {'val_loss': 'val loss', 'train_loss': 'train loss', 'val_acc': 'val answer accuracy',
+           'train_acc': 'train answer accuracy', 'step_loss': 'training loss of each logged step'}
 
 
 def _config(line, path):
@@ -45,7 +47,8 @@ def _config(line, path):
 def read_log(path):
     """What a train.py log.txt says about the run that last trained there: {'config': the config dict of its last
     start (None if absent), 'tokens_per_iter': int or None, 'params': 'N.NNM' or None, 'tok_s': [tokens/s of each iter
-    line], 'evals': [{'step', 'train_loss', 'val_loss', 'train_acc', 'val_acc'}, ...] by step}.
+    line], 'evals': [{'step', 'train_loss', 'val_loss', 'train_acc', 'val_acc'}, ...] by step, 'steps': [(n, the loss of
+    iter line n), ...]}.
     log.txt holds every start in its out_dir, each beginning with its config line. The run is the last start from
     scratch that logged a step or an eval, with the resumes after it (a config without init_from counts as one); the
     runs before it (a reused out_dir) are left out. A resume at iter N drops the earlier evals after step N (a
@@ -63,7 +66,7 @@ def read_log(path):
         if (config.get('init_from', 'resume') != 'resume' and not config.get('eval_only')  # (an eval of the run)
                 and (EVAL_LINE.search(start) or ITER_LINE.search(start))):
             first = i
-    config, tokens, params, tok_s, evals = None, None, None, [], {}
+    config, tokens, params, tok_s, evals, steps = None, None, None, [], {}, {}
     for start in starts[first:]:
         configs = re.findall(r'^config: (\{.*\})$', start, re.M)
         config = _config(configs[-1], path) if configs else config
@@ -74,14 +77,17 @@ def read_log(path):
         resumed = re.search(r'^(?:Resuming training from|Evaluating) .* \(iter (\d+)\)$', start, re.M)
         if resumed:
             evals = {s: e for s, e in evals.items() if s <= int(resumed.group(1))}
-        tok_s += [float(m.group(1).replace(',', '')) for m in ITER_LINE.finditer(start)]
+            steps = {s: loss for s, loss in steps.items() if s < int(resumed.group(1))}
+        for m in ITER_LINE.finditer(start):
+            tok_s.append(float(m.group(3).replace(',', '')))
+            steps[int(m.group(1))] = float(m.group(2))
         for m in EVAL_LINE.finditer(start):
             step = int(m.group(1))
             acc = [float(x) if x is not None else None for x in m.group(4, 5)]
             evals[step] = {'step': step, 'train_loss': float(m.group(2)), 'val_loss': float(m.group(3)),
                            'train_acc': acc[0], 'val_acc': acc[1]}
     return {'config': config, 'tokens_per_iter': tokens, 'params': params, 'tok_s': tok_s,
-            'evals': [evals[s] for s in sorted(evals)]}
+            'evals': [evals[s] for s in sorted(evals)], 'steps': sorted(steps.items())}
 
 
 def default_out(runs, metric='val_loss'):
@@ -107,7 +113,10 @@ def plot(runs, out, metric='val_loss', title=None, ymax=None):
     mixers = [(log['config'] or {}).get('mixer') for log in logs]
     colors = {}  # runs of one mixer (several seeds) share a color and one legend entry: the mixer's name
     for run, log, mixer in zip(runs, logs, mixers):
-        points = [(e['step'] * log['tokens_per_iter'], e[metric]) for e in log['evals'] if e[metric] is not None]
+        if metric == 'step_loss':  # the iter lines' loss (every log_interval steps), after step n's update: n + 1
+            points = [((n + 1) * log['tokens_per_iter'], loss) for n, loss in log['steps']] if log['tokens_per_iter'] else []
+        else:
+            points = [(e['step'] * log['tokens_per_iter'], e[metric]) for e in log['evals'] if e[metric] is not None]
         if not points or log['tokens_per_iter'] is None:
             raise ValueError(f"{run}: no '{METRICS[metric]}' evals in its log (is it a train.py out_dir, and for accuracy a task run?)")
         if None not in mixers and len(set(mixers)) < len(mixers):
@@ -116,7 +125,8 @@ def plot(runs, out, metric='val_loss', title=None, ymax=None):
         else:
             label = os.path.basename(os.path.normpath(run if os.path.isdir(run) else os.path.dirname(run) or '.'))
             color = None
-        ax.plot(*zip(*points), marker='o', markersize=3, label=label, color=color)
+        style = dict(linewidth=0.8) if metric == 'step_loss' else dict(marker='o', markersize=3)
+        ax.plot(*zip(*points), label=label, color=color, **style)
     ax.set_xlabel('training tokens')
     ax.set_ylabel(METRICS[metric])
     ax.set_title(title or f"{METRICS[metric]} vs tokens")
