@@ -39,6 +39,7 @@ from plot import read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLOCK = re.compile(r'^step (\d+): .*\(eval [\d.]+s, train clock ([\d.]+)s\)$', re.M)
+GPU = re.compile(r'^\|\s+\d+\s+(NVIDIA .+?)\s{2,}(?:On|Off)\s', re.M)  # the nvidia-smi table train.py logs
 ITER = re.compile(r'^iter (\d+)/\d+: loss (nan|inf|[\d.]+),.* time ([\d.]+)ms', re.M)
 
 
@@ -93,7 +94,8 @@ def read_run(out_dir):
     median = statistics.median([t for _, _, t in iters[1:]] or [iters[0][2]])
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
-    return {'mixer': c['mixer'], 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
+    gpu = GPU.search(text)
+    return {'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'], 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
             'steps': [e['step'] for e in evals], 'tokens': [e['step'] * log['tokens_per_iter'] for e in evals],
             'seconds': [max(clock[e['step']] - compile_s, 0.0) if e['step'] else 0.0 for e in evals],
             'val': [e['val_loss'] for e in evals], 'iters': [n * log['tokens_per_iter'] for n, _, _ in iters],
@@ -165,9 +167,13 @@ def report(args):
                 + (f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens |" if t is not None else "not reached |"))
 
     r0 = base[0]
+    devices = sorted({r['device'] for runs in found.values() for r in runs})
+    if len(devices) > 1:  # a clock is only comparable on one kind of GPU
+        print(f"ttl.py: warning: the runs ran on different devices ({', '.join(devices)}): their times do not compare",
+              file=sys.stderr)
     head = (f"| mixer | lr | seeds | final val loss | tokens/s | compile s | time to {args.baseline}'s {target:.4f} |\n"
             f"|---|---|---|---|---|---|---|")
-    print(f"Time to loss: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: {args.baseline}'s final val loss "
+    print(f"Time to loss on {', '.join(devices)}: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: {args.baseline}'s final val loss "
           f"at its best lr, mean over its seeds (× = the time over {args.baseline}'s own)\n")
     print(head)
     for mixer in best:
