@@ -72,33 +72,31 @@ class Muon(torch.optim.Optimizer):
                 self._adamw(group, params)
 
     def _muon(self, group, params, keep):
+        """The rule of the module docstring, on the matrices of one shape at a time as one stacked tensor: a few
+        kernels per shape rather than a dozen per matrix (a step's time is the Newton–Schulz matmuls, not launches)."""
         lr, wd, mu = group['lr'], group['weight_decay'], group['momentum']
-        updates = {}
-        for i, p in params:
-            g = p.grad.float()
-            state = self.state[p]
-            if 'momentum_buffer' not in state:
-                state['momentum_buffer'] = torch.zeros_like(p, dtype=torch.float32)
-            m = state['momentum_buffer']
-            if keep is None:
-                m.mul_(mu).add_(g)
-            else:  # a skipped step leaves M as it was (and a non-finite G never reaches it)
-                m.copy_(torch.where(keep.bool(), m * mu + g, m))
-            u = g.add(m, alpha=mu).nan_to_num_(0.0, 0.0, 0.0) if keep is not None else g.add(m, alpha=mu)
-            updates[i] = u if self.whole is None else self.whole(i, u)
+        step = lr if keep is None else lr * keep  # a skipped step: a rate of 0 (and M kept as it was, below)
         by_shape = {}
-        for i, u in updates.items():
-            by_shape.setdefault(tuple(u.shape), []).append(i)
-        for shape, ids in by_shape.items():  # one batched Newton–Schulz per shape
-            O = newton_schulz(torch.stack([updates[i] for i in ids]), group['ns_steps'])
-            scale = 0.2 * math.sqrt(max(shape))
-            for i, o in zip(ids, O):
-                updates[i] = o if self.part is None else self.part(i, o)
-                updates[i] = updates[i].to(torch.float32) * scale
         for i, p in params:
-            step = lr if keep is None else lr * keep
-            p.mul_(1 - step * wd)
-            p.sub_((step * updates[i]).to(p.dtype))
+            by_shape.setdefault(tuple(p.shape), []).append((i, p))
+        for shape, items in by_shape.items():
+            ps = [p for _, p in items]
+            ms = [self.state[p].setdefault('momentum_buffer', torch.zeros_like(p, dtype=torch.float32)) for p in ps]
+            G, M = torch.stack([p.grad for p in ps]).float(), torch.stack(ms)
+            if keep is not None:  # a non-finite G never reaches M; a skipped step leaves M as it was
+                G = G.nan_to_num_(0.0, 0.0, 0.0)
+                M = torch.where(keep.bool(), M * mu + G, M)
+            else:
+                M = M.mul_(mu).add_(G)
+            torch._foreach_copy_(ms, M.unbind(0))
+            U = G.add_(M, alpha=mu)  # Nesterov's G + μM
+            if self.whole is not None:  # FSDP: each matrix whole (the same on every rank)
+                U = torch.stack([self.whole(i, u) for (i, _), u in zip(items, U.unbind(0))])
+            O = newton_schulz(U, group['ns_steps']).float().mul_(0.2 * math.sqrt(max(U.shape[1:])))  # one batch
+            if self.part is not None:  # this rank's rows
+                O = torch.stack([self.part(i, o) for (i, _), o in zip(items, O.unbind(0))])
+            torch._foreach_mul_(ps, 1 - step * wd)
+            torch._foreach_sub_(ps, O.mul_(step).to(ps[0].dtype).unbind(0))
 
     def _adamw(self, group, params):
         """torch's fused AdamW kernel on these parameters (its state: step, exp_avg, exp_avg_sq, as torch.optim.AdamW)."""
