@@ -16,12 +16,12 @@ import ttl
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000, max_iters=None):
+def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000, max_iters=None, optimizer='adamw'):
     """A train.py log.txt: evals = [(step, val loss, train clock s)], step_ms = each step's time (ms)."""
     max_iters = max_iters or evals[-1][0]
     os.makedirs(folder, exist_ok=True)
     config = dict(out_dir=str(folder), eval_only=False, init_from='scratch', mixer=mixer, learning_rate=lr, seed=seed,
-                  max_iters=max_iters)
+                  max_iters=max_iters, optimizer=optimizer)
     lines = [f"=== 2026-12-06 12:00:00 train.py", f"config: {config!r}",
              f"data: pystdlib, 1 grad accum × 1 ranks × 1 batch × 1000 context = {tokens_per_step:,} tokens per step, "
              f"{max_iters} steps"]
@@ -98,9 +98,10 @@ def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     names = sorted(n for n in os.listdir(tmp_path) if not n.startswith('.'))  # (each run's lock file beside it)
-    assert names == ['gdn_lr0.003_s1', 'gdn_lr0.01_s1', 'softmax_lr0.003_s1', 'softmax_lr0.01_s1'], names
+    assert names == ['gdn_adamw_lr0.003_s1', 'gdn_adamw_lr0.01_s1', 'softmax_adamw_lr0.003_s1',
+                     'softmax_adamw_lr0.01_s1'], names
     first = lambda d: re.search(r'^iter 0/6: loss ([\d.]+)', open(tmp_path / d / 'log.txt').read(), re.M).group(1)
-    assert first('softmax_lr0.003_s1') == first('softmax_lr0.01_s1')  # the step-0 loss: before any update
+    assert first('softmax_adamw_lr0.003_s1') == first('softmax_adamw_lr0.01_s1')  # step 0's loss: before any update
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count('finished before, kept') == 4, again.stdout
     p = subprocess.run([sys.executable, 'tools/ttl.py', 'report', str(tmp_path)], cwd=ROOT, capture_output=True,
@@ -108,3 +109,22 @@ def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
     assert p.returncode == 0 and '| `softmax` |' in p.stdout and '| `gdn` |' in p.stdout, p.stderr
     if os.path.exists(tmp_path / 'ttl.png'):  # (matplotlib, from requirements.txt)
         assert os.path.getsize(tmp_path / 'ttl.png') > 10_000
+
+
+def test_report_compares_optimizers_by_the_tokens_to_their_adamw_loss(tmp_path, capsys):
+    """With Muon runs beside AdamW ones: an optimizer column, and the tokens each Muon arm takes to its mixer's AdamW
+    final val loss over AdamW's own tokens to it."""
+    ms = [100.0] * 20
+    clock = lambda s: sum(ms[:s]) / 1000
+    write_log(tmp_path / 'a', 'softmax', 1e-3, 1, [(0, 10.0, 0.0), (10, 4.0, clock(10)), (20, 3.1, clock(20))], ms)
+    write_log(tmp_path / 'm', 'softmax', 1e-3, 1, [(0, 10.0, 0.0), (10, 3.0, clock(10)), (20, 2.8, clock(20))], ms,
+              optimizer='muon')
+    ttl.main_args(['report', str(tmp_path), '--plot', ''])
+    out = capsys.readouterr().out
+    assert "| mixer | optimizer | lr |" in out, out
+    muon = next(line for line in out.splitlines() if '| muon |' in line)
+    # AdamW reaches its 3.1 at its last eval, 20M tokens; Muon between 10.0 (0) and 3.0 (10M): 6.9 / 7 x 10M
+    assert muon.endswith(f"| {6.9 / 7 * 10 / 20:.2f}× |"), muon
+    adamw = next(line for line in out.splitlines() if '| adamw |' in line)
+    assert adamw.endswith('| — |') and '2.0 s (1.00×), 20.0M tokens' in adamw, adamw
+    assert '1.0 s (0.49×), 9.9M tokens' in muon, muon

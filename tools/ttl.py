@@ -7,22 +7,23 @@ $ python tools/ttl.py run out-ttl --mixers softmax 'kda*3,softmax' gdn kda --lrs
 $ python tools/ttl.py report out-ttl            # the tables, and out-ttl/ttl.png
 $ python tools/ttl.py report out-ttl --baseline softmax --plot ttl.png
 
-run: train.py once per (mixer, learning rate, seed), one run at a time (each alone on the GPU: the clock is what is
-measured), into <out>/<mixer>_lr<lr>_s<seed>; each gets --mixer, --learning_rate, --min_lr = learning_rate / 10 and
---seed, and the same settings after `--` (config and overrides). The data loader reads the train shards in order,
-so every run sees the same batches in the same order, and every eval scores the same first eval_iters val batches.
-A finished run is kept (run again to fill in the rest); an unfinished one starts again from scratch, since a resumed
-run's clock would not be one run's.
+run: train.py once per (mixer, optimizer, learning rate, seed), one run at a time (each alone on the GPU: the clock is
+what is measured), into <out>/<mixer>_<optimizer>_lr<lr>_s<seed>; each gets --mixer, --optimizer, --learning_rate,
+--min_lr = learning_rate / 10 and --seed, and the same settings after `--` (config and overrides). The data loader
+reads the train shards in order, so every run sees the same batches in the same order, and every eval scores the same
+first eval_iters val batches. A finished run is kept (run again to fill in the rest); an unfinished one starts again
+from scratch, since a resumed run's clock would not be one run's.
 
 report: each run's log.txt (plot.py's read_log). The clock at an eval is train.py's train clock (the sum of the step
 times: evals and saves not counted) less the compile time: what the first ten steps took beyond the median step
 (compiling, autotuning), reported apart; give train.py --log_interval=1 so that all ten are logged (with a longer
-interval only step 0 is seen). Per (mixer, learning rate): the final val loss as
-mean ± half-range over seeds, the median tokens/s, the compile time, and the time and tokens to reach the baseline's
-final val loss (the mean over its seeds, at its best rate): where the mean curve over seeds first reaches it,
-interpolated linearly between evals, or "not reached". A mixer's best rate is the one with the lowest mean final val
-loss, chosen the same way for every mixer. The picture: val loss against tokens and against seconds, one line per
-mixer at its best rate (the mean over seeds), and the per-step training loss.
+interval only step 0 is seen). An arm is a (mixer, optimizer); its best rate is the one with the lowest mean final val
+loss, chosen the same way for every arm. Per arm at its best rate: the final val loss as mean ± half-range over seeds,
+the median tokens/s, the compile time, and the time and tokens to reach the baseline's final val loss (the baseline
+mixer with AdamW, mean over its seeds): where the mean curve over seeds first reaches it, interpolated linearly
+between evals, or "not reached"; with several optimizers also the tokens each takes to its mixer's AdamW final loss,
+over AdamW's own. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
+best rate (the mean over seeds), and the per-step training loss.
 """
 import argparse
 import math
@@ -43,8 +44,8 @@ GPU = re.compile(r'^\|\s+\d+\s+(NVIDIA .+?)\s{2,}(?:On|Off)\s', re.M)  # the nvi
 ITER = re.compile(r'^iter (\d+)/\d+: loss (nan|inf|[\d.]+),.* time ([\d.]+)ms', re.M)
 
 
-def run_name(mixer, lr, seed):
-    return f"{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}_lr{lr:g}_s{seed}"
+def run_name(mixer, optimizer, lr, seed):
+    return f"{mixer.replace(' ', '').replace('*', 'x').replace(',', '+')}_{optimizer}_lr{lr:g}_s{seed}"
 
 
 def finished(out_dir):
@@ -59,14 +60,14 @@ def finished(out_dir):
 
 
 def run(args, settings):
-    jobs = [(m, lr, s) for m in args.mixers for lr in args.lrs for s in args.seeds]  # a mixer's runs together:
-    for i, (mixer, lr, seed) in enumerate(jobs):                                       # its compile cache is warm
-        out_dir = os.path.join(args.out, run_name(mixer, lr, seed))
+    jobs = [(m, o, lr, s) for m in args.mixers for o in args.optimizers for lr in args.lrs for s in args.seeds]
+    for i, (mixer, optimizer, lr, seed) in enumerate(jobs):  # a mixer's runs together: its compile cache is warm
+        out_dir = os.path.join(args.out, run_name(mixer, optimizer, lr, seed))
         if finished(out_dir):
             print(f"[{i + 1}/{len(jobs)}] {out_dir}: finished before, kept", flush=True)
             continue
         cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + settings + [
-            f'--mixer={mixer}', f'--learning_rate={lr}', f'--min_lr={lr / 10:g}', f'--seed={seed}', f'--out_dir={out_dir}',
+            f'--mixer={mixer}', f'--optimizer={optimizer}', f'--learning_rate={lr}', f'--min_lr={lr / 10:g}', f'--seed={seed}', f'--out_dir={out_dir}',
             '--overwrite=True', '--init_from=scratch']
         print(f"[{i + 1}/{len(jobs)}] {out_dir}: {' '.join(cmd[1:])}", flush=True)
         code = subprocess.run(cmd, cwd=ROOT).returncode
@@ -95,7 +96,8 @@ def read_run(out_dir):
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
     gpu = GPU.search(text)
-    return {'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'], 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
+    return {'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'],
+            'optimizer': c.get('optimizer', 'adamw'), 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
             'steps': [e['step'] for e in evals], 'tokens': [e['step'] * log['tokens_per_iter'] for e in evals],
             'seconds': [max(clock[e['step']] - compile_s, 0.0) if e['step'] else 0.0 for e in evals],
             'val': [e['val_loss'] for e in evals], 'iters': [n * log['tokens_per_iter'] for n, _, _ in iters],
@@ -122,19 +124,21 @@ def reach(xs, losses, target):
 
 
 def groups(out_dirs):
-    """{(mixer, lr): [runs over seeds]} of the finished runs among out_dirs (a warning for each unfinished one)."""
+    """{(mixer, optimizer, lr): [runs over seeds]} of the finished runs among out_dirs (a warning for each unfinished
+    one)."""
     found = {}
     for d in out_dirs:
         if not finished(d):
             print(f"ttl.py: {d}: not finished, left out", file=sys.stderr)
             continue
         r = read_run(d)
-        found.setdefault((r['mixer'], r['lr']), []).append(r)
+        found.setdefault((r['mixer'], r['optimizer'], r['lr']), []).append(r)
     if not found:
         raise UserError(f"no finished train.py runs among {', '.join(out_dirs)}: `ttl.py run` first")
-    for (mixer, lr), runs in found.items():
+    for (mixer, optimizer, lr), runs in found.items():
         if len({(r['max_iters'], r['tokens'][-1]) for r in runs}) > 1:
-            raise UserError(f"{mixer} at lr {lr:g}: its seeds trained different token counts: compare like with like")
+            raise UserError(f"{mixer} with {optimizer} at lr {lr:g}: its seeds trained different token counts: compare "
+                            f"like with like")
     return found
 
 
@@ -144,48 +148,66 @@ def report(args):
         subs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
         out_dirs += [d for d in subs if os.path.isfile(os.path.join(d, 'log.txt'))] or [path]
     found = groups(out_dirs)
-    final = {k: [r['val'][-1] for r in runs] for k, runs in found.items()}
-    best = {}
-    for (mixer, lr), vals in final.items():
-        if mixer not in best or statistics.fmean(vals) < statistics.fmean(final[(mixer, best[mixer])]):
-            best[mixer] = lr
-    if args.baseline not in best:
-        raise UserError(f"no finished run of the baseline {args.baseline!r} (mixers found: {', '.join(best)}): "
-                        f"give --baseline one of them")
-    best = dict(sorted(best.items(), key=lambda kv: kv[0] != args.baseline))  # the baseline's row first
-    base = found[(args.baseline, best[args.baseline])]
-    target = statistics.fmean(r['val'][-1] for r in base)
+    final = {k: statistics.fmean(r['val'][-1] for r in runs) for k, runs in found.items()}
+    best = {}  # (mixer, optimizer) -> the learning rate with the lowest mean final val loss
+    for (mixer, optimizer, lr), loss in final.items():
+        arm = (mixer, optimizer)
+        if arm not in best or loss < final[arm + (best[arm],)]:
+            best[arm] = lr
+    base_arm = (args.baseline, 'adamw') if (args.baseline, 'adamw') in best else next(
+        (a for a in best if a[0] == args.baseline), None)
+    if base_arm is None:
+        raise UserError(f"no finished run of the baseline {args.baseline!r} (mixers found: "
+                        f"{', '.join(sorted({m for m, _ in best}))}): give --baseline one of them")
+    best = dict(sorted(best.items(), key=lambda kv: (kv[0] != base_arm, kv[0][0] != args.baseline)))  # baseline first
+    base = found[base_arm + (best[base_arm],)]
+    target = final[base_arm + (best[base_arm],)]
     base_time = reach(mean_curve(base)[2], mean_curve(base)[3], target)
+    optimizers = len({o for _, o in best}) > 1
 
-    def row(mixer, lr):
-        runs = found[(mixer, lr)]
-        vals = final[(mixer, lr)]
+    def row(mixer, optimizer, lr):
+        runs = found[(mixer, optimizer, lr)]
+        vals = [r['val'][-1] for r in runs]
         _, tokens, seconds, val = mean_curve(runs)
         t, n = reach(seconds, val, target), reach(tokens, val, target)
-        return (f"| `{mixer}` | {lr:g} | {len(runs)} | {statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f} | "
-                f"{statistics.fmean(r['tok_s'] for r in runs):,.0f} | {statistics.fmean(r['compile'] for r in runs):.1f} | "
-                + (f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens |" if t is not None else "not reached |"))
+        cells = [f"`{mixer}`"] + ([optimizer] if optimizers else []) + [
+            f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}",
+            f"{statistics.fmean(r['tok_s'] for r in runs):,.0f}", f"{statistics.fmean(r['compile'] for r in runs):.1f}",
+            f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if t is not None else "not reached"]
+        if optimizers:  # the tokens this arm takes to its mixer's AdamW final loss, over AdamW's own
+            adamw = (mixer, 'adamw')
+            if adamw in best and optimizer != 'adamw':
+                runs_a = found[adamw + (best[adamw],)]
+                goal = final[adamw + (best[adamw],)]
+                mine, theirs = reach(tokens, val, goal), reach(mean_curve(runs_a)[1], mean_curve(runs_a)[3], goal)
+                cells.append(f"{mine / theirs:.2f}×" if mine is not None else "not reached")
+            else:
+                cells.append("—")
+        return '| ' + ' | '.join(cells) + ' |'
 
     r0 = base[0]
     devices = sorted({r['device'] for runs in found.values() for r in runs})
     if len(devices) > 1:  # a clock is only comparable on one kind of GPU
         print(f"ttl.py: warning: the runs ran on different devices ({', '.join(devices)}): their times do not compare",
               file=sys.stderr)
-    head = (f"| mixer | lr | seeds | final val loss | tokens/s | compile s | time to {args.baseline}'s {target:.4f} |\n"
-            f"|---|---|---|---|---|---|---|")
-    print(f"Time to loss on {', '.join(devices)}: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: {args.baseline}'s final val loss "
-          f"at its best lr, mean over its seeds (× = the time over {args.baseline}'s own)\n")
+    names = (['mixer'] + (['optimizer'] if optimizers else []) + ['lr', 'seeds', 'final val loss', 'tokens/s',
+             'compile s', f"time to {args.baseline}'s {target:.4f}"] +
+             (["tokens to its AdamW's final loss"] if optimizers else []))
+    head = '| ' + ' | '.join(names) + ' |\n|' + '---|' * len(names)
+    print(f"Time to loss on {', '.join(devices)}: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: "
+          f"{' with '.join(base_arm)}'s final val loss at its best lr, mean over its seeds (× = the time over its own)\n")
     print(head)
-    for mixer in best:
-        print(row(mixer, best[mixer]))
-    if any(len([k for k in found if k[0] == m]) > 1 for m in best):
-        print("\nEvery learning rate (the best per mixer above: the lowest mean final val loss):\n")
+    for arm, lr in best.items():
+        print(row(*arm, lr))
+    if len(found) > len(best):
+        print("\nEvery learning rate (the best of each above: the lowest mean final val loss):\n")
         print(head)
-        for mixer, lr in sorted(found, key=lambda k: (list(best).index(k[0]), k[1])):
-            print(row(mixer, lr))
+        for key in sorted(found, key=lambda k: (list(best).index(k[:2]), k[2])):
+            print(row(*key))
     if args.plot != '':
         path = args.plot or os.path.join(args.runs[0] if os.path.isdir(args.runs[0]) else '.', 'ttl.png')
-        picture({m: found[(m, best[m])] for m in best}, target, args.baseline, path, args.title)
+        picture({arm: found[arm + (lr,)] for arm, lr in best.items()}, target, ' with '.join(base_arm), path,
+                args.title)
         print(f"\npicture: {path}")
 
 
@@ -195,9 +217,9 @@ def picture(curves, target, baseline, path, title=None):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     top = max(statistics.fmean(r['val'][min(1, len(r['val']) - 1)] for r in runs) for runs in curves.values())
-    for i, (mixer, runs) in enumerate(curves.items()):
+    for i, ((mixer, optimizer), runs) in enumerate(curves.items()):
         _, tokens, seconds, val = mean_curve(runs)
-        label = f"{mixer} (lr {runs[0]['lr']:g}, {len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        label = f"{mixer} ({optimizer}, lr {runs[0]['lr']:g}, {len(runs)} seed{'s' if len(runs) > 1 else ''})"
         axes[0].plot([t / 1e6 for t in tokens], val, marker='o', markersize=2, color=f'C{i}', label=label)
         axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
         for j, r in enumerate(runs):  # each seed's per-step loss, smoothed over ~1% of the run
@@ -226,10 +248,11 @@ def main_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], allow_abbrev=False)
     sub = ap.add_subparsers(dest='command', required=True)
     r = sub.add_parser('run', help="train every (mixer, lr, seed), one at a time; train.py settings after --")
-    r.add_argument('out', help="folder for the runs: <out>/<mixer>_lr<lr>_s<seed>")
+    r.add_argument('out', help="folder for the runs: <out>/<mixer>_<optimizer>_lr<lr>_s<seed>")
     r.add_argument('--mixers', nargs='+', required=True)
     r.add_argument('--lrs', nargs='+', type=float, required=True)
     r.add_argument('--seeds', nargs='+', type=int, default=[1337])
+    r.add_argument('--optimizers', nargs='+', default=['adamw'], choices=['adamw', 'muon'])
     p = sub.add_parser('report', help="tables and picture from finished runs")
     p.add_argument('runs', nargs='+', help="run folders, or folders holding them (ttl.py run's <out>)")
     p.add_argument('--baseline', default='softmax', help="the mixer whose final val loss is the target")
@@ -239,7 +262,7 @@ def main_args(argv):
     if args.command == 'run':
         if not settings:
             raise UserError("give train.py's settings after --, e.g. `-- config/pkgtext.py` (every run gets the same)")
-        for flag in ('mixer', 'learning_rate', 'min_lr', 'seed', 'out_dir', 'init_from', 'overwrite'):
+        for flag in ('mixer', 'optimizer', 'learning_rate', 'min_lr', 'seed', 'out_dir', 'init_from', 'overwrite'):
             if any(s.startswith(f'--{flag}=') for s in settings):
                 raise UserError(f"--{flag} is set by ttl.py for each run: leave it out of the settings after --")
         if min(args.lrs) <= 0 or len(set(args.seeds)) < len(args.seeds):
