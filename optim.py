@@ -31,15 +31,16 @@ NS_DTYPE = torch.bfloat16  # tensor cores; its rounding is far below what the it
 def newton_schulz(G, steps=5):
     """≈ the orthogonal polar factor of each matrix in G [..., m, n], computed in NS_DTYPE."""
     a, b, c = NS_COEFFICIENTS
-    X = G.to(NS_DTYPE)
+    X = G.to(NS_DTYPE).reshape(-1, *G.shape[-2:])  # a batch of matrices
     tall = G.size(-2) > G.size(-1)
     if tall:  # iterate on the wide orientation: XXᵀ is the smaller square
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # Frobenius norm ≥ spectral norm: singular values ≤ 1
-    for _ in range(steps):
+    for _ in range(steps):  # three kernels a step: baddbmm(M, P, Q, beta, alpha) = beta·M + alpha·P@Q
         A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.mT if tall else X
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b·A + c·A²
+        X = torch.baddbmm(X, B, X, beta=a, alpha=1)  # a·X + B·X
+    return (X.mT if tall else X).reshape(G.shape)
 
 
 class Muon(torch.optim.Optimizer):

@@ -217,22 +217,24 @@ def picture(curves, target, baseline, path, title=None):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     top = max(statistics.fmean(r['val'][min(1, len(r['val']) - 1)] for r in runs) for runs in curves.values())
+    low, high = math.inf, -math.inf  # the training-loss panel's range: its own curves after the first tenth
     for i, ((mixer, optimizer), runs) in enumerate(curves.items()):
         _, tokens, seconds, val = mean_curve(runs)
         label = f"{mixer} ({optimizer}, lr {runs[0]['lr']:g}, {len(runs)} seed{'s' if len(runs) > 1 else ''})"
         axes[0].plot([t / 1e6 for t in tokens], val, marker='o', markersize=2, color=f'C{i}', label=label)
         axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
-        for j, r in enumerate(runs):  # each seed's per-step loss, smoothed over ~1% of the run
-            k = max(1, len(r['losses']) // 100)
+        for j, r in enumerate(runs):  # each seed's per-step loss, a moving mean over 4% of the run (a batch of code
+            k = max(1, len(r['losses']) // 25)  # and one of prose differ by more than a nat)
             smooth = [statistics.fmean(r['losses'][max(0, n - k):n + 1]) for n in range(len(r['losses']))]
             axes[2].plot([t / 1e6 for t in r['iters']], smooth, color=f'C{i}', linewidth=0.8, alpha=0.8,
                          label=label if j == 0 else None)
+            low, high = min(low, min(smooth[k:] or smooth)), max(high, smooth[len(smooth) // 10])
     for ax, xlabel, ylabel in ((axes[0], 'training tokens (M)', 'val loss'), (axes[1], 'training seconds (compile not '
                                'counted)', 'val loss'), (axes[2], 'training tokens (M)', 'training loss (per step, smoothed)')):
         ax.axhline(target, color='grey', linestyle=':', linewidth=0.8, label=f"{baseline}'s final {target:.3f}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(target - 0.3 if math.isfinite(target) else None, top)
+        ax.set_ylim(*((target - 0.3, top) if ax is not axes[2] else (low - 0.1, high)))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(title or "time to loss", fontsize=10)
