@@ -74,7 +74,7 @@ class Muon(torch.optim.Optimizer):
 
     def _muon(self, group, params, keep):
         """The rule of the module docstring, on the matrices of one shape at a time as one stacked tensor: a few
-        kernels per shape rather than a dozen per matrix (a step's time is the Newton–Schulz matmuls, not launches)."""
+        kernels per shape rather than a dozen per matrix, so that the time goes to the Newton–Schulz matmuls."""
         lr, wd, mu = group['lr'], group['weight_decay'], group['momentum']
         step = lr if keep is None else lr * keep  # a skipped step: a rate of 0 (and M kept as it was, below)
         by_shape = {}

@@ -104,6 +104,8 @@ context = x.size(1) + max_new_tokens
 warning = model.length_warning(context)  # softmax layers past block_size: one line, then sample anyway
 if warning:
     print(warning)
+
+
 def generate():
     """(tokens [num_samples, context], caches, decode steps timed, how)."""
     if device_type == 'cuda' and cuda_graph:
