@@ -1141,7 +1141,8 @@ class GPT(nn.Module):
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         muon = [p for n, p in params.items() if optimizer == 'muon' and n.startswith('transformer.h.') and p.dim() == 2
                 and not getattr(p, '_no_muon', False) and not getattr(p, '_no_weight_decay', False)]
-        rest = [p for p in params.values() if id(p) not in {id(q) for q in muon}]
+        in_muon = {id(p) for p in muon}
+        rest = [p for p in params.values() if id(p) not in in_muon]
         decay = [p for p in rest if p.dim() >= 2 and not getattr(p, '_no_weight_decay', False)]
         no_decay = [p for p in rest if p.dim() < 2 or getattr(p, '_no_weight_decay', False)]
         groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
