@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from torch.nn.attention.bias import causal_lower_right
 
 import parallel
 import kernels
@@ -174,6 +175,8 @@ class Rotary(nn.Module):
         """pos0: an int, or a 0-dim int64 tensor (decoding through static caches, one token: no Python value that
         changes per token; inside the table the same values as an int gives, past it the same formula)."""
         T = x.size(1)
+        if torch.is_tensor(pos0) and T > 1:  # a prefill piece through static caches: a host sync, once per piece
+            pos0 = int(pos0)
         if torch.is_tensor(pos0):
             n = self.cos.size(0)
             i = pos0.clamp(max=n - 1).view(1)
@@ -416,14 +419,30 @@ class CausalSelfAttention(nn.Module):
     def static_step(self, q, k, v, cache):
         """One token through a static cache (GPT.static_caches): K, V [B, n_kv, L, hs] preallocated, the new key and
         value written at position pos, attention over all L slots with the ones after pos masked. Fixed shapes and
-        addresses, no host sync: the step can be captured as a CUDA graph. -> y [B, 1, nh, hs]."""
+        addresses, no host sync: the step can be captured as a CUDA graph. -> y [B, 1, nh, hs].
+        T > 1 tokens (a prefill piece, never in a graph): written at pos .. pos+T−1, attention over the first pos+T
+        slots, query i seeing keys up to pos+i (the causal mask aligned bottom-right: flash attention, no mask in memory)."""
         pos, K, V = cache['pos'], cache['k'], cache['v']
+        gqa = self.n_kv_head != self.n_head
+        T = q.size(1)
+        if T > 1:
+            p = int(pos)  # a host sync: fine once per piece
+            if p + T > K.size(2):
+                raise ValueError(f"{p + T} tokens do not fit static caches of {K.size(2)} positions")
+            q, k = self.rope(q, p), self.rope(k, p)
+            K[:, :, p:p + T] = k.transpose(1, 2)
+            V[:, :, p:p + T] = v.transpose(1, 2)
+            q, K, V = q.transpose(1, 2), K[:, :, :p + T], V[:, :, :p + T]
+            if p and gqa:  # the bottom-right causal bias has no GQA form: each key head repeated for its queries
+                K, V = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (K, V))
+            y = F.scaled_dot_product_attention(q, K, V, attn_mask=causal_lower_right(T, p + T) if p else None,
+                                               is_causal=not p, enable_gqa=gqa and not p)
+            return y.transpose(1, 2)
         q, k = self.rope(q, pos), self.rope(k, pos)
         K.index_copy_(2, pos.view(1), k.transpose(1, 2).to(K.dtype))
         V.index_copy_(2, pos.view(1), v.transpose(1, 2).to(V.dtype))
         mask = (torch.arange(K.size(2), device=K.device) <= pos).view(1, 1, 1, -1)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), K, V, attn_mask=mask,
-                                           enable_gqa=self.n_kv_head != self.n_head)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), K, V, attn_mask=mask, enable_gqa=gqa)
         return y.transpose(1, 2)
 
     def core_flops_per_token(self, T):
@@ -961,13 +980,21 @@ class GPT(nn.Module):
         docs = self.documents(idx) if self.config.documents and caches is None else None
         x = self.transformer.drop(self.transformer.wte(idx))
         recompute = self.recompute and caches is None and torch.is_grad_enabled()
+        static = caches is not None and torch.is_tensor(caches[0].get('pos'))  # the Decoder's (static_caches)
         for i, block in enumerate(self.transformer.h):
             if recompute:  # keep only the block's input; its activations are recomputed in the backward
                 x = torch.utils.checkpoint.checkpoint(block, x, None, docs, use_reentrant=False)
+            elif static and idx.size(1) > 1:  # a prefill piece: the mixer may replace its state tensors; their
+                before = dict(caches[i])     # new values go into the static ones, whose addresses a graph holds
+                x = block(x, caches[i], docs)
+                for key, t in before.items():
+                    if caches[i][key] is not t:
+                        t.copy_(caches[i][key])
+                        caches[i][key] = t
             else:
                 x = block(x, None if caches is None else caches[i], docs)
         x = self.transformer.ln_f(x)
-        if caches is not None and torch.is_tensor(caches[0].get('pos')):
+        if static:
             caches[0]['pos'] += idx.size(1)  # static caches: one position tensor shared by every layer
         if targets is not None:
             return self.loss_head(x, targets)
@@ -1087,7 +1114,7 @@ class GPT(nn.Module):
         """Decode caches of fixed size and address, zero-filled (what Decoder captures once as a CUDA graph): per layer
         the linear mixer's state and conv windows, or a growing cache's tensors (softmax's K/V) for max_len positions,
         and one 0-dim int64 'pos' (tokens so far) shared by every layer. Shapes and dtypes come from a one-token
-        prefill (run it under the decode's autocast); load_caches copies a real prefill's caches into them."""
+        prefill (run it under the decode's autocast); Decoder.prefill runs a prompt into them, in pieces."""
         caches = self.new_caches()
         with torch.no_grad():
             self(torch.zeros(batch, 1, dtype=torch.long, device=device), caches=caches)
@@ -1100,19 +1127,6 @@ class GPT(nn.Module):
                     t.zero_()
             cache['pos'] = pos
         return caches
-
-    def load_caches(self, static, caches, T):
-        """Copy the caches of a prefill of T tokens (new_caches + a forward) into static ones, in place."""
-        for block, s, c in zip(self.transformer.h, static, caches):
-            for key, t in c.items():
-                if torch.is_tensor(t) and block.mixer.cache_grows:  # T entries along dim 2, of max_len
-                    if T > s[key].size(2):
-                        raise ValueError(f"a prefill of {T} tokens does not fit static caches of {s[key].size(2)} positions")
-                    s[key][:, :, :T].copy_(t)
-                    s[key][:, :, T:].zero_()
-                elif torch.is_tensor(t):
-                    s[key].copy_(t)
-        static[0]['pos'].fill_(T)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, caches=None, n_vocab=None, timings=None):
@@ -1275,23 +1289,27 @@ class Decoder:
         self.tok.copy_(nxt)
         self.out.index_copy_(1, self.pos.view(1), nxt)
 
+    PIECE = 16384  # tokens per prefill forward, over the batch: bounds the prefill's working memory
+
     @torch.no_grad()
     def prefill(self, idx, piece=None):
-        """Run the prompt idx [batch, T] through the model (the chunked kernels; in pieces of `piece` tokens when
-        given, for long prompts at large batch), copy its caches into the static ones and draw the first new token
-        from its last logits. -> T"""
+        """Run the prompt idx [batch, T] through the model into the static caches, in pieces of `piece` tokens
+        (default PIECE // batch) so that what a forward holds besides the caches is bounded by the piece, not the
+        prompt: the linear mixers carry their state from piece to piece, softmax writes its K/V straight into their
+        slots. Then draw the first new token from the last logits. -> T"""
         B, T = idx.shape
         if T < 1:
             raise ValueError("the prompt is empty: give at least one token (e.g. <|endoftext|>, a document start)")
         if B != self.batch or T >= self.max_len:
             raise ValueError(f"this Decoder holds {self.batch} sequences of up to {self.max_len} tokens; got a prompt "
                              f"of {B} x {T}: build a Decoder with batch={B}, max_len>{T}")
-        caches = self.model.new_caches()
+        for cache in self.caches:  # a fresh start: empty states, and no stale K/V (or NaN) behind the mask
+            for t in cache.values():
+                t.zero_()
+        piece = piece or max(1, self.PIECE // B)
         with self.autocast():
-            for s in range(0, T, piece or T):
-                logits, _ = self.model(idx[:, s:s + (piece or T)], caches=caches)
-        self.model.load_caches(self.caches, caches, T)
-        del caches
+            for s in range(0, T, piece):
+                logits, _ = self.model(idx[:, s:s + piece], caches=self.caches)
         nxt = sample_next(logits[:, -1], self.temperature, self.top_k, self.n_vocab)
         self.out[:, :T].copy_(idx)
         self.out[:, T:T + 1].copy_(nxt)

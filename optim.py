@@ -43,6 +43,28 @@ def newton_schulz(G, steps=5):
     return (X.mT if tall else X).reshape(G.shape)
 
 
+def muon_update(ps, grads, ms, keep, lr, wd, mu, ns_steps, whole=None, part=None):
+    """Muon's rule (the module docstring) on matrices of one shape, stacked: ps the parameters, grads their
+    gradients, ms their momentum buffers (fp32), keep None or a 0-dim tensor (1: apply, 0: skip the step).
+    whole, part: under FSDP, each matrix gathered whole from the ranks' rows, and this rank's rows taken back."""
+    step = lr if keep is None else lr * keep  # a skipped step: a rate of 0 (and M kept as it was, below)
+    G, M = torch.stack(grads).float(), torch.stack(ms)
+    if keep is not None:  # a non-finite G never reaches M; a skipped step leaves M as it was
+        G = G.nan_to_num_(0.0, 0.0, 0.0)
+        M = torch.where(keep.bool(), M * mu + G, M)
+    else:
+        M = M.mul_(mu).add_(G)
+    torch._foreach_copy_(ms, M.unbind(0))
+    U = G.add_(M, alpha=mu)  # Nesterov's G + μM
+    if whole is not None:
+        U = whole(U)
+    O = newton_schulz(U, ns_steps).float().mul_(0.2 * math.sqrt(max(U.shape[1:])))  # one batch
+    if part is not None:
+        O = part(O)
+    torch._foreach_mul_(ps, 1 - step * wd)
+    torch._foreach_sub_(ps, O.mul_(step).to(ps[0].dtype).unbind(0))
+
+
 class Muon(torch.optim.Optimizer):
     """Muon for the groups with muon=True (2-D parameters), AdamW (torch's rule) for the others; lr, weight_decay
     and AdamW's betas and eps per group. found_inf (a 0-dim tensor, set by train.py before step) skips a step on the
@@ -58,6 +80,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(param_groups, defaults)
         self.found_inf = None  # train.py's lagged read relies on the skip below (skips_on_device)
         self.whole = self.part = None
+        self.compiled = None  # set to torch.compile(muon_update) to run each shape's update as compiled kernels
 
     @torch.no_grad()
     def step(self):
@@ -76,28 +99,21 @@ class Muon(torch.optim.Optimizer):
         """The rule of the module docstring, on the matrices of one shape at a time as one stacked tensor: a few
         kernels per shape rather than a dozen per matrix, so that the time goes to the Newton–Schulz matmuls."""
         lr, wd, mu = group['lr'], group['weight_decay'], group['momentum']
-        step = lr if keep is None else lr * keep  # a skipped step: a rate of 0 (and M kept as it was, below)
         by_shape = {}
         for i, p in params:
             by_shape.setdefault(tuple(p.shape), []).append((i, p))
         for shape, items in by_shape.items():
             ps = [p for _, p in items]
             ms = [self.state[p].setdefault('momentum_buffer', torch.zeros_like(p, dtype=torch.float32)) for p in ps]
-            G, M = torch.stack([p.grad for p in ps]).float(), torch.stack(ms)
-            if keep is not None:  # a non-finite G never reaches M; a skipped step leaves M as it was
-                G = G.nan_to_num_(0.0, 0.0, 0.0)
-                M = torch.where(keep.bool(), M * mu + G, M)
+            if self.whole is None and self.compiled:  # the lr as a tensor: one compiled graph for every step
+                self.compiled(ps, [p.grad for p in ps], ms, keep, torch.full((), lr, device=ps[0].device), wd, mu,
+                              group['ns_steps'])
             else:
-                M = M.mul_(mu).add_(G)
-            torch._foreach_copy_(ms, M.unbind(0))
-            U = G.add_(M, alpha=mu)  # Nesterov's G + μM
-            if self.whole is not None:  # FSDP: each matrix whole (the same on every rank)
-                U = torch.stack([self.whole(i, u) for (i, _), u in zip(items, U.unbind(0))])
-            O = newton_schulz(U, group['ns_steps']).float().mul_(0.2 * math.sqrt(max(U.shape[1:])))  # one batch
-            if self.part is not None:  # this rank's rows
-                O = torch.stack([self.part(i, o) for (i, _), o in zip(items, O.unbind(0))])
-            torch._foreach_mul_(ps, 1 - step * wd)
-            torch._foreach_sub_(ps, O.mul_(step).to(ps[0].dtype).unbind(0))
+                whole = part = None
+                if self.whole is not None:
+                    whole = lambda U: torch.stack([self.whole(i, u) for (i, _), u in zip(items, U.unbind(0))])
+                    part = lambda O: torch.stack([self.part(i, o) for (i, _), o in zip(items, O.unbind(0))])
+                muon_update(ps, [p.grad for p in ps], ms, keep, lr, wd, mu, group['ns_steps'], whole, part)
 
     def _adamw(self, group, params):
         """torch's fused AdamW kernel on these parameters (its state: step, exp_avg, exp_avg_sq, as torch.optim.AdamW)."""
