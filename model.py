@@ -1102,12 +1102,15 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generation_bytes(self, batch, prompt, context, device):
         """A lower bound on the memory that generating `batch` sequences of `context` tokens from a `prompt`-token
-        prefill holds at once: their caches (each tensor's size per sequence from a one-token prefill; run it under
-        the decode's autocast), the prefill's residual stream and the last logits. Returns (total, per sequence)."""
+        prompt through a Decoder holds at once: their caches (each tensor's size per sequence from a one-token
+        prefill; run it under the decode's autocast), the token buffer, the residual stream of a prefill piece and the
+        last logits. Returns (total, per sequence)."""
         caches = self.new_caches()
         self(torch.zeros(1, 1, dtype=torch.long, device=device), caches=caches)
         fixed, per_position = self.cache_bytes(caches)
-        per_sequence = fixed + per_position * context + 4 * (prompt * self.config.n_embd + self.config.vocab_size)
+        piece = min(prompt, max(1, Decoder.PIECE // batch))
+        per_sequence = (fixed + (per_position + 8) * context
+                        + 4 * (piece * self.config.n_embd + self.config.vocab_size))
         return batch * per_sequence, per_sequence
 
     def static_caches(self, batch, max_len, device):
@@ -1316,6 +1319,14 @@ class Decoder:
         self.tok.copy_(nxt)
         self.T, self.steps = T, 0
         return T
+
+    def seek(self, T):
+        """Set the position to T with no prompt, the caches as they are: for benchmarks of the step, whose cost
+        depends on the position (the K/V slots read), not on what the caches hold."""
+        if not 0 < T < self.max_len:
+            raise ValueError(f"this Decoder holds up to {self.max_len} tokens: cannot seek to {T}")
+        self.pos.fill_(T)
+        self.T, self.steps = T, 0
 
     @torch.no_grad()
     def decode(self, n):

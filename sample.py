@@ -1,8 +1,8 @@
 """
-Sample from a trained model: prefill the prompt in one forward, then decode token by token
-through the per-layer caches (fixed-size state for the linear mixers, K/V for softmax). The samples
-decode together as one batch; on CUDA through static caches with the one-token step replayed as a
-CUDA graph (model.Decoder; --cuda_graph=False for one eager forward per token).
+Sample from a trained model (model.Decoder): prefill the prompt in pieces, then decode token by token
+through static per-layer caches (fixed-size state for the linear mixers, K/V for softmax, preallocated for the
+whole context). The samples decode together as one batch; on CUDA the one-token step is replayed as a CUDA graph
+(--cuda_graph=False: one eager forward per token).
 
 $ python sample.py --out_dir=out-pystdlib-kdax3+softmax --start="def main():" --num_samples=2 --max_new_tokens=200
 $ python sample.py --out_dir=out-pystdlib-gdn --start=FILE:prompt.txt --temperature=0.8 --top_k=200 --device=cpu
@@ -37,8 +37,8 @@ max_new_tokens = 200      # tokens generated per sample
 temperature = 0.8         # 1.0 = unchanged, < 1.0 = less random, 0 = greedy
 top_k = 200               # keep only the top_k most likely tokens (None = all)
 seed = 1337
-cuda_graph = True         # CUDA: decode through static caches, the one-token step replayed as a CUDA graph (model.Decoder);
-                          # False: one eager forward per token (always so on CPU and MPS)
+cuda_graph = True         # CUDA: the one-token step replayed as a CUDA graph; False: one eager forward per token
+                          # (always so on CPU and MPS)
 compile = False           # with cuda_graph: torch.compile the one-token step first: fewer, fused kernels, about half
                           # the ms per token on an H100, for a compile of about a minute (worth it for long samples)
 device = ''               # '' = cuda if available, else cpu; or 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -108,14 +108,14 @@ if warning:
 
 def generate():
     """(tokens [num_samples, context], caches, decode steps timed, how)."""
-    if device_type == 'cuda' and cuda_graph:
-        t0 = time.perf_counter()
-        decoder = Decoder(model, num_samples, context, temperature, top_k, n_vocab, ptdtype, compile=compile)
+    graph = device_type == 'cuda' and cuda_graph
+    t0 = time.perf_counter()
+    decoder = Decoder(model, num_samples, context, temperature, top_k, n_vocab, ptdtype, graph=graph,
+                      compile=compile and graph)
+    if graph:
         print(f"decode step {'compiled and ' if compile else ''}captured as a CUDA graph in {time.perf_counter() - t0:.1f} s")
-        return decoder.generate(x, max_new_tokens, timings=times), decoder.caches, max_new_tokens - 1, "CUDA graph"
-    with torch.no_grad(), ctx:
-        y, caches = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, n_vocab=n_vocab, timings=times)
-    return y, caches, max_new_tokens, "eager"
+    y = decoder.generate(x, max_new_tokens, timings=times)
+    return y, decoder.caches, max_new_tokens - 1, "CUDA graph" if graph else "eager"
 
 
 with ctx:

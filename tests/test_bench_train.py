@@ -254,7 +254,7 @@ def test_cpu_defaults_are_a_smoke_run(monkeypatch, capsys):
 
 def test_help():
     p = subprocess.run([sys.executable, 'tools/bench_train.py', '--help'], capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 0 and '--model_decode' in p.stdout and '--tiles' not in p.stdout, p.stderr[-2000:]
+    assert p.returncode == 0 and '--documents' in p.stdout and '--tiles' not in p.stdout, p.stderr[-2000:]
 
 
 def test_bad_patterns_and_counts_are_one_line_before_any_cell():

@@ -1,6 +1,6 @@
 """
-Whole-model benchmarks of the 124M models, per mixer: training speed, memory and GPU time by kernel category per
-context (the default), and decode latency per token (--model_decode).
+Whole-model training benchmarks of the 124M models, per mixer: training speed, memory and GPU time by kernel
+category per context (generation: tools/bench_decode.py).
 
     python tools/bench_train.py        # training, every mixer x T = 1024, 4096, 8192, 16384
     python tools/bench_train.py --mixers softmax 'kda*3,softmax' kda --contexts 4096 --jobs 2 --json train.json
@@ -10,8 +10,6 @@ context (the default), and decode latency per token (--model_decode).
     python tools/bench_train.py --contexts 1024,4096 --tuning default recompute   # each linear mixer under each of
                                                                # TUNING_PRESETS (settings of kernels.TUNING)
     python tools/bench_train.py --contexts 4096 --compile_mode default reduce-overhead   # rows per compile mode
-    python tools/bench_train.py --model_decode --mixers softmax 'kda*3,softmax'   # decode ms per token through the
-                                                               # CUDA graph, batch 1 and 64, contexts 256..16384 (64k)
 
 Training: config/owt.py's model with that mixer (config/kda_hybrid.py's for 'kda*3,softmax'), softmax always
 included and first, --tokens per step (batch = tokens // T), trained as train.py trains on CUDA: torch.compile, bf16
@@ -388,89 +386,13 @@ def train_bench(args, mixers, contexts):
         print(f"\nwrote {args.json}")
 
 
-def model_decode(mixers, contexts, batches, device, steps=64, compile=True, long_context=65536):
-    """Generation speed of whole models: the 124M configs of the training bench (config/owt.py with the mixer,
-    config/kda_hybrid.py), through model.Decoder as sample.py runs it on CUDA: static caches, the one-token step (forward,
-    sampling at temperature 1 with top_k 200, the token written out) torch.compile'd and captured as a CUDA graph;
-    after a prefill of each context (random tokens, in pieces of 64k tokens), the mean time of `steps` replays
-    between CUDA events. Softmax is measured the same way: its static K/V cache holds the context plus the steps,
-    attention runs over all of it with the unused slots masked. Mixers without a softmax layer also run at
-    long_context. cache MiB: the static caches at the largest context. Then the eager path (one Python forward per
-    token, GPT.generate's) at batch 1 and the first context, for reference. bf16 autocast on CUDA; on CPU fp32,
-    eager steps, no graph."""
-    from model import GPT, Decoder
-    cuda = device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    ctx = torch.amp.autocast(device_type="cuda", dtype=dtype) if cuda else nullcontext()
-    how = ("CUDA graph of the " + ("compiled " if compile else "") + "step") if cuda else "eager steps (CPU)"
-    print(f"\ndecode ms per token ({how}; mean of {steps} after the prefill), tokens/s = batch / that, {device}")
-    for mixer in mixers:
-        torch._dynamo.reset()  # a fresh compile cache per model (Dynamo keeps a few variants of a function, then runs it eagerly)
-        torch.manual_seed(0)
-        ctxs = contexts + ([long_context] if long_context and "softmax" not in mixer and long_context not in contexts else [])
-        model = GPT(train_model_config(mixer, max(ctxs))).to(device).eval()
-        print(f"{mixer}: {model.get_num_params() / 1e6:.0f}M params, {', '.join(sorted(set(model.mixers)))}")
-        widths = (7, 10) + (9,) * len(ctxs) + (14,)
-        row(["batch", "cache MiB"] + [f"T={T}" for T in ctxs] + ["tokens/s @4k"], widths)
-        for B in batches:
-            cells, tps, mib = [], "", float("nan")
-            for T in ctxs:
-                max_len = (max(ctxs) if "softmax" not in mixer else T) + steps + 8
-                try:
-                    dec = Decoder(model, B, max_len, temperature=1.0, top_k=200, n_vocab=50257, dtype=dtype,
-                                  compile=compile)
-                    idx = torch.randint(0, 50257, (B, T), device=device)
-                    dec.prefill(idx, piece=max(1, 65536 // B))
-                    dec.decode(4)  # the first replays outside the timing
-                    start = time.perf_counter()
-                    if cuda:
-                        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-                        ev[0].record()
-                        dec.decode(steps)
-                        ev[1].record()
-                        torch.cuda.synchronize()
-                        ms = ev[0].elapsed_time(ev[1]) / steps
-                    else:
-                        dec.decode(steps)
-                        ms = (time.perf_counter() - start) * 1000 / steps
-                    cells.append(f"{ms:.3f}")
-                    if T == 4096:
-                        tps = f"{B / ms * 1000:,.0f}"
-                    mib = sum(model.cache_bytes(dec.caches)) / 2**20
-                except torch.cuda.OutOfMemoryError:
-                    cells.append("OOM")
-                dec = None
-                if cuda:
-                    torch.cuda.empty_cache()
-            row([str(B), f"{mib:.1f}"] + cells + [tps], widths)
-        # the eager path for reference: one Python forward per token (what sample.py did before the graph)
-        T = ctxs[0]
-        with torch.no_grad(), ctx:
-            caches = model.new_caches()
-            logits, _ = model(torch.randint(0, 50257, (1, T), device=device), caches=caches)
-            tok = logits[:, -1].argmax(-1, keepdim=True)
-            model(tok, caches=caches)
-            n = 8
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(n):
-                logits, _ = model(tok, caches=caches)
-            if cuda:
-                torch.cuda.synchronize()
-        print(f"  eager (one Python forward per token), batch 1, T={T}: {(time.perf_counter() - start) * 1000 / n:.2f} ms per token")
-        del model, caches
-        if cuda:
-            torch.cuda.empty_cache()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mixers", nargs="+", default=None,
                     help="mixer patterns, space-separated (a pattern may hold commas: 'kda*3,softmax'); default "
-                         "model.MIXERS and the hybrid / --model_decode: softmax 'kda*3,softmax' kda gdn mamba2")
+                         "model.MIXERS and the hybrid")
     ap.add_argument("--contexts", default="", help=f"context lengths (default {TRAIN_CONTEXTS}; with --tiny or on "
-                    f"CPU {CPU_CONTEXTS}) / --model_decode: prefill lengths (default 256,1024,4096,16384)")
+                    f"CPU {CPU_CONTEXTS})")
     ap.add_argument("--device", default="", help="'' = cuda if available, else cpu")
     ap.add_argument("--tokens", type=int, default=None, help=f"tokens per step; batch = tokens // T (default "
                     f"{TRAIN_TOKENS}; with --tiny or on CPU {CPU_TOKENS})")
@@ -484,15 +406,7 @@ def main():
                     help=f"torch.compile mode(s), each a set of rows (default {TRAIN_COMPILE_MODE}, train.py's on "
                          "CUDA)")
     ap.add_argument("--tuning", nargs="+", choices=tuple(TUNING_PRESETS), default=["default"],
-                    help="settings of kernels.TUNING by name (TUNING_PRESETS): each linear mixer's rows under each / "
-                         "--model_decode: one, for the whole run")
-    ap.add_argument("--model_decode", action="store_true",
-                    help="per-token decode latency of whole 12-layer models vs context length (runs on CPU too)")
-    ap.add_argument("--batches", default="1,64", help="--model_decode: batch sizes")
-    ap.add_argument("--decode_steps", type=int, default=64, help="--model_decode: timed tokens per cell")
-    ap.add_argument("--long_context", type=int, default=65536,
-                    help="--model_decode: one more context for the mixers without softmax layers (0: none)")
-    ap.add_argument("--no_compile", action="store_true", help="--model_decode: capture the step without torch.compile")
+                    help="settings of kernels.TUNING by name (TUNING_PRESETS): each linear mixer's rows under each")
     ap.add_argument("--train_cell", nargs=2, metavar=("MIXER", "T"), help=argparse.SUPPRESS)  # internal: one cell
     ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)  # internal: --train_cell's warm phase
     args = ap.parse_args()
@@ -509,14 +423,6 @@ def main():
         ap.error(f"--contexts, --tokens and --steps must be >= 1, got {args.contexts}, {args.tokens}, {args.steps}")
     if args.tokens is None:
         args.tokens = CPU_TOKENS if small else TRAIN_TOKENS
-    if args.model_decode:  # needs no GPU
-        if len(args.tuning) > 1:
-            sys.exit("--model_decode takes one --tuning preset")
-        tuned(TUNING_PRESETS[args.tuning[0]]).__enter__()  # for the whole run
-        mixers = args.mixers or ["softmax", "kda*3,softmax", "kda", "gdn", "mamba2"]
-        return model_decode(mixers, [int(t) for t in (args.contexts or "256,1024,4096,16384").split(",")],
-                            [int(b) for b in args.batches.split(",")], device, args.decode_steps,
-                            not args.no_compile, args.long_context)
     if args.train_cell:  # one cell, in its own process: one JSON line for the parent
         mixer, T = args.train_cell[0], int(args.train_cell[1])
         try:

@@ -1,0 +1,37 @@
+"""
+tools/bench_decode.py on CPU: the table's rows, the caches' growth by mixer, bad arguments as one line.
+
+$ python -m pytest tests/test_bench_decode.py -q
+"""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args):
+    return subprocess.run([sys.executable, 'tools/bench_decode.py', *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+def test_table_rows_and_cache_growth():
+    """One row per (mixer, context) with a ms/token per batch; softmax's K/V grow with the context (12 layers x 2 x
+    768 x 2 bytes per token, fp32 on CPU: x 2), kda's state does not."""
+    p = run('--mixers', 'kda', 'softmax', '--contexts', '8', '520', '--steps', '2', '--batches', '1', '2')
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [r.split('|')[1:-1] for r in p.stdout.splitlines() if r.startswith('| ') and '---' not in r][1:]
+    cells = {(r[0].strip(), int(r[1].replace(',', ''))): r for r in rows}
+    assert sorted(cells) == [('kda', 8), ('kda', 520), ('softmax', 8), ('softmax', 520)]
+    assert all(float(r[4]) > 0 and float(r[6]) > 0 for r in rows)  # ms/token at batch 1 and 2
+    mib = {k: float(r[5]) for k, r in cells.items()}
+    assert mib[('kda', 8)] == mib[('kda', 520)]
+    growth = (mib[('softmax', 520)] - mib[('softmax', 8)]) * 2**20 / 512  # bytes per token of context
+    assert abs(growth / (12 * 2 * 768 * 4) - 1) < 0.002, growth  # (the MiB are rounded)
+
+
+def test_bad_arguments_are_one_line():
+    for args, msg in ((['--batches', '0'], '--batches takes numbers'), (['--contexts', '0'], 'must be >= 1'),
+                      (['--mixers', 'nosuch'], 'nosuch')):
+        p = run(*args)
+        assert p.returncode == 2 and msg in p.stderr and 'Traceback' not in p.stderr, p.stderr[-2000:]
