@@ -75,7 +75,9 @@ class CopyCurrent(torch.nn.Module):
         return logits, None
 
 
-def test_text_buckets_are_the_mean_loss_of_their_positions(pystdlib):
+def test_text_buckets_are_the_mean_loss_of_their_positions(pystdlib, monkeypatch):
+    import torch.nn.functional as F  # the fake model's logits whole (position_losses: tested below)
+    monkeypatch.setattr(longctx, 'position_losses', lambda m, idx, t: F.cross_entropy(m(idx)[0][0], t, reduction='none'))
     config, scales, windows = dict(block_size=8, dataset='pystdlib'), [1, 2, 4], 5
     losses, n = longctx.text_losses(CopyCurrent(), config, scales, windows, 'cpu', torch.no_grad())
     assert n == windows and losses.shape == (32,)
@@ -164,3 +166,19 @@ def test_a_seed_keeps_its_setting_most_accurate_at_the_training_length():
     table = longctx.needle_table(results)
     assert '| `softmax` | 2 | 0.850 ±0.050 | 0.050 ±0.050 |' in table
     assert 'softmax: 0.0003 bs64, 0.001 bs64; gdn: 0.001 bs64' in longctx.settings_line(results)
+
+
+def test_position_losses_equal_the_whole_logits():
+    """longctx's per-position loss, the output layer in pieces, equals the cross-entropy of the model's whole logits."""
+    import torch.nn.functional as F
+    from model import GPT, GPTConfig
+    from longctx import position_losses
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=61, mixer='kda,softmax',
+                          head_dim=16)).eval()
+    model.LOSS_CHUNK = 7  # several pieces, the last one short
+    idx = torch.randint(0, 61, (1, 41))
+    with torch.no_grad():
+        logits, _ = model(idx[:, :-1])
+        want = F.cross_entropy(logits[0], idx[0, 1:], reduction='none')
+        torch.testing.assert_close(position_losses(model, idx[:, :-1], idx[0, 1:]), want)

@@ -93,9 +93,19 @@ def text_losses(model, config, scales, windows, device, ctx):
     for w in range(n):
         chunk = torch.from_numpy(tokens[w * L:w * L + L + 1].astype(np.int64)).to(device)
         with torch.no_grad(), ctx:
-            logits, _ = model(chunk[None, :-1])
-        total += F.cross_entropy(logits[0].float(), chunk[1:], reduction='none').double().cpu()
+            total += position_losses(model, chunk[None, :-1], chunk[1:]).double().cpu()
     return (total / n).numpy(), n
+
+
+def position_losses(model, idx, targets):
+    """The cross-entropy at each position of one sequence idx [1, L] (the model's forward, then its output layer
+    GPT.LOSS_CHUNK positions at a time: the [L, vocab] logits of a long window never exist whole)."""
+    x = model.transformer.wte(idx)
+    for block in model.transformer.h:
+        x = block(x)
+    x = model.transformer.ln_f(x)[0]
+    return torch.cat([F.cross_entropy(model.lm_head(a).float(), t, reduction='none')
+                      for a, t in zip(x.split(model.LOSS_CHUNK), targets.split(model.LOSS_CHUNK))])
 
 
 def buckets(scales, T0):
