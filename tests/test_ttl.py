@@ -111,6 +111,21 @@ def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
         assert os.path.getsize(tmp_path / 'ttl.png') > 10_000
 
 
+def test_runs_at_once_one_per_gpu(pystdlib, tmp_path):
+    """--gpus 2: two runs at once, each told its own GPU, each one's console in <run folder>.console; both finish."""
+    settings = ['--dataset=pystdlib', '--n_layer=1', '--n_head=2', '--n_embd=32', '--head_dim=16', '--block_size=32',
+                '--batch_size=2', '--gradient_accumulation_steps=1', '--eval_iters=1', '--log_interval=1',
+                '--warmup_iters=1', '--max_iters=2', '--lr_decay_iters=2', '--eval_interval=2', '--device=cpu',
+                '--compile=False']
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'run', str(tmp_path), '--mixers', 'softmax', 'gdn', '--lrs',
+                        '1e-3', '--gpus', '2', '--'] + settings, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert '(GPU 0)' in p.stdout and '(GPU 1)' in p.stdout, p.stdout
+    for name in ('softmax_adamw_lr0.001_s1337', 'gdn_adamw_lr0.001_s1337'):
+        assert ttl.finished(str(tmp_path / name)), name
+        assert 'step 2:' in open(tmp_path / f'{name}.console').read()
+
+
 def test_report_compares_optimizers_by_the_tokens_to_their_adamw_loss(tmp_path, capsys):
     """With Muon runs beside AdamW ones: an optimizer column, and the tokens each Muon arm takes to its mixer's AdamW
     final val loss over AdamW's own tokens to it."""

@@ -8,10 +8,11 @@ $ python tools/ttl.py report out-ttl            # the tables, and out-ttl/ttl.pn
 $ python tools/ttl.py report out-ttl --baseline softmax --plot ttl.png
 
 run: train.py once per (mixer, optimizer, learning rate, seed), one run at a time (each alone on the GPU: the clock is
-what is measured), into <out>/<mixer>_<optimizer>_lr<lr>_s<seed>; each gets --mixer, --optimizer, --learning_rate,
---min_lr = learning_rate / 10 and --seed, and the same settings after `--` (config and overrides). The data loader
-reads the train shards in order, so every run sees the same batches in the same order, and every eval scores the same
-first eval_iters val batches. A finished run is kept (run again to fill in the rest); an unfinished one starts again
+what is measured; --gpus N: N at a time, each alone on one of N GPUs of one host), into
+<out>/<mixer>_<optimizer>_lr<lr>_s<seed>; each gets --mixer, --optimizer, --learning_rate, --min_lr =
+learning_rate / 10 and --seed, and the same settings after `--` (config and overrides). The data loader reads the
+train shards in order, so every run sees the same batches in the same order, and every eval scores the same first
+eval_iters val batches. A finished run is kept (run again to fill in the rest); an unfinished one starts again
 from scratch, since a resumed run's clock would not be one run's.
 
 report: each run's log.txt (plot.py's read_log). The clock at an eval is train.py's train clock (the sum of the step
@@ -32,6 +33,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository's modules
 import configurator
 configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
@@ -61,6 +63,7 @@ def finished(out_dir):
 
 def run(args, settings):
     jobs = [(m, o, lr, s) for m in args.mixers for o in args.optimizers for lr in args.lrs for s in args.seeds]
+    todo = []
     for i, (mixer, optimizer, lr, seed) in enumerate(jobs):  # a mixer's runs together: its compile cache is warm
         out_dir = os.path.join(args.out, run_name(mixer, optimizer, lr, seed))
         if finished(out_dir):
@@ -69,10 +72,32 @@ def run(args, settings):
         cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + settings + [
             f'--mixer={mixer}', f'--optimizer={optimizer}', f'--learning_rate={lr}', f'--min_lr={lr / 10:g}', f'--seed={seed}', f'--out_dir={out_dir}',
             '--overwrite=True', '--init_from=scratch']
-        print(f"[{i + 1}/{len(jobs)}] {out_dir}: {' '.join(cmd[1:])}", flush=True)
-        code = subprocess.run(cmd, cwd=ROOT).returncode
-        if code != 0:
-            sys.exit(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt; `ttl.py run` again starts it anew")
+        todo.append((f"[{i + 1}/{len(jobs)}] {out_dir}", out_dir, cmd))
+    running, failed = {}, []  # --gpus N: N runs at once, each alone on its GPU (CUDA_VISIBLE_DEVICES), console to a file
+    while todo or running:
+        while todo and len(running) < args.gpus:
+            gpu = min(set(range(args.gpus)) - set(running))
+            name, out_dir, cmd = todo.pop(0)
+            print(f"{name}: {' '.join(cmd[1:])}" + (f" (GPU {gpu})" if args.gpus > 1 else ""), flush=True)
+            if args.gpus == 1:
+                running[gpu] = (out_dir, subprocess.Popen(cmd, cwd=ROOT))
+            else:
+                console = open(out_dir.rstrip('/') + '.console', 'w')
+                running[gpu] = (out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT,
+                                                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))))
+        for gpu, (out_dir, proc) in list(running.items()):
+            code = proc.wait() if args.gpus == 1 else proc.poll()
+            if code is not None:
+                del running[gpu]
+                if code != 0:
+                    failed.append(out_dir)
+                    print(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt", flush=True)
+        if running and args.gpus > 1:
+            time.sleep(2)
+        if failed and args.gpus == 1:
+            break
+    if failed:
+        sys.exit(f"ttl.py: {len(failed)} run(s) stopped ({', '.join(failed)}): `ttl.py run` again starts them anew")
 
 
 def read_run(out_dir):
@@ -255,6 +280,8 @@ def main_args(argv):
     r.add_argument('--lrs', nargs='+', type=float, required=True)
     r.add_argument('--seeds', nargs='+', type=int, default=[1337])
     r.add_argument('--optimizers', nargs='+', default=['adamw'], choices=['adamw', 'muon'])
+    r.add_argument('--gpus', type=int, default=1, help="runs at once, each alone on one GPU (its console output in "
+                   "<run folder>.console)")
     p = sub.add_parser('report', help="tables and picture from finished runs")
     p.add_argument('runs', nargs='+', help="run folders, or folders holding them (ttl.py run's <out>)")
     p.add_argument('--baseline', default='softmax', help="the mixer whose final val loss is the target")
@@ -267,6 +294,8 @@ def main_args(argv):
         for flag in ('mixer', 'optimizer', 'learning_rate', 'min_lr', 'seed', 'out_dir', 'init_from', 'overwrite'):
             if any(s.startswith(f'--{flag}=') for s in settings):
                 raise UserError(f"--{flag} is set by ttl.py for each run: leave it out of the settings after --")
+        if args.gpus < 1:
+            raise UserError(f"--gpus must be >= 1, got {args.gpus}")
         if min(args.lrs) <= 0 or len(set(args.seeds)) < len(args.seeds):
             raise UserError(f"--lrs must be > 0 and --seeds distinct, got {args.lrs} and {args.seeds}")
         run(args, settings)
