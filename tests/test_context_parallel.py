@@ -163,6 +163,27 @@ def test_train_py_context_parallel_matches_one_process_and_resumes(tmp_path, tor
             torch.testing.assert_close(resumed[k], straight[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}")
 
 
+def test_train_py_context_parallel_with_muon_matches_one_process(tmp_path, torchrun_train):
+    """--optimizer=muon under --context_parallel=2: both ranks hold whole matrices and the same gradient, so Muon's
+    steps (Newton–Schulz in fp32 here: see the FSDP test in test_train.py) give one process's weights and momentum."""
+    from checkpoint import load_checkpoint
+    from test_train import TINY, run
+    patch = "import os, sys\nsys.path.insert(0, os.getcwd())\nimport torch, optim\noptim.NS_DTYPE = torch.float32\n"
+    driver = tmp_path / 'fp32_ns_train.py'
+    driver.write_text(patch + "import runpy\nsys.argv[0] = 'train.py'\nrunpy.run_path('train.py', run_name='__main__')\n")
+    ddp_driver = open(torchrun_train[-1]).read()
+    open(torchrun_train[-1], 'w').write(patch + ddp_driver)
+    args = TINY + ['--mixer=kda,softmax', '--head_dim=16', '--eval_interval=3', '--max_iters=3', '--optimizer=muon']
+    run(args + ['--context_parallel=2', f'--out_dir={tmp_path}/cp'], cmd=torchrun_train)
+    run(args + [f'--out_dir={tmp_path}/one'], cmd=[sys.executable, str(driver)])
+    cp, one = (load_checkpoint(f'{tmp_path}/{d}/ckpt.pt') for d in ('cp', 'one'))
+    for k in one['model']:
+        torch.testing.assert_close(cp['model'][k], one['model'][k], rtol=1e-4, atol=5e-6, msg=lambda m: f"{k}: {m}")
+    for i, state in one['optimizer']['state'].items():
+        for name, value in state.items():
+            torch.testing.assert_close(cp['optimizer']['state'][i][name], value, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize('extra, message', [
     (['--context_parallel=3'], 'block_size=32 must split into 2 × 3 pieces'),
     (['--context_parallel=2', '--fsdp=True'], 'not with fsdp=True'),
