@@ -16,8 +16,10 @@ import ttl
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000, max_iters=None, optimizer='adamw'):
-    """A train.py log.txt: evals = [(step, val loss, train clock s)], step_ms = each step's time (ms)."""
+def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000, max_iters=None, optimizer='adamw',
+              losses=None):
+    """A train.py log.txt: evals = [(step, val loss, train clock s)], step_ms = each step's time (ms), losses =
+    each step's training loss (default: from 9 down by 1 over the run)."""
     max_iters = max_iters or evals[-1][0]
     os.makedirs(folder, exist_ok=True)
     config = dict(out_dir=str(folder), eval_only=False, init_from='scratch', mixer=mixer, learning_rate=lr, seed=seed,
@@ -31,7 +33,8 @@ def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000
             v, c = at[n]
             lines.append(f"step {n}: train loss {v:.4f}, val loss {v:.4f} (eval 0.10s, train clock {c:.3f}s)")
         if n < max_iters:
-            lines.append(f"iter {n}/{max_iters}: loss {9 - n / max_iters:.4f}, smooth 9.0, time {step_ms[n]:.2f}ms, "
+            loss = losses[n] if losses else 9 - n / max_iters
+            lines.append(f"iter {n}/{max_iters}: loss {loss:.4f}, smooth 9.0, time {step_ms[n]:.2f}ms, "
                          f"tok/s {tokens_per_step / step_ms[n] * 1000:,.0f}, lr 1.00e-03, eta 1s")
     with open(os.path.join(folder, 'log.txt'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
@@ -61,7 +64,27 @@ def test_report_arithmetic_on_written_logs(tmp_path, capsys):
     # 3.1 is crossed between 3.5 (2.0 s) and 2.5 (4.0 s): 2.0 + 0.4 / 1.0 x 2.0 = 2.8 s, at 10 + 0.4 x 10 = 14 steps
     assert '| 2.5000 ± 0.0000 | 5,000,000 | 0.4 | 2.8 s (1.40×), 14.0M tokens |' in rows['gdn0.001'], out
     assert 'not reached' in rows['kda0.001'], out
-    assert 'softmax0.002' in rows and rows['softmax0.002'].count('|') == 8  # the sweep table lists every rate
+    assert 'softmax0.002' in rows and rows['softmax0.002'].count('|') == 9  # the sweep table lists every rate
+    assert rows['gdn0.001'].endswith('| 0.00 |'), out  # no spike (and too few steps to look for one)
+
+
+def test_report_names_the_largest_spike_and_non_finite_steps(tmp_path, capsys):
+    """The largest rise of a step's loss over the median of the 50 steps before it, from step 100 on, the largest
+    over seeds; non-finite losses counted."""
+    n = 300
+    ms = [100.0] * n
+    for seed, (at, height) in ((1, (150, 1.25)), (2, (250, 0.5))):
+        losses = [5.0 - 0.001 * i for i in range(n)]
+        losses[at] += height
+        losses[40] += 3.0  # before step 100: warm-up noise, not counted
+        if seed == 2:
+            losses[260] = float('nan')
+        write_log(tmp_path / f'softmax_s{seed}', 'softmax', 1e-3, seed, [(0, 9.0, 0.0), (n, 4.0, 30.0)], ms,
+                  losses=losses)
+    ttl.main_args(['report', str(tmp_path), '--plot', ''])
+    out = capsys.readouterr().out
+    # at step 150: 4.85 + 1.25 over the median of steps 100..149 (4.9 - 0.0245 = 4.8755): 1.2245 -> 1.22
+    assert re.search(r'^\| `softmax` \|.*\| 1\.22, 1 non-finite \|$', out, re.M), out
 
 
 def test_time_and_tokens_to_target_interpolate_between_evals():

@@ -23,7 +23,8 @@ loss, chosen the same way for every arm. Per arm at its best rate: the final val
 the median tokens/s, the compile time, and the time and tokens to reach the baseline's final val loss (the baseline
 mixer with AdamW, mean over its seeds): where the mean curve over seeds first reaches it, interpolated linearly
 between evals, or "not reached"; with several optimizers also the tokens each takes to its mixer's AdamW final loss,
-over AdamW's own. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
+over AdamW's own; the largest spike: how far one step's training loss rose above the median of the 50 steps before
+it (from step 100 on; the largest over seeds), and how many steps were non-finite. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
 best rate (the mean over seeds), and the per-step training loss.
 """
 import argparse
@@ -118,6 +119,9 @@ def read_run(out_dir):
     if not clock or not iters or iters[0][0] != 0:
         raise UserError(f"{out_dir}: its log has no train clock or no iter 0 line (a log of an older train.py?)")
     median = statistics.median([t for _, _, t in iters[1:]] or [iters[0][2]])
+    losses = [loss for _, loss, _ in iters]
+    rise = max((losses[i] - statistics.median(losses[i - 50:i]) for i in range(100, len(losses))
+                if math.isfinite(losses[i])), default=0.0)  # the largest spike: a step over the 50 before it
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
     gpu = GPU.search(text)
@@ -126,7 +130,8 @@ def read_run(out_dir):
             'steps': [e['step'] for e in evals], 'tokens': [e['step'] * log['tokens_per_iter'] for e in evals],
             'seconds': [max(clock[e['step']] - compile_s, 0.0) if e['step'] else 0.0 for e in evals],
             'val': [e['val_loss'] for e in evals], 'iters': [n * log['tokens_per_iter'] for n, _, _ in iters],
-            'losses': [loss for _, loss, _ in iters], 'tok_s': log['tokens_per_iter'] / median, 'compile': compile_s}
+            'losses': losses, 'tok_s': log['tokens_per_iter'] / median, 'compile': compile_s, 'rise': rise,
+            'nonfinite': sum(not math.isfinite(x) for x in losses)}
 
 
 def mean_curve(runs):
@@ -198,7 +203,9 @@ def report(args):
         cells = [f"`{mixer}`"] + ([optimizer] if optimizers else []) + [
             f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}",
             f"{statistics.fmean(r['tok_s'] for r in runs):,.0f}", f"{statistics.fmean(r['compile'] for r in runs):.1f}",
-            f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if t is not None else "not reached"]
+            f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if t is not None else "not reached",
+            f"{max(r['rise'] for r in runs):.2f}" + (f", {sum(r['nonfinite'] for r in runs)} non-finite"
+                                                     if any(r['nonfinite'] for r in runs) else "")]
         if optimizers:  # the tokens this arm takes to its mixer's AdamW final loss, over AdamW's own
             adamw = (mixer, 'adamw')
             if adamw in best and optimizer != 'adamw':
@@ -216,7 +223,7 @@ def report(args):
         print(f"ttl.py: warning: the runs ran on different devices ({', '.join(devices)}): their times do not compare",
               file=sys.stderr)
     names = (['mixer'] + (['optimizer'] if optimizers else []) + ['lr', 'seeds', 'final val loss', 'tokens/s',
-             'compile s', f"time to {args.baseline}'s {target:.4f}"] +
+             'compile s', f"time to {args.baseline}'s {target:.4f}", 'largest spike'] +
              (["tokens to its AdamW's final loss"] if optimizers else []))
     head = '| ' + ' | '.join(names) + ' |\n|' + '---|' * len(names)
     print(f"Time to loss on {', '.join(devices)}: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: "
