@@ -84,7 +84,7 @@ def test_report_names_the_largest_spike_and_non_finite_steps(tmp_path, capsys):
     ttl.main_args(['report', str(tmp_path), '--plot', ''])
     out = capsys.readouterr().out
     # at step 150: 4.85 + 1.25 over the median of steps 100..149 (4.9 - 0.0245 = 4.8755): 1.2245 -> 1.22
-    assert re.search(r'^\| `softmax` \|.*\| 1\.22, 1 non-finite \|$', out, re.M), out
+    assert re.search(r'^\| `softmax` \|.*\| 1\.22 \(step 150\), 1 non-finite \|$', out, re.M), out
 
 
 def test_time_and_tokens_to_target_interpolate_between_evals():

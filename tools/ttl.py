@@ -24,7 +24,8 @@ the median tokens/s, the compile time, and the time and tokens to reach the base
 mixer with AdamW, mean over its seeds): where the mean curve over seeds first reaches it, interpolated linearly
 between evals, or "not reached"; with several optimizers also the tokens each takes to its mixer's AdamW final loss,
 over AdamW's own; the largest spike: how far one step's training loss rose above the median of the 50 steps before
-it (from step 100 on; the largest over seeds), and how many steps were non-finite. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
+it (from step 100 on; the largest over seeds) and at which step (one step in every run: a batch of harder text, not
+the optimizer), and how many steps were non-finite. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
 best rate (the mean over seeds), and the per-step training loss.
 """
 import argparse
@@ -120,8 +121,8 @@ def read_run(out_dir):
         raise UserError(f"{out_dir}: its log has no train clock or no iter 0 line (a log of an older train.py?)")
     median = statistics.median([t for _, _, t in iters[1:]] or [iters[0][2]])
     losses = [loss for _, loss, _ in iters]
-    rise = max((losses[i] - statistics.median(losses[i - 50:i]) for i in range(100, len(losses))
-                if math.isfinite(losses[i])), default=0.0)  # the largest spike: a step over the 50 before it
+    rise = max(((losses[i] - statistics.median(losses[i - 50:i]), iters[i][0]) for i in range(100, len(losses))
+                if math.isfinite(losses[i])), default=(0.0, None))  # the largest spike: a step over the 50 before it
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
     gpu = GPU.search(text)
@@ -172,6 +173,12 @@ def groups(out_dirs):
     return found
 
 
+def spike(runs):
+    """The largest spike over runs, and its step: a spike at the same step in every run is a hard batch."""
+    rise, step = max(r['rise'] for r in runs)
+    return f"{rise:.2f}" + (f" (step {step})" if step is not None else "")
+
+
 def report(args):
     out_dirs = []
     for path in args.runs:
@@ -204,8 +211,8 @@ def report(args):
             f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}",
             f"{statistics.fmean(r['tok_s'] for r in runs):,.0f}", f"{statistics.fmean(r['compile'] for r in runs):.1f}",
             f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if t is not None else "not reached",
-            f"{max(r['rise'] for r in runs):.2f}" + (f", {sum(r['nonfinite'] for r in runs)} non-finite"
-                                                     if any(r['nonfinite'] for r in runs) else "")]
+            spike(runs) + (f", {sum(r['nonfinite'] for r in runs)} non-finite" if any(r['nonfinite'] for r in runs)
+                           else "")]
         if optimizers:  # the tokens this arm takes to its mixer's AdamW final loss, over AdamW's own
             adamw = (mixer, 'adamw')
             if adamw in best and optimizer != 'adamw':
