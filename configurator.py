@@ -231,7 +231,7 @@ def check_training(c):
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_iters', 'log_interval'):
         if c[k] < 1:
             raise UserError(f"{k}={c[k]} must be >= 1")
-    for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+    for k in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'save_interval'):
         if c[k] < 0:
             raise UserError(f"{k}={c[k]} must be >= 0")
     if not c['learning_rate'] > 0:

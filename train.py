@@ -45,6 +45,7 @@ log_interval = 1                # an iter line every this many iterations
 eval_iters = 200                # batches per split in an eval
 eval_only = False               # evaluate once and exit
 always_save_checkpoint = True   # save ckpt.pt at every eval, not only when val loss improves (best.pt: only then)
+save_interval = 0               # 0: those saves at every eval; N: only at the evals of steps divisible by N, and the last
 stop_at_val_acc = 0.0           # tasks: stop after the first eval whose val accuracy reaches this (0: never)
 init_from = 'scratch'           # 'scratch' or 'resume' (continue from out_dir/ckpt.pt)
 overwrite = False               # scratch over an earlier run's ckpt.pt/best.pt: True deletes them and its log.txt
@@ -161,8 +162,7 @@ signals = StopSignals(out)
 
 for set_seed in (torch.manual_seed, random.seed, np.random.seed):
     set_seed(seed + par.rank)
-torch.backends.cuda.matmul.allow_tf32 = True
-torch.backends.cudnn.allow_tf32 = True
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 ctx = nullcontext() if dtype == 'float32' else torch.amp.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 
 
@@ -408,7 +408,7 @@ while True:
                            lr=lr, **({'mfu': meter.mfu * 100} if meter.mfu > 0 else {})))
         improved = losses['val'] < best_val_loss
         best_val_loss, last_val, evaluated_at = min(best_val_loss, losses['val']), losses['val'], iter_num
-        if iter_num > 0 and not eval_only and (improved or always_save_checkpoint):
+        if iter_num > 0 and not eval_only and (improved or always_save_checkpoint) and (last_step or not iter_num % (save_interval or 1)):
             saved_iter = save(losses['val'], improved)  # every rank takes this branch (the losses are averaged)
         if task is not None and stop_at_val_acc > 0 and iter_num > 0 and losses['val_acc'] >= stop_at_val_acc:
             print0(f"stopping at step {iter_num}: val acc {losses['val_acc']:.4f} >= stop_at_val_acc {stop_at_val_acc}")

@@ -19,4 +19,5 @@ lr_decay_iters = 3052  # (a shorter run, e.g. a learning-rate sweep, sets both: 
 warmup_iters = 100
 eval_interval = 100    # 3.3M tokens between evals: the curves' resolution
 eval_iters = 16        # 16 x 8 x 4,096 = 524k val tokens, the same ones at every eval
+save_interval = 1000   # checkpoints (1.5 GB with AdamW's moments) at steps 1000, 2000, 3000 and the end only
 log_interval = 1       # every step's time and loss in log.txt: ttl.py's compile time and training-loss curve

@@ -71,6 +71,15 @@ def test_resume_continues_exactly(pystdlib, tmp_path, optimizer):
         assert abs(a[it] - b[it]) < 1e-5, (it, a[it], b[it])
 
 
+def test_save_interval_saves_at_its_evals_and_the_last(pystdlib, tmp_path):
+    """--save_interval=4 with evals every 2 of 6 steps: checkpoints at steps 4 and 6 (the last), not at 2."""
+    p = run(TINY + ['--eval_interval=2', '--max_iters=6', '--save_interval=4', f'--out_dir={tmp_path}/a'])
+    saved = re.findall(r'^step (\d+):.*\n(saving checkpoint)?', p.stdout, re.M)
+    assert [(int(n), bool(s)) for n, s in saved] == [(0, False), (2, False), (4, True), (6, True)], p.stdout
+    from checkpoint import load_checkpoint
+    assert load_checkpoint(f'{tmp_path}/a/ckpt.pt')['iter_num'] == 6
+
+
 def test_resume_with_dropout_continues_rng(pystdlib, tmp_path):
     """With dropout the RNG state matters too: the resumed run must draw the same masks."""
     common = TINY + ['--dropout=0.2', '--eval_interval=3']
