@@ -1251,10 +1251,13 @@ class Decoder:
         self.model = decode_copy(model, dtype)
         self.temperature, self.top_k, self.n_vocab = temperature, top_k, n_vocab
         self.device = next(model.parameters()).device
-        self.autocast = lambda: (torch.autocast(self.device.type, dtype=dtype) if dtype not in (None, torch.float32)
+        kind = self.device.type  # (not self inside the lambda: a reference cycle, as below)
+        self.autocast = lambda: (torch.autocast(kind, dtype=dtype) if dtype not in (None, torch.float32)
                                  else contextlib.nullcontext())
         cuda = self.device.type == 'cuda'
-        self.forward = torch.compile(self._forward, fullgraph=True) if compile and cuda else self._forward
+        # the function, not the bound method: self.forward = self._forward would be a reference cycle, which keeps
+        # the caches (GBs at long contexts) alive after the last reference to the Decoder goes, until a gc pass
+        self.forward = torch.compile(Decoder._forward, fullgraph=True) if compile and cuda else Decoder._forward
         self.use_graph = cuda and graph
         self._build(batch, max_len)
 
@@ -1288,7 +1291,7 @@ class Decoder:
 
     @torch.no_grad()
     def _step(self):
-        nxt = sample_next(self.forward(), self.temperature, self.top_k, self.n_vocab)
+        nxt = sample_next(self.forward(self), self.temperature, self.top_k, self.n_vocab)
         self.tok.copy_(nxt)
         self.out.index_copy_(1, self.pos.view(1), nxt)
 
@@ -1349,6 +1352,8 @@ class Decoder:
         'prefill' and 'decode' seconds."""
         B, T = idx.shape
         if max_new_tokens == 0:
+            if timings is not None:
+                timings.update(prefill=0.0, decode=0.0)
             return idx
         if B != self.batch or T + max_new_tokens > self.max_len:
             self.graph = self.caches = None  # freed before the new ones are allocated

@@ -115,7 +115,7 @@ def generate():
     if graph:
         print(f"decode step {'compiled and ' if compile else ''}captured as a CUDA graph in {time.perf_counter() - t0:.1f} s")
     y = decoder.generate(x, max_new_tokens, timings=times)
-    return y, decoder.caches, max_new_tokens - 1, "CUDA graph" if graph else "eager"
+    return y, decoder.caches, max(max_new_tokens - 1, 0), "CUDA graph" if graph else "eager"
 
 
 with ctx:

@@ -152,6 +152,7 @@ print0 = out.log
 print0(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}")
 if _echo is not None and _echo.getvalue().strip():
     print0(_echo.getvalue().rstrip('\n'), terminal=False)
+notices += ["fsdp=True without torchrun: one process holds the whole model, nothing to shard"] if fsdp and not par.ddp else []
 for line in out.notices + notices:
     print0(line)
 print0(f"config: {config}", terminal=False)
@@ -180,8 +181,6 @@ print0(raw_model.describe(), terminal=False)  # per mixer; the header below says
 raw_model.to(device)
 raw_model.recompute = activation_checkpointing
 raw_model.loss_only = task is None  # the eval's loss without the whole [tokens, vocab] logits (they count for a task)
-if fsdp and not par.ddp:
-    print0("fsdp=True without torchrun: one process holds the whole model, nothing to shard")
 if compile:
     print0(f"compiling the model{'' if compile_mode == 'default' else f' ({compile_mode})'}... (takes a minute)")
 model = par.wrap(raw_model, compile, compile_mode, fsdp, fsdp_per_block)
@@ -406,9 +405,10 @@ while True:
         if wandb:  # losses and accuracies as train/loss, val/acc...; mfu once measured (CUDA, after the first steps)
             wandb.log(dict({k.replace('_', '/') if '_' in k else f'{k}/loss': v for k, v in losses.items()}, iter=iter_num,
                            lr=lr, **({'mfu': meter.mfu * 100} if meter.mfu > 0 else {})))
-        improved = losses['val'] < best_val_loss
-        best_val_loss, last_val, evaluated_at = min(best_val_loss, losses['val']), losses['val'], iter_num
-        if iter_num > 0 and not eval_only and (improved or always_save_checkpoint) and (last_step or not iter_num % (save_interval or 1)):
+        due = last_step or not iter_num % (save_interval or 1)  # an eval that may save (best.pt: the best of these)
+        improved = due and losses['val'] < best_val_loss
+        best_val_loss, last_val, evaluated_at = losses['val'] if improved else best_val_loss, losses['val'], iter_num
+        if iter_num > 0 and not eval_only and due and (improved or always_save_checkpoint):
             saved_iter = save(losses['val'], improved)  # every rank takes this branch (the losses are averaged)
         if task is not None and stop_at_val_acc > 0 and iter_num > 0 and losses['val_acc'] >= stop_at_val_acc:
             print0(f"stopping at step {iter_num}: val acc {losses['val_acc']:.4f} >= stop_at_val_acc {stop_at_val_acc}")

@@ -173,12 +173,14 @@ def test_position_losses_equal_the_whole_logits():
     import torch.nn.functional as F
     from model import GPT, GPTConfig
     from longctx import position_losses
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=61, mixer='kda,softmax',
-                          head_dim=16)).eval()
-    model.LOSS_CHUNK = 7  # several pieces, the last one short
-    idx = torch.randint(0, 61, (1, 41))
-    with torch.no_grad():
-        logits, _ = model(idx[:, :-1])
-        want = F.cross_entropy(logits[0], idx[0, 1:], reduction='none')
-        torch.testing.assert_close(position_losses(model, idx[:, :-1], idx[0, 1:]), want)
+    for documents in (False, True):  # (documents: EOT 0 starts each; its tokens below hold several)
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=61, mixer='kda,softmax',
+                              head_dim=16, documents=documents, eot_token=0)).eval()
+        model.LOSS_CHUNK = 7  # several pieces, the last one short
+        idx = torch.randint(0, 61, (1, 41), generator=torch.Generator().manual_seed(1))
+        idx[0, [9, 22]] = 0
+        with torch.no_grad():
+            logits, _ = model(idx[:, :-1])
+            want = F.cross_entropy(logits[0], idx[0, 1:], reduction='none')
+            torch.testing.assert_close(position_losses(model, idx[:, :-1], idx[0, 1:]), want)

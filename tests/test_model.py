@@ -202,6 +202,23 @@ def test_prefill_in_pieces_equals_one_forward(mixer, device, dtype):
             assert torch.equal(dec.out[:, :29], ref)
 
 
+def test_a_dropped_decoder_frees_its_caches_at_once():
+    """No reference cycle keeps a Decoder (and its caches: GBs at long contexts) alive after its last reference goes:
+    freed without a gc pass, so that the memory a caller sees free next is free."""
+    import gc
+    import weakref
+    model = make('kda*3,softmax')
+    dec = Decoder(model, batch=2, max_len=20, temperature=0)
+    dec.generate(torch.randint(0, 97, (2, 5)), 4)
+    refs = [weakref.ref(t) for c in dec.caches for t in c.values()]
+    gc.disable()
+    try:
+        del dec
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()
+
+
 def test_decoder_reallocates_or_refuses_what_does_not_fit():
     """generate with a larger batch or more tokens than the caches hold reallocates them (same tokens as
     GPT.generate); prefill and decode, which continue a sequence, refuse by name instead of writing past them."""

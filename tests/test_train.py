@@ -78,6 +78,16 @@ def test_save_interval_saves_at_its_evals_and_the_last(pystdlib, tmp_path):
     assert [(int(n), bool(s)) for n, s in saved] == [(0, False), (2, False), (4, True), (6, True)], p.stdout
     from checkpoint import load_checkpoint
     assert load_checkpoint(f'{tmp_path}/a/ckpt.pt')['iter_num'] == 6
+    # best_val_loss (and best.pt) is the best of the evals that may save (steps 0, 4, 6 here): this run at lr 0.1 has its
+    # lowest val loss at step 2, which does not save; counted, it would name a loss no checkpoint holds
+    p = run(TINY + ['--eval_interval=2', '--max_iters=6', '--save_interval=4', '--always_save_checkpoint=False',
+                    '--learning_rate=1e-1', f'--out_dir={tmp_path}/b'])
+    val = {int(n): float(v) for n, v in re.findall(r'^step (\d+):.*val loss ([\d.]+)', p.stdout, re.M)}
+    assert val[2] < min(val[0], val[4], val[6]), val  # (the case this checks)
+    best_val = load_checkpoint(f'{tmp_path}/b/ckpt.pt')['best_val_loss']
+    assert abs(best_val - min(val[0], val[4], val[6])) < 1e-4, (best_val, val)
+    if os.path.exists(f'{tmp_path}/b/best.pt'):
+        assert load_checkpoint(f'{tmp_path}/b/best.pt')['val_loss'] == best_val
 
 
 def test_resume_with_dropout_continues_rng(pystdlib, tmp_path):
@@ -304,6 +314,9 @@ def test_sample_from_trained_checkpoint(trained):
     m = re.search(r'cache at (\d+) tokens of context: ([\d,]+) bytes', p.stdout)
     assert m and int(m.group(2).replace(',', '')) > 0
     assert p.stdout.count('def ') >= 2  # the prompt is echoed at the start of each sample
+    p = run([f'--out_dir={out}', '--start=def ', '--num_samples=1', '--max_new_tokens=0', '--device=cpu'],
+            cmd=[sys.executable, 'sample.py'])
+    assert p.stdout.count('---------------') == 1 and 'decode (eager, cpu): 0.00 ms per token, 0.0 tokens/s' in p.stdout
 
 
 def test_kernels_key_is_saved_and_used_on_resume_and_sampling(pystdlib, tmp_path):

@@ -91,7 +91,11 @@ def cell(model, mixer, T, steps, device, dtype, compile, batches):
     del dec, idx
     for B in batches:
         if B not in ('1', 'max'):
-            out[f'ms_{B}'] = at_batch(model, int(B), T, max_len, steps, device, dtype, compile)
+            try:
+                out[f'ms_{B}'] = at_batch(model, int(B), T, max_len, steps, device, dtype, compile)
+            except torch.OutOfMemoryError:
+                out[f'ms_{B}'] = 'OOM'
+                torch.cuda.empty_cache()
     if not (cuda and 'max' in batches):
         return out
     torch.cuda.empty_cache()
@@ -153,12 +157,13 @@ def main():
                 torch.cuda.empty_cache()
                 with torch.autocast('cuda', dtype):  # bytes of one sequence at 0 and 1 positions: the growth per token
                     (fixed, _), (one, _) = (model.generation_bytes(1, 0, n, device) for n in (0, 1))
-                fits = (torch.cuda.mem_get_info()[0] - MARGIN - fixed) // max(1, one - fixed)
-                print(f"| {mixer} | {T:,} | does not fit at batch 1 on this GPU: about {fits:,} tokens would |" + " |" * (len(head) - 3), flush=True)
+                fits = (torch.cuda.mem_get_info()[0] - MARGIN - fixed) // (one - fixed) if one > fixed else None
+                what = f"about {fits:,} tokens would" if fits is not None else "its caches do not grow with the context"
+                print(f"| {mixer} | {T:,} | out of memory at batch 1 on this GPU: {what} |" + " |" * (len(head) - 3), flush=True)
                 cells.append(dict(mixer=mixer, T=T, error="out of memory at batch 1", tokens_that_fit=fits))
                 continue
             cells.append(c)
-            f = lambda k, fmt: format(c[k], fmt) if k in c else "-"
+            f = lambda k, fmt: format(c[k], fmt) if isinstance(c.get(k), (int, float)) else c.get(k, "-")
             cols = [mixer, f"{T:,}", f('ttft_s', '.2f'), f('peak_gib', '.1f'), f('ms', '.3f'), f('cache_mib', ',.1f')]
             cols += [f(f'ms_{b}', '.3f') for b in extra]
             cols += [f('max_batch', ','), f('max_batch_ms', '.3f'), f('tokens_s', ',.0f')] if big else []

@@ -100,9 +100,10 @@ def text_losses(model, config, scales, windows, device, ctx):
 def position_losses(model, idx, targets):
     """The cross-entropy at each position of one sequence idx [1, L] (the model's forward, then its output layer
     GPT.LOSS_CHUNK positions at a time: the [L, vocab] logits of a long window never exist whole)."""
+    docs = model.documents(idx) if model.config.documents else None  # each document its own sequence, as in training
     x = model.transformer.wte(idx)
     for block in model.transformer.h:
-        x = block(x)
+        x = block(x, None, docs)
     x = model.transformer.ln_f(x)[0]
     return torch.cat([F.cross_entropy(model.lm_head(a).float(), t, reduction='none')
                       for a, t in zip(x.split(model.LOSS_CHUNK), targets.split(model.LOSS_CHUNK))])

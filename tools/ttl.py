@@ -23,8 +23,8 @@ loss, chosen the same way for every arm. Per arm at its best rate: the final val
 the median tokens/s, the compile time, and the time and tokens to reach the baseline's final val loss (the baseline
 mixer with AdamW, mean over its seeds): where the mean curve over seeds first reaches it, interpolated linearly
 between evals, or "not reached"; with several optimizers also the tokens each takes to its mixer's AdamW final loss,
-over AdamW's own; the largest spike: how far one step's training loss rose above the median of the 50 steps before
-it (from step 100 on; the largest over seeds) and at which step (one step in every run: a batch of harder text, not
+over AdamW's own; the largest spike: how far one step's training loss rose above the median of the logged losses of
+the 50 steps before it (from step 100 on; the largest over seeds) and at which step (one step in every run: a batch of harder text, not
 the optimizer), and how many steps were non-finite. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
 best rate (the mean over seeds), and the per-step training loss.
 """
@@ -75,29 +75,44 @@ def run(args, settings):
             f'--mixer={mixer}', f'--optimizer={optimizer}', f'--learning_rate={lr}', f'--min_lr={lr / 10:g}', f'--seed={seed}', f'--out_dir={out_dir}',
             '--overwrite=True', '--init_from=scratch']
         todo.append((f"[{i + 1}/{len(jobs)}] {out_dir}", out_dir, cmd))
-    running, failed = {}, []  # --gpus N: N runs at once, each alone on its GPU (CUDA_VISIBLE_DEVICES), console to a file
-    while todo or running:
-        while todo and len(running) < args.gpus:
-            gpu = min(set(range(args.gpus)) - set(running))
-            name, out_dir, cmd = todo.pop(0)
-            print(f"{name}: {' '.join(cmd[1:])}" + (f" (GPU {gpu})" if args.gpus > 1 else ""), flush=True)
-            if args.gpus == 1:
-                running[gpu] = (out_dir, subprocess.Popen(cmd, cwd=ROOT))
-            else:
-                console = open(out_dir.rstrip('/') + '.console', 'w')
-                running[gpu] = (out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT,
-                                                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))))
-        for gpu, (out_dir, proc) in list(running.items()):
-            code = proc.wait() if args.gpus == 1 else proc.poll()
-            if code is not None:
-                del running[gpu]
-                if code != 0:
-                    failed.append(out_dir)
-                    print(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt", flush=True)
-        if running and args.gpus > 1:
-            time.sleep(2)
-        if failed and args.gpus == 1:
-            break
+    if todo:
+        os.makedirs(args.out, exist_ok=True)
+    # --gpus N: N runs at once, each alone on one of the GPUs this process may use (CUDA_VISIBLE_DEVICES, else 0..N-1)
+    visible = [d for d in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if d.strip()] or [str(g) for g in range(args.gpus)]
+    if args.gpus > len(visible):
+        raise UserError(f"--gpus {args.gpus}: CUDA_VISIBLE_DEVICES names only {len(visible)} ({','.join(visible)})")
+    running, failed = {}, []  # slot -> (out_dir, process, its console file)
+    try:
+        while todo or running:
+            while todo and len(running) < args.gpus:
+                slot = min(set(range(args.gpus)) - set(running))
+                name, out_dir, cmd = todo.pop(0)
+                print(f"{name}: {' '.join(cmd[1:])}" + (f" (GPU {visible[slot]})" if args.gpus > 1 else ""), flush=True)
+                if args.gpus == 1:
+                    running[slot] = (out_dir, subprocess.Popen(cmd, cwd=ROOT), None)
+                else:
+                    console = open(out_dir.rstrip('/') + '.console', 'w')
+                    running[slot] = (out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT,
+                                                               env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible[slot])), console)
+            for slot, (out_dir, proc, console) in list(running.items()):
+                code = proc.wait() if args.gpus == 1 else proc.poll()
+                if code is not None:
+                    del running[slot]
+                    if console:
+                        console.close()
+                    if code != 0:
+                        failed.append(out_dir)
+                        print(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt", flush=True)
+            if running and args.gpus > 1:
+                time.sleep(2)
+            if failed and args.gpus == 1:
+                break
+    finally:  # Ctrl-C or an error here: no run is left behind
+        for out_dir, proc, console in running.values():
+            proc.terminate()
+            proc.wait()
+            if console:
+                console.close()
     if failed:
         sys.exit(f"ttl.py: {len(failed)} run(s) stopped ({', '.join(failed)}): `ttl.py run` again starts them anew")
 
@@ -121,8 +136,12 @@ def read_run(out_dir):
         raise UserError(f"{out_dir}: its log has no train clock or no iter 0 line (a log of an older train.py?)")
     median = statistics.median([t for _, _, t in iters[1:]] or [iters[0][2]])
     losses = [loss for _, loss, _ in iters]
-    rise = max(((losses[i] - statistics.median(losses[i - 50:i]), iters[i][0]) for i in range(100, len(losses))
-                if math.isfinite(losses[i])), default=(0.0, None))  # the largest spike: a step over the 50 before it
+    rise = None  # the largest spike: (how far a step's loss rose over the median of the 50 steps before it, the step)
+    finite = [(n, x) for n, x, _ in iters if math.isfinite(x)]
+    for k, (n, x) in enumerate(finite):
+        before = [y for m, y in finite[max(0, k - 50):k] if m >= n - 50]
+        if n >= 100 and before and (rise is None or x - statistics.median(before) > rise[0]):
+            rise = (x - statistics.median(before), n)
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
     gpu = GPU.search(text)
@@ -175,8 +194,8 @@ def groups(out_dirs):
 
 def spike(runs):
     """The largest spike over runs, and its step: a spike at the same step in every run is a hard batch."""
-    rise, step = max(r['rise'] for r in runs)
-    return f"{rise:.2f}" + (f" (step {step})" if step is not None else "")
+    rises = [r['rise'] for r in runs if r['rise'] is not None]
+    return "{:.2f} (step {})".format(*max(rises)) if rises else "— (under 100 steps)"
 
 
 def report(args):
