@@ -129,6 +129,29 @@ def test_found_inf_skips_the_step_on_the_device():
             assert torch.equal(v, before[1][k][n]), n
 
 
+def test_the_compiled_update_is_the_eager_one(fp64_ns):
+    """Muon.compiled = torch.compile(optim.muon_update) (one graph per shape, lr as a tensor) steps as the eager rule:
+    three shapes, a learning rate that changes every step, a skipped step (found_inf) in the middle."""
+    def make():
+        torch.manual_seed(4)
+        ps = [torch.nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in ((16, 8), (16, 8), (8, 24), (5, 5), (7,))]
+        return ps, Muon([{'params': ps[:4], 'muon': True, 'weight_decay': 0.1}, {'params': ps[4:]}], lr=0.02)
+    (a, opt_a), (b, opt_b) = make(), make()
+    opt_b.compiled = torch.compile(optim.muon_update)
+    for step in range(4):
+        torch.manual_seed(20 + step)
+        grads = [torch.randn_like(p) for p in a]
+        for opt, ps in ((opt_a, a), (opt_b, b)):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opt.found_inf = torch.tensor(float(step == 2))
+            for group in opt.param_groups:
+                group['lr'] = 0.01 * (step + 1)
+            opt.step()
+    for p, q in zip(a, b):  # (the compiled rule's lr is an fp32 tensor: 1e-8 relative of the fp64 steps)
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-7)
+
+
 @pytest.mark.parametrize('mixer', list(MIXERS))
 def test_every_parameter_is_in_exactly_one_group_by_name(mixer):
     """Muon: the blocks' 2-D weights except conv kernels and the decay parameters a mixer marks; AdamW: the rest."""
