@@ -132,6 +132,18 @@ def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
     assert p.returncode == 0 and '| `softmax` |' in p.stdout and '| `gdn` |' in p.stdout, p.stderr
     if os.path.exists(tmp_path / 'ttl.png'):  # (matplotlib, from requirements.txt)
         assert os.path.getsize(tmp_path / 'ttl.png') > 10_000
+    # --lrs_from: each mixer again, at its own best rate of that sweep (lowest final val loss), with another seed
+    final = {d: ttl.read_run(str(tmp_path / d))['val'][-1] for d in names}
+    best = {m: min((d for d in names if d.startswith(m)), key=final.get).split('_lr')[1].split('_')[0] for m in ('softmax', 'gdn')}
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'run', str(tmp_path / 'final'), '--mixers', 'softmax', 'gdn',
+                        '--lrs_from', str(tmp_path), '--seeds', '2', '--'] + settings, cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = sorted(n for n in os.listdir(tmp_path / 'final') if not n.startswith('.'))
+    assert got == sorted(f'{m}_adamw_lr{lr}_s2' for m, lr in best.items()), p.stdout
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'run', str(tmp_path / 'x'), '--mixers', 'kda', '--lrs_from',
+                        str(tmp_path), '--'] + settings, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 1 and 'holds no finished run of kda with adamw' in p.stderr, p.stderr
 
 
 def test_runs_at_once_one_per_gpu(pystdlib, tmp_path):

@@ -4,6 +4,8 @@ seconds, and by the time each takes to reach a baseline's final val loss.
 
 $ python tools/ttl.py run out-ttl --mixers softmax 'kda*3,softmax' gdn kda --lrs 6e-4 1.2e-3 --seeds 1337 1338 \\
       -- config/pkgtext.py                      # the settings after -- go to every run, unchanged
+$ python tools/ttl.py run out-final --mixers softmax 'kda*3,softmax' --lrs_from out-ttl --seeds 1337 1338 \\
+      -- config/pkgtext.py                      # each arm at its best rate in out-ttl (a shorter sweep)
 $ python tools/ttl.py report out-ttl            # the tables, and out-ttl/ttl.png
 $ python tools/ttl.py report out-ttl --baseline softmax --plot ttl.png
 
@@ -64,7 +66,15 @@ def finished(out_dir):
 
 
 def run(args, settings):
-    jobs = [(m, o, lr, s) for m in args.mixers for o in args.optimizers for lr in args.lrs for s in args.seeds]
+    rates = {(m, o): args.lrs for m in args.mixers for o in args.optimizers}
+    if args.lrs_from:  # each arm at its best rate in that sweep, picked as report picks it
+        best = best_rates(groups(run_dirs([args.lrs_from])))
+        for arm in rates:
+            if arm not in best:
+                raise UserError(f"{args.lrs_from} holds no finished run of {arm[0]} with {arm[1]}: sweep it first")
+            rates[arm] = [best[arm]]
+            print(f"{arm[0]} with {arm[1]}: lr {best[arm]:g}, its best in {args.lrs_from}", flush=True)
+    jobs = [(m, o, lr, s) for (m, o), lrs in rates.items() for lr in lrs for s in args.seeds]
     todo = []
     for i, (mixer, optimizer, lr, seed) in enumerate(jobs):  # a mixer's runs together: its compile cache is warm
         out_dir = os.path.join(args.out, run_name(mixer, optimizer, lr, seed))
@@ -198,18 +208,33 @@ def spike(runs):
     return "{:.2f} (step {})".format(*max(rises)) if rises else "— (under 100 steps)"
 
 
-def report(args):
+def run_dirs(paths):
+    """The run folders among paths: each a run folder (a log.txt in it) or a folder holding them."""
     out_dirs = []
-    for path in args.runs:
+    for path in paths:
+        if not os.path.exists(path):
+            raise UserError(f"{path}: no such folder")
         subs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
         out_dirs += [d for d in subs if os.path.isfile(os.path.join(d, 'log.txt'))] or [path]
-    found = groups(out_dirs)
+    return out_dirs
+
+
+def best_rates(found):
+    """{(mixer, optimizer): the learning rate with the lowest mean final val loss over its seeds}: the same rule
+    for every arm."""
     final = {k: statistics.fmean(r['val'][-1] for r in runs) for k, runs in found.items()}
-    best = {}  # (mixer, optimizer) -> the learning rate with the lowest mean final val loss
+    best = {}
     for (mixer, optimizer, lr), loss in final.items():
         arm = (mixer, optimizer)
         if arm not in best or loss < final[arm + (best[arm],)]:
             best[arm] = lr
+    return best
+
+
+def report(args):
+    found = groups(run_dirs(args.runs))
+    final = {k: statistics.fmean(r['val'][-1] for r in runs) for k, runs in found.items()}
+    best = best_rates(found)  # (mixer, optimizer) -> its best learning rate
     base_arm = (args.baseline, 'adamw') if (args.baseline, 'adamw') in best else next(
         (a for a in best if a[0] == args.baseline), None)
     if base_arm is None:
@@ -310,7 +335,10 @@ def main_args(argv):
     r = sub.add_parser('run', help="train every (mixer, lr, seed), one at a time; train.py settings after --")
     r.add_argument('out', help="folder for the runs: <out>/<mixer>_<optimizer>_lr<lr>_s<seed>")
     r.add_argument('--mixers', nargs='+', required=True)
-    r.add_argument('--lrs', nargs='+', type=float, required=True)
+    lr = r.add_mutually_exclusive_group(required=True)
+    lr.add_argument('--lrs', nargs='+', type=float, help="every arm at each of these learning rates")
+    lr.add_argument('--lrs_from', metavar='SWEEP', help="each arm at its best rate among the finished runs in SWEEP "
+                    "(a ttl.py run folder; the lowest mean final val loss, as report picks it)")
     r.add_argument('--seeds', nargs='+', type=int, default=[1337])
     r.add_argument('--optimizers', nargs='+', default=['adamw'], choices=['adamw', 'muon'])
     r.add_argument('--gpus', type=int, default=1, help="runs at once, each alone on one GPU (its console output in "
@@ -329,13 +357,10 @@ def main_args(argv):
                 raise UserError(f"--{flag} is set by ttl.py for each run: leave it out of the settings after --")
         if args.gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {args.gpus}")
-        if min(args.lrs) <= 0 or len(set(args.seeds)) < len(args.seeds):
+        if min(args.lrs or [1]) <= 0 or len(set(args.seeds)) < len(args.seeds):
             raise UserError(f"--lrs must be > 0 and --seeds distinct, got {args.lrs} and {args.seeds}")
         run(args, settings)
     else:
-        for path in args.runs:
-            if not os.path.exists(path):
-                raise UserError(f"{path}: no such folder")
         report(args)
 
 
