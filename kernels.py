@@ -33,6 +33,13 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         dyadic split: "The bounded gate" in section 3.1); keep: this call's TUNING['keep'] (None: TUNING's)
     delta_rule_step(q, k, v, beta, g, state, scale=None) -> o
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
+    delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, scale=None, A_log=None, dt_bias=None,
+                      lower_bound=None) -> o [B, H, Dv]
+        a delta-rule mixer's whole decode step from its projections: q, k [B, H*Dk], v [B, H*Dv] before the short
+        convs (width 4; conv_states their last 3 inputs [B, 3, .], updated in place, conv_weights [., 4]);
+        q, k = L2(silu(conv(.))) per head, v = silu(conv(v)), then delta_rule_step with beta = sigmoid(beta)
+        (beta: the logits [B, H]) and g None | [B, H] | [B, H*Dk] (the log-decay, or with A_log, dt_bias the gate's
+        input as in delta_rule); the Triton path is one kernel (a one-token step is launch-bound)
 
 scale defaults to Dk ** -0.5. Outputs come back in v's dtype; states are fp32 (fp64 if the inputs are fp64),
 an initial state must be fp32 or fp64. Every call has up to three paths with the same meaning:
@@ -195,6 +202,21 @@ def delta_rule_step(q, k, v, beta, g, state, scale=None, path="auto"):
         return delta_rule_step_triton(q, k, v, beta, g, state, scale)
     return delta_rule_step_torch(q, k, v, beta, g, state, scale)
 
+def delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, scale=None, A_log=None, dt_bias=None,
+                      lower_bound=None, path="auto"):
+    """A delta-rule mixer's whole one-token step from its projections (before the short convs); see the module
+    docstring. On the Triton path one kernel (the short convs, beta, the gate and the state update). -> o"""
+    _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, A_log, dt_bias, lower_bound)
+    path, note = _pick_path("delta_rule_decode", q.view(q.shape[0], state.shape[1], -1), v.view(v.shape[0],
+                            state.shape[1], -1), state, path=path)
+    _log_path("delta_rule_decode", "triton step" if path == "triton" else "step", note, q)
+    if path == "triton":
+        return _delta_rule_decode_op(q, k, v, *conv_states, *conv_weights, beta, g, A_log, dt_bias, state,
+                                     state.shape[2] ** -0.5 if scale is None else float(scale),
+                                     0. if lower_bound is None else float(lower_bound))
+    return delta_rule_decode_torch(q, k, v, conv_states, conv_weights, beta, g, state, scale, A_log, dt_bias,
+                                   lower_bound)
+
 def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto", dt=None,
                 D=None):
     """Scalar-decay linear attention over a whole sequence; see the module docstring. -> (o, final_state | None)"""
@@ -329,6 +351,28 @@ def _check_delta_rule(name, q, k, v, beta, g, state, step=False):
     if step and state is None:
         _fail(name, "state [B, H, Dk, Dv] is required")
     _check_state(name, state, q.shape[0], q.shape[-2], Dk, Dv, "state" if step else "initial_state")
+
+def _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, A_log, dt_bias, lower_bound):
+    name = "delta_rule_decode"
+    if state is None or state.ndim != 4:
+        _fail(name, f"state must be [B, H, Dk, Dv], got {None if state is None else _shape(state)}")
+    B, H, Dk, Dv = state.shape
+    for x, n, d in ((q, "q", H * Dk), (k, "k", H * Dk), (v, "v", H * Dv)):
+        if _shape(x) != (B, d) or x.stride(-1) != 1:
+            _fail(name, f"{n} must be [B, H*D] = {(B, d)} with unit stride along it, got {_shape(x)}")
+    if len(conv_states) != 3 or len(conv_weights) != 3:
+        _fail(name, "conv_states and conv_weights must hold three each (q's, k's, v's)")
+    for s, w, x, n in zip(conv_states, conv_weights, (q, k, v), "qkv"):
+        if _shape(s) != (B, 3, x.shape[1]) or not s.is_contiguous() or _shape(w) != (x.shape[1], 4):
+            _fail(name, f"{n}'s conv state must be contiguous [B, 3, {x.shape[1]}] and its weight "
+                        f"[{x.shape[1]}, 4], got {_shape(s)} and {_shape(w)}")
+    if _shape(beta) != (B, H):
+        _fail(name, f"beta (the logits) must be [B, H] = {(B, H)}, got {_shape(beta)}")
+    if g is not None and (_shape(g) not in ((B, H), (B, H * Dk)) or g.stride(-1) != 1):
+        _fail(name, f"g must be None, [B, H] or [B, H*Dk] with unit stride along it, got {_shape(g)}")
+    u = None if g is None else g.view(B, 1, H) if g.shape[1] == H else g.view(B, 1, H, Dk)
+    _check_gate_fn(name, u, A_log, dt_bias, lower_bound)
+    _check_state(name, state, B, H, Dk, Dv, "state")
 
 def _check_lower_bound(name, lower_bound):
     # fla's safe_gate range: the Grams' 16-row reference path needs every per-step log-decay >= -5 (section 3.1,
@@ -3394,6 +3438,104 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
     if why:
         _fail("delta_rule_step", why)
     return _delta_rule_step_op(q, k, v, beta, g, state, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+# ---- the delta rule's whole step, from the projections: q, k = L2(silu(conv(q))), L2(silu(conv(k))) per head,
+# v = silu(conv(v)), beta = sigmoid(beta logit), g (or decay_gate(u)), then the step above: one kernel on CUDA ---------
+
+def delta_rule_decode_torch(q, k, v, conv_states, conv_weights, beta, g, state, scale=None, A_log=None, dt_bias=None,
+                            lower_bound=None):
+    """The steps one by one: short_conv_step_torch for q, k, v, then delta_rule_step_torch."""
+    B, H, Dk, Dv = state.shape
+    (sq, sk, sv), (wq, wk, wv) = conv_states, conv_weights
+    q = short_conv_step_torch(q, sq, wq, norm=Dk).view(B, H, Dk)
+    k = short_conv_step_torch(k, sk, wk, norm=Dk).view(B, H, Dk)
+    v = short_conv_step_torch(v, sv, wv).view(B, H, Dv)
+    if g is not None:
+        g = g.view(B, H, -1) if g.shape[1] != H else g
+        if A_log is not None:
+            g = decay_gate(g[:, None], A_log, dt_bias, lower_bound)[:, 0]
+    return delta_rule_step_torch(q, k, v, torch.sigmoid(beta.float()), g, state, scale)
+
+@triton.jit
+def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
+    # silu of the width-4 causal conv of channels c over the window (s0, s1, s2, x) in fp32; the state -> (s1, s2, x)
+    s0 = tl.load(s_ptr + c)
+    s1 = tl.load(s_ptr + D + c)
+    s2 = tl.load(s_ptr + 2 * D + c)
+    x = tl.load(x_ptr + c)
+    p = (tl.load(w_ptr + c * 4 + 0).to(tl.float32) * s0.to(tl.float32)
+         + tl.load(w_ptr + c * 4 + 1).to(tl.float32) * s1.to(tl.float32)
+         + tl.load(w_ptr + c * 4 + 2).to(tl.float32) * s2.to(tl.float32)
+         + tl.load(w_ptr + c * 4 + 3).to(tl.float32) * x.to(tl.float32))
+    tl.store(s_ptr + c, s1)
+    tl.store(s_ptr + D + c, s2)
+    tl.store(s_ptr + 2 * D + c, x.to(s_ptr.dtype.element_ty))
+    return p * tl.sigmoid(p)
+
+@triton.jit(do_not_specialize=["H", "sx", "sb", "sg"])
+def _decode_kernel(q_ptr, k_ptr, v_ptr, sx, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_ptr, wv_ptr, b_ptr, sb, g_ptr, sg,
+                   A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, H,
+                   DK: tl.constexpr, DV: tl.constexpr, GATE: tl.constexpr, GATE_FN: tl.constexpr):
+    # One program per (b, h) with the whole [DK, DV] state: it alone owns head h's channels of the three conv
+    # states, so it may shift them in place (V-tiles of one head would race on q's and k's windows).
+    # q, k, v: row b at b * sx (the columns of one [B, .] projection output); g: row b at b * sg, [H] or [H * DK]
+    bh = tl.program_id(0).to(tl.int64)
+    b, h = bh // H, bh % H
+    ck = h * DK + tl.arange(0, DK)
+    cv = h * DV + tl.arange(0, DV)
+    q = _conv_silu(q_ptr + b * sx, cq_ptr + b * 3 * H * DK, wq_ptr, ck, H * DK)
+    k = _conv_silu(k_ptr + b * sx, ck_ptr + b * 3 * H * DK, wk_ptr, ck, H * DK)
+    v = _conv_silu(v_ptr + b * sx, cv_ptr + b * 3 * H * DV, wv_ptr, cv, H * DV)
+    q = q * tl.rsqrt(tl.sum(q * q, 0) + eps)
+    k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
+    beta = tl.sigmoid(tl.load(b_ptr + b * sb + h).to(tl.float32))
+    S = tl.load(s_ptr + bh * DK * DV + tl.arange(0, DK)[:, None] * DV + tl.arange(0, DV)[None, :])
+    if GATE == GATE_SCALAR:  # GDN: one log-decay for the head
+        g = tl.load(g_ptr + b * sg + h).to(tl.float32)
+        if GATE_FN:
+            x = g + tl.load(bias_ptr + h).to(tl.float32)
+            g = -tl.exp(tl.load(A_ptr + h).to(tl.float32)) * _softplus(x)
+        S = S * tl.exp(g)
+    if GATE == GATE_CHANNEL:  # KDA: one per key channel, a row of S
+        g = tl.load(g_ptr + b * sg + ck).to(tl.float32)
+        if GATE_FN:
+            x = g + tl.load(bias_ptr + ck).to(tl.float32)
+            a = tl.exp(tl.load(A_ptr + h).to(tl.float32))
+            if GATE_FN == 1:
+                g = -a * _softplus(x)
+            else:
+                g = lb * tl.sigmoid(a * x)
+        S = S * tl.exp(g)[:, None]
+    e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
+    S += k[:, None] * e[None, :]
+    o = scale * tl.sum(S * q[:, None], 0)
+    tl.store(s_ptr + bh * DK * DV + tl.arange(0, DK)[:, None] * DV + tl.arange(0, DV)[None, :], S)
+    tl.store(o_ptr + bh * DV + tl.arange(0, DV), o.to(o_ptr.dtype.element_ty))
+
+@torch.library.custom_op("kernels::delta_rule_decode",
+                         mutates_args=("conv_q", "conv_k", "conv_v", "state"))
+def _delta_rule_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, conv_q: torch.Tensor,
+                          conv_k: torch.Tensor, conv_v: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+                          w_v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
+                          A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], state: torch.Tensor,
+                          scale: float, lower_bound: float) -> torch.Tensor:
+    B, H, DK, DV = state.shape
+    if not (q.stride(0) == k.stride(0) == v.stride(0)):  # (one row stride for the three: the kernel's sx)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    GATE = int(GATE_NONE) if g is None else int(GATE_SCALAR) if g.shape[1] == H else int(GATE_CHANNEL)
+    GATE_FN = 0 if A_log is None else 1 if lower_bound == 0. else 2
+    o = v.new_empty(B, H, DV)
+    warps = 8 if DK * DV >= 128 * 128 else 4
+    _decode_kernel[(B * H,)](q, k, v, q.stride(0), conv_q, conv_k, conv_v, w_q.contiguous(), w_k.contiguous(),
+                             w_v.contiguous(), beta, beta.stride(0), g if g is not None else beta,
+                             g.stride(0) if g is not None else 0, A_log if A_log is not None else beta,
+                             dt_bias if dt_bias is not None else beta, lower_bound, state, o, scale, NORM_EPS, H,
+                             DK, DV, GATE, GATE_FN, num_warps=warps)
+    return o
+
+@_delta_rule_decode_op.register_fake
+def _(q, k, v, conv_q, conv_k, conv_v, w_q, w_k, w_v, beta, g, A_log, dt_bias, state, scale, lower_bound):
+    return v.new_empty(state.shape[0], state.shape[1], state.shape[3])
 
 # ---- scalar decay: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ---------------------------
 

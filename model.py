@@ -589,6 +589,9 @@ class DeltaNet(nn.Module):
 
     def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
+        if cache is not None and T == 1 and 'state' in cache:  # decode: the lines below in one kernel (speed section)
+            o, p = delta_rule_decode(self, x, cache)
+            return self.c_proj(self.output_gate(p, self.o_norm(o)).reshape(B, T, -1))
         # q, k = L2(SiLU(conv(W_q x))), L2(SiLU(conv(W_k x))) per head, v = SiLU(conv(W_v x)); p: the other
         # projections of x (β's, the gates') by name (delta_rule_inputs: speed section)
         q, k, v, p = delta_rule_inputs(self, x, cache, docs)
@@ -640,6 +643,7 @@ class KDA(DeltaNet):
     for lb = −5 at u ≈ 0); dt_bias as above. Its kernels need no dyadic split (kernels.py 3.1, the bounded gate)."""
 
     projections = DeltaNet.projections + ('f_down', 'g_down')
+    low_rank = (('f_down', 'f_up'), ('g_down', 'g_up'))  # (down, up): decode_copy multiplies each into one matrix
 
     def __init__(self, config):
         super().__init__(config)
@@ -767,6 +771,8 @@ MIXERS = {
 #   linears(module, x, names)                  [getattr(module, name)(x) for name in names]
 #   delta_rule_inputs(mixer, x, cache, docs)   DeltaNet's, GDN's and KDA's q, k, v (projection, short conv, L2 of q
 #                                              and k), and the mixer's other projections of x by name
+#   delta_rule_decode(mixer, x, cache)         their one-token step: the convs, β, the gate and the state update
+#                                              in one kernel (kernels.delta_rule_decode)
 #   DecayGate(u, A_log, dt_bias, lower_bound)  KDA's log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound),
 #                                              formed from u inside the delta-rule kernels (scan and reset_gate take it)
 # The Decoder stacks each mixer's projections into one matrix (decode_copy), which linears then uses.
@@ -864,6 +870,21 @@ def delta_rule_inputs(m, x, cache=None, docs=None):
     p = dict(zip(names, linears(m, x, names)))
     q, k, v = (conv(p[name], cache, doc_pos=pos) for conv, name in zip(convs, names[:3]))
     return q, k, v, p
+
+
+def delta_rule_decode(m, x, cache):
+    """DeltaNet's (GDN's, KDA's) one-token step, x [B, 1, C]: its projections by linears (one matmul under a
+    Decoder), then kernels.delta_rule_decode: the three short convs, β = σ(W_b x), the gate (KDA's DecayGate formed
+    there) and the state update, which on CUDA are one kernel instead of about six. -> (o [B, 1, H, d_v], p)"""
+    names, convs = m.projections, (m.q_conv, m.k_conv, m.v_conv)
+    p = dict(zip(names, linears(m, x, names)))
+    g, gate = m.decay(p), {}
+    if isinstance(g, DecayGate):
+        g, gate = g.u, dict(A_log=g.A_log, dt_bias=g.dt_bias, lower_bound=g.lower_bound)
+    o = kernels.delta_rule_decode(*(p[n][:, 0] for n in names[:3]), [cache[c.name] for c in convs],
+                                  [c.weight for c in convs], p['b_proj'][:, 0],
+                                  None if g is None else g[:, 0].flatten(1), cache['state'], path=m.kernels, **gate)
+    return o[:, None], p
 
 
 class DecayGate(NamedTuple):
@@ -1205,9 +1226,23 @@ def decode_copy(model, dtype=None):
     """A copy of model for decoding (the Decoder's; made once, so later changes to model's weights are not seen):
     the weights of its Linear layers stored in dtype (autocast's: the very values autocast would cast them to at every
     call, one cast kernel per weight per token), the embedding kept as it is (the residual stream stays in its
-    dtype, as under autocast; tied to the output layer in model, untied here), and the Linear layers that read the
-    same input stacked into one matrix per module (linears: their weights become views of it)."""
+    dtype, as under autocast; tied to the output layer in model, untied here), each low-rank pair a mixer names in
+    `low_rank` multiplied into one matrix (KDA's gates: a wider matmul is cheaper than a second kernel per token), and
+    the Linear layers that read the same input stacked into one matrix per module (linears: their weights become
+    views of it)."""
     m = copy.deepcopy(model)
+    for module in list(m.modules()):  # a mixer's low-rank pairs y = U (D x): one [out, in] matrix UD (one matmul)
+        for down, up in getattr(module, 'low_rank', ()):
+            d, u = getattr(module, down), getattr(module, up)
+            fused = nn.Linear(d.in_features, u.out_features, bias=u.bias is not None or d.bias is not None,
+                              device=d.weight.device, dtype=d.weight.dtype)
+            with torch.no_grad():
+                fused.weight.copy_(u.weight @ d.weight)
+                if fused.bias is not None:  # U (D x + b_D) + b_U
+                    fused.bias.copy_((u.bias if u.bias is not None else 0) + (u.weight @ d.bias if d.bias is not None
+                                                                               else 0))
+            setattr(module, down, fused)
+            setattr(module, up, nn.Identity())
     low = dtype not in (None, torch.float32)
     if low:
         m.lm_head.weight = nn.Parameter(m.lm_head.weight.detach().clone())  # untie: wte stays in its dtype

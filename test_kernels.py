@@ -1144,6 +1144,77 @@ def test_triton_step_dispatch_compiles():
         *args, s2, path="triton")
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
 
+@pytest.mark.parametrize("gate", ["none", "scalar", "gdn", "channel", "kda", "kda bounded"])
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
+    # the whole decode step from the projections, token by token from zero states, against the independent
+    # references over the whole sequence: short_conv_torch (silu, L2 per head of q and k), sigmoid of beta, the gate
+    # (decay_gate where A_log, dt_bias are given), then delta_rule_recurrent in fp64. q, k, v, beta and g are column
+    # slices of one [B, P] projection output, as the model hands them over (a row stride, no copies).
+    B, T, H, dk, dv = 3, 7, 2, 16, 32
+    gen = torch.Generator().manual_seed(11)
+    widths = [H * dk, H * dk, H * dv, H, H * dk if "kda" in gate or "channel" in gate else H]
+    P = sum(widths) + 5  # (and a few columns no one reads)
+    p = torch.randn(B, T, P, generator=gen, dtype=F64)
+    q, k, v, beta, u = p[..., :sum(widths)].split(widths, dim=-1)
+    w = [torch.randn(n, 4, generator=gen, dtype=F64) * 0.5 for n in widths[:3]]
+    gate_args = {}
+    if gate in ("gdn", "kda", "kda bounded"):
+        gate_args = dict(A_log=torch.rand(H, generator=gen, dtype=F64),
+                         dt_bias=torch.randn(widths[4], generator=gen, dtype=F64) - 2,
+                         lower_bound=-5.0 if "bounded" in gate else None)
+        g_ref = kernels.decay_gate(u.reshape(B, T, H, -1), **gate_args)
+    else:
+        u = -torch.rand(u.shape, generator=gen, dtype=F64)  # a log-decay given as it is
+        g_ref = u.reshape(B, T, H, -1)
+    g_ref = None if gate == "none" else g_ref.squeeze(-1) if g_ref.shape[-1] == 1 else g_ref
+    conv = [kernels.short_conv_torch(x, wx, norm=n) for x, wx, n in zip((q, k, v), w, (dk, dk, 0))]
+    ro, rS = kernels.delta_rule_recurrent(conv[0].view(B, T, H, dk), conv[1].view(B, T, H, dk),
+                                          conv[2].view(B, T, H, dv), torch.sigmoid(beta), g_ref,
+                                          output_final_state=True)
+    dt = F32 if path == "triton" else F64
+    dev = DEV if path == "triton" else "cpu"
+    pd = p.to(dev, dt)
+    q, k, v, beta, u = pd[..., :sum(widths)].split(widths, dim=-1)
+    if gate not in ("gdn", "kda", "kda bounded"):
+        u = g_ref.reshape(B, T, -1).to(dev, dt) if gate != "none" else None
+    convs = [torch.zeros(B, 3, n, dtype=dt, device=dev) for n in widths[:3]]
+    state = torch.zeros(B, H, dk, dv, dtype=F32 if path == "triton" else F64, device=dev)
+    ga = {n: (t.to(dev, dt) if torch.is_tensor(t) else t) for n, t in gate_args.items()}
+    outs = [kernels.delta_rule_decode(q[:, t], k[:, t], v[:, t], convs, [x.to(dev, dt) for x in w], beta[:, t],
+                                      None if u is None else u[:, t], state, path=path, **ga) for t in range(T)]
+    o = torch.stack(outs, 1)
+    tol = 1e-5 if path == "triton" else 1e-6  # (the torch conv step computes in fp32)
+    assert rms_err(o.cpu().double(), ro) < tol and rms_err(state.cpu().double(), rS) < tol
+    for c, x in zip(convs, (q, k, v)):  # the conv windows hold the last three raw inputs
+        assert torch.equal(c, x[:, -3:])
+
+def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
+    # on the Triton path under torch.compile(fullgraph=True) == eager (a custom op that mutates four tensors), and
+    # a wrong shape is one line naming the argument
+    B, H, dk, dv = 2, 2, 16, 32
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=gen).to(DEV)
+    args = [r(B, H * dk), r(B, H * dk), r(B, H * dv)]
+    w = [r(n, 4) for n in (H * dk, H * dk, H * dv)]
+    beta, u, A, bias = r(B, H), r(B, H * dk), r(H), r(H * dk)
+    results = []
+    for fn in (kernels.delta_rule_decode,
+               torch.compile(kernels.delta_rule_decode, fullgraph=True, backend="inductor" if CUDA else "aot_eager")):
+        convs = [torch.ones(B, 3, n, device=DEV) for n in (H * dk, H * dk, H * dv)]
+        state = torch.ones(B, H, dk, dv, device=DEV)
+        o = fn(*args, convs, w, beta, u, state, A_log=A, dt_bias=bias, path="triton")
+        results.append([o, state] + convs)
+    for a, b in zip(*results):
+        assert rms_err(b, a) < 1e-6
+    convs = [torch.ones(B, 3, n, device=DEV) for n in (H * dk, H * dk, H * dv)]
+    with pytest.raises(ValueError, match="v must be"):
+        kernels.delta_rule_decode(args[0], args[1], args[2][:, :-1], convs, w, beta, u, state)
+    with pytest.raises(ValueError, match="conv state"):
+        kernels.delta_rule_decode(*args, convs[:2] + [convs[2][:, :2]], w, beta, u, state)
+    with pytest.raises(ValueError, match="beta"):
+        kernels.delta_rule_decode(*args, convs, w, beta[:, :1], u, state)
+
 # -----------------------------------------------------------------------------
 # the Triton scalar-decay kernels (RetNet, Mamba2; kernels.linear_attn_triton) against the fp64 reference recurrence,
 # same metric and tolerances as the delta rule (the CUDA default since they passed on an H100):

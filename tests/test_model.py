@@ -202,6 +202,30 @@ def test_prefill_in_pieces_equals_one_forward(mixer, device, dtype):
             assert torch.equal(dec.out[:, :29], ref)
 
 
+@pytest.mark.parametrize('mixer', ['deltanet', 'gdn', 'kda', 'kda*3,softmax'])
+def test_decoder_steps_give_the_models_logits(mixer):
+    """The Decoder's copy of the model (decode_copy: KDA's low-rank gate pairs multiplied into one matrix each, the
+    projections stacked) and its one-token step (kernels.delta_rule_decode for the delta-rule mixers) give the
+    logits of the model's own forward over the whole sequence."""
+    model = make(mixer)
+    with torch.no_grad():  # biases start at 0: give them values, so that a bias lost in the folding shows
+        for name, p in model.named_parameters():
+            if name.endswith('.bias'):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.3)
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        want = model(idx)[0]
+    dec = Decoder(model, batch=2, max_len=20, temperature=0, compile=False)
+    dec.prefill(idx[:, :5])
+    got = []
+    for t in range(5, 12):
+        dec.tok.copy_(idx[:, t:t + 1])
+        got.append(Decoder._forward(dec))
+    torch.testing.assert_close(torch.stack(got, 1), want[:, 5:], atol=1e-5, rtol=1e-5)
+    if 'kda' in mixer:  # (the folding happened: no second matmul per gate)
+        assert isinstance(dec.model.transformer.h[0].mixer.f_up, torch.nn.Identity)
+
+
 def test_a_dropped_decoder_frees_its_caches_at_once():
     """No reference cycle keeps a Decoder (and its caches: GBs at long contexts) alive after its last reference goes:
     freed without a gc pass, so that the memory a caller sees free next is free."""
@@ -389,8 +413,8 @@ def test_kernels_key_reaches_every_kernel_call(mixer, path, monkeypatch, capsys)
         capsys.readouterr()
         monkeypatch.setattr(kernels, '_logged', set())
         called = set()  # the public kernels.py calls the model makes (each must log the path it took)
-        for name in ('linear_attn', 'linear_attn_step', 'delta_rule', 'delta_rule_step', 'short_conv',
-                     'short_conv_step'):
+        for name in ('linear_attn', 'linear_attn_step', 'delta_rule', 'delta_rule_step', 'delta_rule_decode',
+                     'short_conv', 'short_conv_step'):
             monkeypatch.setattr(kernels, name, functools.partial(
                 lambda fn, name, *a, **kw: called.add(name) or fn(*a, **kw), getattr(kernels, name), name))
         full = model(idx)[0]
