@@ -1896,6 +1896,14 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                 s = torch.zeros(1, nh, D, D, device=DEV)
                 kernels.delta_rule_step_triton(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["beta"][:, 0],
                                                None if x["g"] is None else x["g"][:, 0], s)
+                # the whole decode step: GDN's gate as it is, KDA's formed in the kernel (softplus, bounded)
+                z = lambda *shape, dt=dtype: torch.zeros(shape, device=DEV, dtype=dt)
+                u = {"none": None, "gdn": z(1, nh), "kda": z(1, nh * D)}[gate]
+                fns = [{}] if gate != "kda" else [dict(A_log=z(nh, dt=F32), dt_bias=z(nh * D, dt=F32), lower_bound=lb)
+                                                   for lb in (None, -5.0)]
+                for fn in fns:
+                    kernels.delta_rule_decode(z(1, nh * D), z(1, nh * D), z(1, nh * D), [z(1, 3, nh * D)] * 3,
+                                              [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton", **fn)
             for gate, strength, hpg in (("none", "-", 1), ("retnet", "mild", 1), ("mamba2", "mild", 2),
                                         ("gla", "mild", 2)):
                 x = la_triton_inputs(1, T, 4, hpg, D, D, gate, strength, dtype)

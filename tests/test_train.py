@@ -350,9 +350,9 @@ def test_kernels_key_is_saved_and_used_on_resume_and_sampling(pystdlib, tmp_path
     c['model_args']['kernels'] = 'recurrent'
     save_checkpoint(c, ckpt)
     p = run(sample, cmd=[sys.executable, 'sample.py'])
-    assert "kernels: delta_rule_step uses the torch step on cpu (kernels='recurrent')" in p.stdout, p.stdout[-2000:]
+    assert "kernels: delta_rule_decode uses the torch step on cpu (kernels='recurrent')" in p.stdout, p.stdout[-2000:]
     p = run(sample + ['--kernels=auto'], cmd=[sys.executable, 'sample.py'])
-    assert "kernels: delta_rule_step uses the torch step on cpu\n" in p.stdout and "(kernels=" not in p.stdout
+    assert "kernels: delta_rule_decode uses the torch step on cpu\n" in p.stdout and "(kernels=" not in p.stdout
     c['model_args']['kernels'] = 'triton'
     save_checkpoint(c, ckpt)
     if not torch.cuda.is_available():
