@@ -34,12 +34,14 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
     delta_rule_step(q, k, v, beta, g, state, scale=None) -> o
         one token: q, k [B, H, Dk], v [B, H, Dv], beta [B, H], g None | [B, H] | [B, H, Dk]; state in place
     delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, scale=None, A_log=None, dt_bias=None,
-                      lower_bound=None) -> o [B, H, Dv]
+                      lower_bound=None, norm=None, gate=None, gate_fn=None) -> o [B, H, Dv]
         a delta-rule mixer's whole decode step from its projections: q, k [B, H*Dk], v [B, H*Dv] before the short
         convs (width 4; conv_states their last 3 inputs [B, 3, .], updated in place, conv_weights [., 4]);
         q, k = L2(silu(conv(.))) per head, v = silu(conv(v)), then delta_rule_step with beta = sigmoid(beta)
         (beta: the logits [B, H]) and g None | [B, H] | [B, H*Dk] (the log-decay, or with A_log, dt_bias the gate's
-        input as in delta_rule); the Triton path is one kernel (a one-token step is launch-bound)
+        input as in delta_rule); then norm (weight [Dv], eps): RMSNorm per head, and gate [B, H*Dv] | None:
+        o * gate_fn(gate), gate_fn 'sigmoid' | 'silu'; the Triton path is one kernel (a one-token step is
+        launch-bound)
 
 scale defaults to Dk ** -0.5. Outputs come back in v's dtype; states are fp32 (fp64 if the inputs are fp64),
 an initial state must be fp32 or fp64. Every call has up to three paths with the same meaning:
@@ -203,19 +205,22 @@ def delta_rule_step(q, k, v, beta, g, state, scale=None, path="auto"):
     return delta_rule_step_torch(q, k, v, beta, g, state, scale)
 
 def delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, scale=None, A_log=None, dt_bias=None,
-                      lower_bound=None, path="auto"):
-    """A delta-rule mixer's whole one-token step from its projections (before the short convs); see the module
-    docstring. On the Triton path one kernel (the short convs, beta, the gate and the state update). -> o"""
-    _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, A_log, dt_bias, lower_bound)
+                      lower_bound=None, norm=None, gate=None, gate_fn=None, path="auto"):
+    """A delta-rule mixer's whole one-token step from its projections (before the short convs) to its output gate;
+    see the module docstring. On the Triton path one kernel. -> o"""
+    _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, A_log, dt_bias, lower_bound, norm,
+                             gate, gate_fn)
     path, note = _pick_path("delta_rule_decode", q.view(q.shape[0], state.shape[1], -1), v.view(v.shape[0],
                             state.shape[1], -1), state, path=path)
     _log_path("delta_rule_decode", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
         return _delta_rule_decode_op(q, k, v, *conv_states, *conv_weights, beta, g, A_log, dt_bias, state,
                                      state.shape[2] ** -0.5 if scale is None else float(scale),
-                                     0. if lower_bound is None else float(lower_bound))
+                                     0. if lower_bound is None else float(lower_bound),
+                                     None if norm is None else norm[0], 0. if norm is None else float(norm[1]),
+                                     gate, OUT_GATES.index(gate_fn))
     return delta_rule_decode_torch(q, k, v, conv_states, conv_weights, beta, g, state, scale, A_log, dt_bias,
-                                   lower_bound)
+                                   lower_bound, norm, gate, gate_fn)
 
 def linear_attn(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False, path="auto", dt=None,
                 D=None):
@@ -352,7 +357,8 @@ def _check_delta_rule(name, q, k, v, beta, g, state, step=False):
         _fail(name, "state [B, H, Dk, Dv] is required")
     _check_state(name, state, q.shape[0], q.shape[-2], Dk, Dv, "state" if step else "initial_state")
 
-def _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, A_log, dt_bias, lower_bound):
+def _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, A_log, dt_bias, lower_bound, norm,
+                             gate, gate_fn):
     name = "delta_rule_decode"
     if state is None or state.ndim != 4:
         _fail(name, f"state must be [B, H, Dk, Dv], got {None if state is None else _shape(state)}")
@@ -370,6 +376,12 @@ def _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state,
         _fail(name, f"beta (the logits) must be [B, H] = {(B, H)}, got {_shape(beta)}")
     if g is not None and (_shape(g) not in ((B, H), (B, H * Dk)) or g.stride(-1) != 1):
         _fail(name, f"g must be None, [B, H] or [B, H*Dk] with unit stride along it, got {_shape(g)}")
+    if norm is not None and (len(norm) != 2 or _shape(norm[0]) != (Dv,)):
+        _fail(name, f"norm must be (weight [Dv] = [{Dv}], eps), got {norm!r}")
+    if gate_fn not in OUT_GATES or (gate is None) != (gate_fn is None):
+        _fail(name, f"gate and gate_fn go together, gate_fn one of {OUT_GATES[1:]}, got gate_fn {gate_fn!r}")
+    if gate is not None and (_shape(gate) != (B, H * Dv) or gate.stride(-1) != 1):
+        _fail(name, f"gate must be [B, H*Dv] = {(B, H * Dv)} with unit stride along it, got {_shape(gate)}")
     u = None if g is None else g.view(B, 1, H) if g.shape[1] == H else g.view(B, 1, H, Dk)
     _check_gate_fn(name, u, A_log, dt_bias, lower_bound)
     _check_state(name, state, B, H, Dk, Dv, "state")
@@ -3442,9 +3454,12 @@ def delta_rule_step_triton(q, k, v, beta, g, state, scale=None):
 # ---- the delta rule's whole step, from the projections: q, k = L2(silu(conv(q))), L2(silu(conv(k))) per head,
 # v = silu(conv(v)), beta = sigmoid(beta logit), g (or decay_gate(u)), then the step above: one kernel on CUDA ---------
 
+OUT_GATES = (None, "sigmoid", "silu")  # delta_rule_decode's gate_fn (the kernel's OUT_GATE: its index)
+
 def delta_rule_decode_torch(q, k, v, conv_states, conv_weights, beta, g, state, scale=None, A_log=None, dt_bias=None,
-                            lower_bound=None):
-    """The steps one by one: short_conv_step_torch for q, k, v, then delta_rule_step_torch."""
+                            lower_bound=None, norm=None, gate=None, gate_fn=None):
+    """The steps one by one: short_conv_step_torch for q, k, v, delta_rule_step_torch, then the RMSNorm per head and
+    the output gate in fp32."""
     B, H, Dk, Dv = state.shape
     (sq, sk, sv), (wq, wk, wv) = conv_states, conv_weights
     q = short_conv_step_torch(q, sq, wq, norm=Dk).view(B, H, Dk)
@@ -3454,7 +3469,14 @@ def delta_rule_decode_torch(q, k, v, conv_states, conv_weights, beta, g, state, 
         g = g.view(B, H, -1) if g.shape[1] != H else g
         if A_log is not None:
             g = decay_gate(g[:, None], A_log, dt_bias, lower_bound)[:, 0]
-    return delta_rule_step_torch(q, k, v, torch.sigmoid(beta.float()), g, state, scale)
+    o = delta_rule_step_torch(q, k, v, torch.sigmoid(beta.float()), g, state, scale)
+    if norm is None and gate is None:
+        return o
+    o = o.float() if norm is None else F.rms_norm(o.float(), (Dv,), norm[0].float(), norm[1])
+    if gate is not None:
+        z = gate.float().view(B, H, Dv)
+        o = o * (torch.sigmoid(z) if gate_fn == "sigmoid" else F.silu(z))
+    return o.to(v.dtype)
 
 @triton.jit
 def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
@@ -3472,10 +3494,11 @@ def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
     tl.store(s_ptr + 2 * D + c, x.to(s_ptr.dtype.element_ty))
     return p * tl.sigmoid(p)
 
-@triton.jit(do_not_specialize=["H", "sx", "sb", "sg"])
+@triton.jit(do_not_specialize=["H", "sx", "sb", "sg", "sz"])
 def _decode_kernel(q_ptr, k_ptr, v_ptr, sx, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_ptr, wv_ptr, b_ptr, sb, g_ptr, sg,
-                   A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, H,
-                   DK: tl.constexpr, DV: tl.constexpr, GATE: tl.constexpr, GATE_FN: tl.constexpr):
+                   A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, nw_ptr, n_eps, z_ptr, sz, H,
+                   DK: tl.constexpr, DV: tl.constexpr, GATE: tl.constexpr, GATE_FN: tl.constexpr,
+                   NORM: tl.constexpr, OUT_GATE: tl.constexpr):
     # One program per (b, h) with the whole [DK, DV] state: it alone owns head h's channels of the three conv
     # states, so it may shift them in place (V-tiles of one head would race on q's and k's windows).
     # q, k, v: row b at b * sx (the columns of one [B, .] projection output); g: row b at b * sg, [H] or [H * DK]
@@ -3510,6 +3533,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, sx, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_p
     S += k[:, None] * e[None, :]
     o = scale * tl.sum(S * q[:, None], 0)
     tl.store(s_ptr + bh * DK * DV + tl.arange(0, DK)[:, None] * DV + tl.arange(0, DV)[None, :], S)
+    if NORM:  # RMSNorm of the head's output (a program holds all of it)
+        o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + n_eps) * tl.load(nw_ptr + tl.arange(0, DV)).to(tl.float32)
+    if OUT_GATE:  # o * sigmoid(z) or o * silu(z)
+        z = tl.load(z_ptr + b * sz + cv).to(tl.float32)
+        if OUT_GATE == 1:
+            o = o * tl.sigmoid(z)
+        else:
+            o = o * z * tl.sigmoid(z)
     tl.store(o_ptr + bh * DV + tl.arange(0, DV), o.to(o_ptr.dtype.element_ty))
 
 @torch.library.custom_op("kernels::delta_rule_decode",
@@ -3518,7 +3549,8 @@ def _delta_rule_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, con
                           conv_k: torch.Tensor, conv_v: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
                           w_v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor],
                           A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], state: torch.Tensor,
-                          scale: float, lower_bound: float) -> torch.Tensor:
+                          scale: float, lower_bound: float, norm_weight: Optional[torch.Tensor], norm_eps: float,
+                          gate: Optional[torch.Tensor], gate_fn: int) -> torch.Tensor:
     B, H, DK, DV = state.shape
     if not (q.stride(0) == k.stride(0) == v.stride(0)):  # (one row stride for the three: the kernel's sx)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -3529,12 +3561,15 @@ def _delta_rule_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, con
     _decode_kernel[(B * H,)](q, k, v, q.stride(0), conv_q, conv_k, conv_v, w_q.contiguous(), w_k.contiguous(),
                              w_v.contiguous(), beta, beta.stride(0), g if g is not None else beta,
                              g.stride(0) if g is not None else 0, A_log if A_log is not None else beta,
-                             dt_bias if dt_bias is not None else beta, lower_bound, state, o, scale, NORM_EPS, H,
-                             DK, DV, GATE, GATE_FN, num_warps=warps)
+                             dt_bias if dt_bias is not None else beta, lower_bound, state, o, scale, NORM_EPS,
+                             norm_weight if norm_weight is not None else beta, norm_eps,
+                             gate if gate is not None else beta, gate.stride(0) if gate is not None else 0, H,
+                             DK, DV, GATE, GATE_FN, norm_weight is not None, gate_fn, num_warps=warps)
     return o
 
 @_delta_rule_decode_op.register_fake
-def _(q, k, v, conv_q, conv_k, conv_v, w_q, w_k, w_v, beta, g, A_log, dt_bias, state, scale, lower_bound):
+def _(q, k, v, conv_q, conv_k, conv_v, w_q, w_k, w_v, beta, g, A_log, dt_bias, state, scale, lower_bound,
+      norm_weight, norm_eps, gate, gate_fn):
     return v.new_empty(state.shape[0], state.shape[1], state.shape[3])
 
 # ---- scalar decay: S <- exp(g) S + k v^T;  o = s S^T q  (GLA: S <- Diag(exp g) S + k v^T) ---------------------------

@@ -580,18 +580,26 @@ class DeltaNet(nn.Module):
         self.c_proj.residual_out = True
         self.resid_dropout = nn.Dropout(config.dropout)
 
+    gate_fn = None  # the output gate's activation (GDN: 'silu', KDA: 'sigmoid'), None: no output gate
+
     def decay(self, p):
         """The log-decay from the projections p (name -> x W_nameᵀ): none here (DeltaNet forgets nothing)."""
         return None
 
+    def gate_input(self, p):
+        """The output gate's pre-activation [B, T, H·d_v] from the projections p (with gate_fn set)."""
+        return None
+
     def output_gate(self, p, o):
-        return o
+        if self.gate_fn is None:
+            return o
+        z = self.gate_input(p).view(o.shape)
+        return o * (F.silu(z) if self.gate_fn == 'silu' else torch.sigmoid(z))
 
     def forward(self, x, cache=None, docs=None):
         B, T, C = x.shape
         if cache is not None and T == 1 and 'state' in cache:  # decode: the lines below in one kernel (speed section)
-            o, p = delta_rule_decode(self, x, cache)
-            return self.c_proj(self.output_gate(p, self.o_norm(o)).reshape(B, T, -1))
+            return self.resid_dropout(self.c_proj(delta_rule_decode(self, x, cache).reshape(B, T, -1)))
         # q, k = L2(SiLU(conv(W_q x))), L2(SiLU(conv(W_k x))) per head, v = SiLU(conv(W_v x)); p: the other
         # projections of x (β's, the gates') by name (delta_rule_inputs: speed section)
         q, k, v, p = delta_rule_inputs(self, x, cache, docs)
@@ -624,11 +632,13 @@ class GatedDeltaNet(DeltaNet):
         self.A_log, self.dt_bias = init_decay_rates(self.H)
         self.g_proj = nn.Linear(C, self.H * self.dv, bias=config.bias)
 
+    gate_fn = 'silu'
+
     def decay(self, p):
         return -torch.exp(self.A_log.float()) * F.softplus(p['a_proj'].float() + self.dt_bias)  # [B, T, H]
 
-    def output_gate(self, p, o):
-        return o * F.silu(p['g_proj'].view(o.shape))
+    def gate_input(self, p):
+        return p['g_proj']
 
 
 class KDA(DeltaNet):
@@ -662,8 +672,10 @@ class KDA(DeltaNet):
         # formed by the delta-rule kernels from u (DecayGate: speed section)
         return DecayGate(u, self.A_log, self.dt_bias, self.gate_bound)
 
-    def output_gate(self, p, o):
-        return o * torch.sigmoid(self.g_up(p['g_down']).view(o.shape))
+    gate_fn = 'sigmoid'
+
+    def gate_input(self, p):
+        return self.g_up(p['g_down'])
 
 
 class GLA(nn.Module):
@@ -873,18 +885,22 @@ def delta_rule_inputs(m, x, cache=None, docs=None):
 
 
 def delta_rule_decode(m, x, cache):
-    """DeltaNet's (GDN's, KDA's) one-token step, x [B, 1, C]: its projections by linears (one matmul under a
-    Decoder), then kernels.delta_rule_decode: the three short convs, β = σ(W_b x), the gate (KDA's DecayGate formed
-    there) and the state update, which on CUDA are one kernel instead of about six. -> (o [B, 1, H, d_v], p)"""
+    """DeltaNet's (GDN's, KDA's) one-token step, x [B, 1, C] -> the output gate's output [B, 1, H, d_v]: the
+    projections by linears (one matmul under a Decoder), then kernels.delta_rule_decode: the three short convs,
+    β = σ(W_b x), the decay (KDA's DecayGate formed there), the state update, the RMSNorm and the output gate, which
+    on CUDA are one kernel instead of about seven."""
     names, convs = m.projections, (m.q_conv, m.k_conv, m.v_conv)
     p = dict(zip(names, linears(m, x, names)))
     g, gate = m.decay(p), {}
     if isinstance(g, DecayGate):
         g, gate = g.u, dict(A_log=g.A_log, dt_bias=g.dt_bias, lower_bound=g.lower_bound)
+    z = m.gate_input(p)
     o = kernels.delta_rule_decode(*(p[n][:, 0] for n in names[:3]), [cache[c.name] for c in convs],
                                   [c.weight for c in convs], p['b_proj'][:, 0],
-                                  None if g is None else g[:, 0].flatten(1), cache['state'], path=m.kernels, **gate)
-    return o[:, None], p
+                                  None if g is None else g[:, 0].flatten(1), cache['state'], **gate,
+                                  norm=(m.o_norm.weight, m.o_norm.eps), gate=None if z is None else z[:, 0],
+                                  gate_fn=m.gate_fn, path=m.kernels)
+    return o[:, None]
 
 
 class DecayGate(NamedTuple):

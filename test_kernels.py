@@ -1149,14 +1149,17 @@ def test_triton_step_dispatch_compiles():
 def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
     # the whole decode step from the projections, token by token from zero states, against the independent
     # references over the whole sequence: short_conv_torch (silu, L2 per head of q and k), sigmoid of beta, the gate
-    # (decay_gate where A_log, dt_bias are given), then delta_rule_recurrent in fp64. q, k, v, beta and g are column
-    # slices of one [B, P] projection output, as the model hands them over (a row stride, no copies).
+    # (decay_gate where A_log, dt_bias are given), delta_rule_recurrent in fp64, then the RMSNorm per head and the
+    # output gate (GDN's silu, KDA's sigmoid; none for the others). q, k, v, beta, g and the output gate's input
+    # are column slices of one [B, P] projection output, as the model hands them over (a row stride, no copies).
     B, T, H, dk, dv = 3, 7, 2, 16, 32
     gen = torch.Generator().manual_seed(11)
-    widths = [H * dk, H * dk, H * dv, H, H * dk if "kda" in gate or "channel" in gate else H]
+    widths = [H * dk, H * dk, H * dv, H, H * dk if "kda" in gate or "channel" in gate else H, H * dv]
     P = sum(widths) + 5  # (and a few columns no one reads)
     p = torch.randn(B, T, P, generator=gen, dtype=F64)
-    q, k, v, beta, u = p[..., :sum(widths)].split(widths, dim=-1)
+    q, k, v, beta, u, z = p[..., :sum(widths)].split(widths, dim=-1)
+    gate_fn = {"gdn": "silu", "kda": "sigmoid", "kda bounded": "sigmoid"}.get(gate)
+    norm_w = torch.rand(dv, generator=gen, dtype=F64) + 0.5
     w = [torch.randn(n, 4, generator=gen, dtype=F64) * 0.5 for n in widths[:3]]
     gate_args = {}
     if gate in ("gdn", "kda", "kda bounded"):
@@ -1172,17 +1175,22 @@ def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
     ro, rS = kernels.delta_rule_recurrent(conv[0].view(B, T, H, dk), conv[1].view(B, T, H, dk),
                                           conv[2].view(B, T, H, dv), torch.sigmoid(beta), g_ref,
                                           output_final_state=True)
+    ro = F.rms_norm(ro, (dv,), norm_w, 1e-5)
+    if gate_fn:
+        ro = ro * (F.silu if gate_fn == "silu" else torch.sigmoid)(z.view(B, T, H, dv))
     dt = F32 if path == "triton" else F64
     dev = DEV if path == "triton" else "cpu"
     pd = p.to(dev, dt)
-    q, k, v, beta, u = pd[..., :sum(widths)].split(widths, dim=-1)
+    q, k, v, beta, u, z = pd[..., :sum(widths)].split(widths, dim=-1)
     if gate not in ("gdn", "kda", "kda bounded"):
         u = g_ref.reshape(B, T, -1).to(dev, dt) if gate != "none" else None
     convs = [torch.zeros(B, 3, n, dtype=dt, device=dev) for n in widths[:3]]
     state = torch.zeros(B, H, dk, dv, dtype=F32 if path == "triton" else F64, device=dev)
     ga = {n: (t.to(dev, dt) if torch.is_tensor(t) else t) for n, t in gate_args.items()}
     outs = [kernels.delta_rule_decode(q[:, t], k[:, t], v[:, t], convs, [x.to(dev, dt) for x in w], beta[:, t],
-                                      None if u is None else u[:, t], state, path=path, **ga) for t in range(T)]
+                                      None if u is None else u[:, t], state, path=path, **ga,
+                                      norm=(norm_w.to(dev, dt), 1e-5), gate=z[:, t] if gate_fn else None,
+                                      gate_fn=gate_fn) for t in range(T)]
     o = torch.stack(outs, 1)
     tol = 1e-5 if path == "triton" else 1e-6  # (the torch conv step computes in fp32)
     assert rms_err(o.cpu().double(), ro) < tol and rms_err(state.cpu().double(), rS) < tol
@@ -1197,13 +1205,14 @@ def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
     r = lambda *s: torch.randn(*s, generator=gen).to(DEV)
     args = [r(B, H * dk), r(B, H * dk), r(B, H * dv)]
     w = [r(n, 4) for n in (H * dk, H * dk, H * dv)]
-    beta, u, A, bias = r(B, H), r(B, H * dk), r(H), r(H * dk)
+    beta, u, A, bias, gz, nw = r(B, H), r(B, H * dk), r(H), r(H * dk), r(B, H * dv), r(dv)
     results = []
     for fn in (kernels.delta_rule_decode,
                torch.compile(kernels.delta_rule_decode, fullgraph=True, backend="inductor" if CUDA else "aot_eager")):
         convs = [torch.ones(B, 3, n, device=DEV) for n in (H * dk, H * dk, H * dv)]
         state = torch.ones(B, H, dk, dv, device=DEV)
-        o = fn(*args, convs, w, beta, u, state, A_log=A, dt_bias=bias, path="triton")
+        o = fn(*args, convs, w, beta, u, state, A_log=A, dt_bias=bias, norm=(nw, 1e-5), gate=gz, gate_fn="silu",
+               path="triton")
         results.append([o, state] + convs)
     for a, b in zip(*results):
         assert rms_err(b, a) < 1e-6
@@ -1214,6 +1223,8 @@ def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
         kernels.delta_rule_decode(*args, convs[:2] + [convs[2][:, :2]], w, beta, u, state)
     with pytest.raises(ValueError, match="beta"):
         kernels.delta_rule_decode(*args, convs, w, beta[:, :1], u, state)
+    with pytest.raises(ValueError, match="gate and gate_fn go together"):
+        kernels.delta_rule_decode(*args, convs, w, beta, u, state, gate=gz)
 
 # -----------------------------------------------------------------------------
 # the Triton scalar-decay kernels (RetNet, Mamba2; kernels.linear_attn_triton) against the fp64 reference recurrence,
@@ -1901,9 +1912,12 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                 u = {"none": None, "gdn": z(1, nh), "kda": z(1, nh * D)}[gate]
                 fns = [{}] if gate != "kda" else [dict(A_log=z(nh, dt=F32), dt_bias=z(nh * D, dt=F32), lower_bound=lb)
                                                    for lb in (None, -5.0)]
-                for fn in fns:
+                for fn, out in zip(fns, ({}, dict(norm=(z(D, dt=F32), 1e-5), gate=z(1, nh * D), gate_fn="silu"))):
                     kernels.delta_rule_decode(z(1, nh * D), z(1, nh * D), z(1, nh * D), [z(1, 3, nh * D)] * 3,
-                                              [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton", **fn)
+                                              [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton", **fn, **out)
+                kernels.delta_rule_decode(z(1, nh * D), z(1, nh * D), z(1, nh * D), [z(1, 3, nh * D)] * 3,
+                                          [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton",
+                                          norm=(z(D, dt=F32), 1e-5), gate=z(1, nh * D), gate_fn="sigmoid")
             for gate, strength, hpg in (("none", "-", 1), ("retnet", "mild", 1), ("mamba2", "mild", 2),
                                         ("gla", "mild", 2)):
                 x = la_triton_inputs(1, T, 4, hpg, D, D, gate, strength, dtype)
