@@ -783,8 +783,8 @@ MIXERS = {
 #   linears(module, x, names)                  [getattr(module, name)(x) for name in names]
 #   delta_rule_inputs(mixer, x, cache, docs)   DeltaNet's, GDN's and KDA's q, k, v (projection, short conv, L2 of q
 #                                              and k), and the mixer's other projections of x by name
-#   delta_rule_decode(mixer, x, cache)         their one-token step: the convs, β, the gate and the state update
-#                                              in one kernel (kernels.delta_rule_decode)
+#   delta_rule_decode(mixer, x, cache)         their one-token step from the projections to the output gate (convs,
+#                                              β, decay, state, RMSNorm, gate) in one kernel (kernels.delta_rule_decode)
 #   DecayGate(u, A_log, dt_bias, lower_bound)  KDA's log-decay kernels.decay_gate(u, A_log, dt_bias, lower_bound),
 #                                              formed from u inside the delta-rule kernels (scan and reset_gate take it)
 # The Decoder stacks each mixer's projections into one matrix (decode_copy), which linears then uses.
@@ -1255,8 +1255,8 @@ def decode_copy(model, dtype=None):
             with torch.no_grad():
                 fused.weight.copy_(u.weight @ d.weight)
                 if fused.bias is not None:  # U (D x + b_D) + b_U
-                    fused.bias.copy_((u.bias if u.bias is not None else 0) + (u.weight @ d.bias if d.bias is not None
-                                                                               else 0))
+                    bias = u.bias if u.bias is not None else torch.zeros_like(fused.bias)
+                    fused.bias.copy_(bias + u.weight @ d.bias if d.bias is not None else bias)
             setattr(module, down, fused)
             setattr(module, up, nn.Identity())
     low = dtype not in (None, torch.float32)
