@@ -214,6 +214,10 @@ def delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state, scale=
                             state.shape[1], -1), state, path=path)
     _log_path("delta_rule_decode", "triton step" if path == "triton" else "step", note, q)
     if path == "triton":
+        why = _triton_unsupported(q.view(q.shape[0], state.shape[1], -1), v.view(v.shape[0], state.shape[1], -1),
+                                  state)
+        if why:
+            _fail("delta_rule_decode", why)
         return _delta_rule_decode_op(q, k, v, *conv_states, *conv_weights, beta, g, A_log, dt_bias, state,
                                      state.shape[2] ** -0.5 if scale is None else float(scale),
                                      0. if lower_bound is None else float(lower_bound),
@@ -372,9 +376,10 @@ def _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state,
         if _shape(s) != (B, 3, x.shape[1]) or not s.is_contiguous() or _shape(w) != (x.shape[1], 4):
             _fail(name, f"{n}'s conv state must be contiguous [B, 3, {x.shape[1]}] and its weight "
                         f"[{x.shape[1]}, 4], got {_shape(s)} and {_shape(w)}")
-    if _shape(beta) != (B, H):
-        _fail(name, f"beta (the logits) must be [B, H] = {(B, H)}, got {_shape(beta)}")
-    if g is not None and (_shape(g) not in ((B, H), (B, H * Dk)) or g.stride(-1) != 1):
+    if _shape(beta) != (B, H) or beta.stride(-1) != 1:
+        _fail(name, f"beta (the logits) must be [B, H] = {(B, H)} with unit stride along it, got {_shape(beta)}")
+    # (== and or, not `in` over shape tuples: with symbolic sizes under torch.compile `in` came out False)
+    if g is not None and (not (_shape(g) == (B, H) or _shape(g) == (B, H * Dk)) or g.stride(-1) != 1):
         _fail(name, f"g must be None, [B, H] or [B, H*Dk] with unit stride along it, got {_shape(g)}")
     if norm is not None and (len(norm) != 2 or _shape(norm[0]) != (Dv,)):
         _fail(name, f"norm must be (weight [Dv] = [{Dv}], eps), got {norm!r}")
@@ -382,7 +387,7 @@ def _check_delta_rule_decode(q, k, v, conv_states, conv_weights, beta, g, state,
         _fail(name, f"gate and gate_fn go together, gate_fn one of {OUT_GATES[1:]}, got gate_fn {gate_fn!r}")
     if gate is not None and (_shape(gate) != (B, H * Dv) or gate.stride(-1) != 1):
         _fail(name, f"gate must be [B, H*Dv] = {(B, H * Dv)} with unit stride along it, got {_shape(gate)}")
-    u = None if g is None else g.view(B, 1, H) if g.shape[1] == H else g.view(B, 1, H, Dk)
+    u = None if g is None else g.view(B, 1, H) if _shape(g) == (B, H) else g.view(B, 1, H, Dk)
     _check_gate_fn(name, u, A_log, dt_bias, lower_bound)
     _check_state(name, state, B, H, Dk, Dv, "state")
 
@@ -3489,26 +3494,27 @@ def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
          + tl.load(w_ptr + c * 4 + 1).to(tl.float32) * s1.to(tl.float32)
          + tl.load(w_ptr + c * 4 + 2).to(tl.float32) * s2.to(tl.float32)
          + tl.load(w_ptr + c * 4 + 3).to(tl.float32) * x.to(tl.float32))
+    tl.debug_barrier()  # every thread's loads before any store (a value may be held by several threads)
     tl.store(s_ptr + c, s1)
     tl.store(s_ptr + D + c, s2)
     tl.store(s_ptr + 2 * D + c, x.to(s_ptr.dtype.element_ty))
     return p * tl.sigmoid(p)
 
-@triton.jit(do_not_specialize=["H", "sx", "sb", "sg", "sz"])
-def _decode_kernel(q_ptr, k_ptr, v_ptr, sx, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_ptr, wv_ptr, b_ptr, sb, g_ptr, sg,
-                   A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, nw_ptr, n_eps, z_ptr, sz, H,
+@triton.jit(do_not_specialize=["H", "sq", "sk", "sv", "sb", "sg", "sz"])
+def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_ptr, wv_ptr, b_ptr, sb,
+                   g_ptr, sg, A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, nw_ptr, n_eps, z_ptr, sz, H,
                    DK: tl.constexpr, DV: tl.constexpr, GATE: tl.constexpr, GATE_FN: tl.constexpr,
                    NORM: tl.constexpr, OUT_GATE: tl.constexpr):
     # One program per (b, h) with the whole [DK, DV] state: it alone owns head h's channels of the three conv
     # states, so it may shift them in place (V-tiles of one head would race on q's and k's windows).
-    # q, k, v: row b at b * sx (the columns of one [B, .] projection output); g: row b at b * sg, [H] or [H * DK]
+    # q, k, v, beta, g, z: row b at b * (its row stride): column slices of one [B, .] projection output, or not
     bh = tl.program_id(0).to(tl.int64)
     b, h = bh // H, bh % H
     ck = h * DK + tl.arange(0, DK)
     cv = h * DV + tl.arange(0, DV)
-    q = _conv_silu(q_ptr + b * sx, cq_ptr + b * 3 * H * DK, wq_ptr, ck, H * DK)
-    k = _conv_silu(k_ptr + b * sx, ck_ptr + b * 3 * H * DK, wk_ptr, ck, H * DK)
-    v = _conv_silu(v_ptr + b * sx, cv_ptr + b * 3 * H * DV, wv_ptr, cv, H * DV)
+    q = _conv_silu(q_ptr + b * sq, cq_ptr + b * 3 * H * DK, wq_ptr, ck, H * DK)
+    k = _conv_silu(k_ptr + b * sk, ck_ptr + b * 3 * H * DK, wk_ptr, ck, H * DK)
+    v = _conv_silu(v_ptr + b * sv, cv_ptr + b * 3 * H * DV, wv_ptr, cv, H * DV)
     q = q * tl.rsqrt(tl.sum(q * q, 0) + eps)
     k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
     beta = tl.sigmoid(tl.load(b_ptr + b * sb + h).to(tl.float32))
@@ -3517,7 +3523,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, sx, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_p
         g = tl.load(g_ptr + b * sg + h).to(tl.float32)
         if GATE_FN:
             x = g + tl.load(bias_ptr + h).to(tl.float32)
-            g = -tl.exp(tl.load(A_ptr + h).to(tl.float32)) * _softplus(x)
+            a = tl.exp(tl.load(A_ptr + h).to(tl.float32))
+            if GATE_FN == 1:
+                g = -a * _softplus(x)
+            else:
+                g = lb * tl.sigmoid(a * x)
         S = S * tl.exp(g)
     if GATE == GATE_CHANNEL:  # KDA: one per key channel, a row of S
         g = tl.load(g_ptr + b * sg + ck).to(tl.float32)
@@ -3552,17 +3562,15 @@ def _delta_rule_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, con
                           scale: float, lower_bound: float, norm_weight: Optional[torch.Tensor], norm_eps: float,
                           gate: Optional[torch.Tensor], gate_fn: int) -> torch.Tensor:
     B, H, DK, DV = state.shape
-    if not (q.stride(0) == k.stride(0) == v.stride(0)):  # (one row stride for the three: the kernel's sx)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     GATE = int(GATE_NONE) if g is None else int(GATE_SCALAR) if g.shape[1] == H else int(GATE_CHANNEL)
     GATE_FN = 0 if A_log is None else 1 if lower_bound == 0. else 2
     o = v.new_empty(B, H, DV)
     warps = 8 if DK * DV >= 128 * 128 else 4
-    _decode_kernel[(B * H,)](q, k, v, q.stride(0), conv_q, conv_k, conv_v, w_q.contiguous(), w_k.contiguous(),
-                             w_v.contiguous(), beta, beta.stride(0), g if g is not None else beta,
-                             g.stride(0) if g is not None else 0, A_log if A_log is not None else beta,
-                             dt_bias if dt_bias is not None else beta, lower_bound, state, o, scale, NORM_EPS,
-                             norm_weight if norm_weight is not None else beta, norm_eps,
+    some = lambda t: beta if t is None else t.contiguous()  # (an absent tensor: any pointer, never read)
+    _decode_kernel[(B * H,)](q, k, v, q.stride(0), k.stride(0), v.stride(0), conv_q, conv_k, conv_v,
+                             w_q.contiguous(), w_k.contiguous(), w_v.contiguous(), beta, beta.stride(0),
+                             g if g is not None else beta, g.stride(0) if g is not None else 0, some(A_log),
+                             some(dt_bias), lower_bound, state, o, scale, NORM_EPS, some(norm_weight), norm_eps,
                              gate if gate is not None else beta, gate.stride(0) if gate is not None else 0, H,
                              DK, DV, GATE, GATE_FN, norm_weight is not None, gate_fn, num_warps=warps)
     return o

@@ -1144,25 +1144,26 @@ def test_triton_step_dispatch_compiles():
         *args, s2, path="triton")
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
 
-@pytest.mark.parametrize("gate", ["none", "scalar", "gdn", "channel", "kda", "kda bounded"])
-@pytest.mark.parametrize("path", ["torch", "triton"])
+@pytest.mark.parametrize("gate", ["none", "scalar", "gdn", "gdn bounded", "channel", "kda", "kda bounded"])
+@pytest.mark.parametrize("path", ["torch", "triton", "triton, q k v apart"])
 def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
     # the whole decode step from the projections, token by token from zero states, against the independent
     # references over the whole sequence: short_conv_torch (silu, L2 per head of q and k), sigmoid of beta, the gate
     # (decay_gate where A_log, dt_bias are given), delta_rule_recurrent in fp64, then the RMSNorm per head and the
     # output gate (GDN's silu, KDA's sigmoid; none for the others). q, k, v, beta, g and the output gate's input
-    # are column slices of one [B, P] projection output, as the model hands them over (a row stride, no copies).
+    # are column slices of one [B, P] projection output, as a Decoder hands them over (a row stride, no copies);
+    # "apart": q, k, v each a tensor of its own (GPT.generate's), whose row strides differ (d_v = 2 d_k).
     B, T, H, dk, dv = 3, 7, 2, 16, 32
     gen = torch.Generator().manual_seed(11)
     widths = [H * dk, H * dk, H * dv, H, H * dk if "kda" in gate or "channel" in gate else H, H * dv]
     P = sum(widths) + 5  # (and a few columns no one reads)
     p = torch.randn(B, T, P, generator=gen, dtype=F64)
     q, k, v, beta, u, z = p[..., :sum(widths)].split(widths, dim=-1)
-    gate_fn = {"gdn": "silu", "kda": "sigmoid", "kda bounded": "sigmoid"}.get(gate)
+    gate_fn = {"gdn": "silu", "gdn bounded": "silu", "kda": "sigmoid", "kda bounded": "sigmoid"}.get(gate)
     norm_w = torch.rand(dv, generator=gen, dtype=F64) + 0.5
     w = [torch.randn(n, 4, generator=gen, dtype=F64) * 0.5 for n in widths[:3]]
     gate_args = {}
-    if gate in ("gdn", "kda", "kda bounded"):
+    if gate in ("gdn", "gdn bounded", "kda", "kda bounded"):
         gate_args = dict(A_log=torch.rand(H, generator=gen, dtype=F64),
                          dt_bias=torch.randn(widths[4], generator=gen, dtype=F64) - 2,
                          lower_bound=-5.0 if "bounded" in gate else None)
@@ -1178,21 +1179,24 @@ def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
     ro = F.rms_norm(ro, (dv,), norm_w, 1e-5)
     if gate_fn:
         ro = ro * (F.silu if gate_fn == "silu" else torch.sigmoid)(z.view(B, T, H, dv))
-    dt = F32 if path == "triton" else F64
-    dev = DEV if path == "triton" else "cpu"
+    triton = path.startswith("triton")
+    dt = F32 if triton else F64
+    dev = DEV if triton else "cpu"
     pd = p.to(dev, dt)
     q, k, v, beta, u, z = pd[..., :sum(widths)].split(widths, dim=-1)
-    if gate not in ("gdn", "kda", "kda bounded"):
+    if "apart" in path:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if gate not in ("gdn", "gdn bounded", "kda", "kda bounded"):
         u = g_ref.reshape(B, T, -1).to(dev, dt) if gate != "none" else None
     convs = [torch.zeros(B, 3, n, dtype=dt, device=dev) for n in widths[:3]]
-    state = torch.zeros(B, H, dk, dv, dtype=F32 if path == "triton" else F64, device=dev)
+    state = torch.zeros(B, H, dk, dv, dtype=F32 if triton else F64, device=dev)
     ga = {n: (t.to(dev, dt) if torch.is_tensor(t) else t) for n, t in gate_args.items()}
     outs = [kernels.delta_rule_decode(q[:, t], k[:, t], v[:, t], convs, [x.to(dev, dt) for x in w], beta[:, t],
-                                      None if u is None else u[:, t], state, path=path, **ga,
+                                      None if u is None else u[:, t], state, path=path.split(",")[0], **ga,
                                       norm=(norm_w.to(dev, dt), 1e-5), gate=z[:, t] if gate_fn else None,
                                       gate_fn=gate_fn) for t in range(T)]
     o = torch.stack(outs, 1)
-    tol = 1e-5 if path == "triton" else 1e-6  # (the torch conv step computes in fp32)
+    tol = 1e-5 if triton else 1e-6  # (the torch conv step computes in fp32)
     assert rms_err(o.cpu().double(), ro) < tol and rms_err(state.cpu().double(), rS) < tol
     for c, x in zip(convs, (q, k, v)):  # the conv windows hold the last three raw inputs
         assert torch.equal(c, x[:, -3:])
@@ -1225,6 +1229,11 @@ def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
         kernels.delta_rule_decode(*args, convs, w, beta[:, :1], u, state)
     with pytest.raises(ValueError, match="gate and gate_fn go together"):
         kernels.delta_rule_decode(*args, convs, w, beta, u, state, gate=gz)
+    with pytest.raises(ValueError, match="beta"):  # a column stride the kernel would misread
+        kernels.delta_rule_decode(*args, convs, w, r(H, B).t(), u, state)
+    with pytest.raises(ValueError, match="contiguous fp32 state"):
+        kernels.delta_rule_decode(*args, convs, w, beta, u, state.transpose(2, 3).contiguous().transpose(2, 3),
+                                  path="triton")
 
 # -----------------------------------------------------------------------------
 # the Triton scalar-decay kernels (RetNet, Mamba2; kernels.linear_attn_triton) against the fp64 reference recurrence,

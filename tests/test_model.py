@@ -226,6 +226,26 @@ def test_decoder_steps_give_the_models_logits(mixer):
         assert isinstance(dec.model.transformer.h[0].mixer.f_up, torch.nn.Identity)
 
 
+def test_compiled_decode_steps_of_two_models_in_one_process():
+    """Decoder._forward compiled for kda, then for gdn (other head counts: dynamo recompiles the one code object
+    with symbolic sizes, as bench_decode.py's mixers in turn on CUDA): each step's logits are its model's forward."""
+    import io
+    for mixer in ('kda', 'gdn'):
+        model = GPT(GPTConfig(block_size=64, vocab_size=97, n_layer=1, n_embd=128, head_dim=16, mixer=mixer,
+                              kernels='torch')).eval()
+        idx = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(2))
+        step = torch.compile(Decoder._forward, fullgraph=True, backend='aot_eager')
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            want = model(idx)[0][:, 5:]
+            dec = Decoder(model, batch=2, max_len=16, temperature=0, compile=False)
+            dec.prefill(idx[:, :5])
+            got = []
+            for t in range(5, 8):
+                dec.tok.copy_(idx[:, t:t + 1])
+                got.append(step(dec))
+        torch.testing.assert_close(torch.stack(got, 1), want, atol=1e-5, rtol=1e-5, msg=mixer)
+
+
 def test_a_dropped_decoder_frees_its_caches_at_once():
     """No reference cycle keeps a Decoder (and its caches: GBs at long contexts) alive after its last reference goes:
     freed without a gc pass, so that the memory a caller sees free next is free."""
