@@ -1,7 +1,11 @@
 # The time-to-loss runs: GPT-2 small's shape (config/owt.py: 12 layers x 768, 124M parameters with softmax) at
 # T = 4,096 on one GPU, on data/pkgtext (documentation and source code of pinned PyPI and Debian packages). Every
-# mixer reads the same batches in the same order (tools/ttl.py run gives each its mixer, learning rate and seed):
-# $ python tools/ttl.py run out-ttl --mixers softmax 'kda*3,softmax' gdn kda --lrs 6e-4 1.2e-3 --seeds 1337 1338 \
+# mixer reads the same batches in the same order (tools/ttl.py run gives each its mixer, learning rate and seed).
+# The learning rates on a fifth of the tokens, two runs sharing the GPU (their losses, not their clocks), then each
+# mixer at its best rate, each run alone:
+# $ python tools/ttl.py run out-sweep --mixers softmax 'kda*3,softmax' gdn kda --lrs 6e-4 1.2e-3 --per_gpu 2 \
+#       -- config/pkgtext.py --max_iters=610 --lr_decay_iters=610
+# $ python tools/ttl.py run out-ttl --mixers softmax 'kda*3,softmax' gdn kda --lrs_from out-sweep --seeds 1337 1338 \
 #       -- config/pkgtext.py
 # $ python tools/ttl.py report out-ttl
 # Hardware: one H100 class GPU (bf16, compiled); a run of 100M tokens is about 4-5 minutes at the speeds of
@@ -15,7 +19,7 @@ block_size = 4096
 batch_size = 8
 gradient_accumulation_steps = 1
 max_iters = 3052
-lr_decay_iters = 3052  # (a shorter run, e.g. a learning-rate sweep, sets both: --max_iters=763 --lr_decay_iters=763)
+lr_decay_iters = 3052  # (a shorter run, e.g. the learning-rate sweep above, sets both)
 warmup_iters = 100
 eval_interval = 100    # 3.3M tokens between evals: the curves' resolution
 eval_iters = 16        # 16 x 8 x 4,096 = 524k val tokens, the same ones at every eval

@@ -164,6 +164,37 @@ def test_runs_at_once_one_per_gpu(pystdlib, tmp_path):
         assert 'step 2:' in open(out / f'{name}.console').read()
 
 
+def test_runs_sharing_one_gpu_give_losses_not_clocks(pystdlib, tmp_path, capsys):
+    """--per_gpu 2 on one GPU: two runs at once on that GPU, each marked <run>.shared; report gives their losses and
+    tokens, and no tokens/s, compile time or time to the target (a shared GPU's clock is not one run's). A run
+    started again alone drops its mark."""
+    settings = ['--dataset=pystdlib', '--n_layer=1', '--n_head=2', '--n_embd=32', '--head_dim=16', '--block_size=32',
+                '--batch_size=2', '--gradient_accumulation_steps=1', '--eval_iters=1', '--log_interval=1',
+                '--warmup_iters=1', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=2', '--device=cpu',
+                '--compile=False']
+    out = tmp_path / 'sweep'
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'run', str(out), '--mixers', 'softmax', 'gdn', '--lrs',
+                        '1e-3', '--per_gpu', '2', '--'] + settings, cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES='3'))
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert p.stdout.count('(GPU 3)') == 2, p.stdout
+    names = ('softmax_adamw_lr0.001_s1337', 'gdn_adamw_lr0.001_s1337')
+    assert all((out / f'{n}.shared').exists() and ttl.finished(str(out / n)) for n in names)
+    ttl.main_args(['report', str(out), '--plot', ''])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| `')]
+    assert len(rows) == 2 and all(r.count('— (GPU shared)') == 2 and 'GPU shared: no time' in r for r in rows), rows
+    import shutil
+    shutil.rmtree(out / names[1])  # gdn again, alone: its mark goes; softmax, finished, is kept with its mark
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'run', str(out), '--mixers', 'softmax', 'gdn', '--lrs', '1e-3',
+                        '--'] + settings, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and 'finished before, kept' in p.stdout, p.stdout + p.stderr[-2000:]
+    assert (out / f'{names[0]}.shared').exists() and not (out / f'{names[1]}.shared').exists()
+    ttl.main_args(['report', str(out), '--plot', ''])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| `')]
+    assert '— (GPU shared)' in rows[0] and '— (GPU shared)' not in rows[1], rows
+    assert 'GPU shared: no time' in rows[1] or 'not reached' in rows[1], rows  # (the target's clock was shared)
+
+
 def test_report_compares_optimizers_by_the_tokens_to_their_adamw_loss(tmp_path, capsys):
     """With Muon runs beside AdamW ones: an optimizer column, and the tokens each Muon arm takes to its mixer's AdamW
     final val loss over AdamW's own tokens to it."""

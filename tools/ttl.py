@@ -10,7 +10,8 @@ $ python tools/ttl.py report out-ttl            # the tables, and out-ttl/ttl.pn
 $ python tools/ttl.py report out-ttl --baseline softmax --plot ttl.png
 
 run: train.py once per (mixer, optimizer, learning rate, seed), one run at a time (each alone on the GPU: the clock is
-what is measured; --gpus N: N at a time, each alone on one of N GPUs of one host), into
+what is measured; --gpus N: N at a time, each alone on one of N GPUs of one host; --per_gpu K: K runs share each GPU,
+for a learning-rate sweep, whose losses do not depend on it, while their clocks are not one run's), into
 <out>/<mixer>_<optimizer>_lr<lr>_s<seed>; each gets --mixer, --optimizer, --learning_rate, --min_lr =
 learning_rate / 10 and --seed, and the same settings after `--` (config and overrides). The data loader reads the
 train shards in order, so every run sees the same batches in the same order, and every eval scores the same first
@@ -91,21 +92,29 @@ def run(args, settings):
     visible = [d for d in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if d.strip()] or [str(g) for g in range(args.gpus)]
     if args.gpus > len(visible):
         raise UserError(f"--gpus {args.gpus}: CUDA_VISIBLE_DEVICES names only {len(visible)} ({','.join(visible)})")
+    slots = args.gpus * args.per_gpu  # slot s runs on GPU s // per_gpu
     running, failed = {}, []  # slot -> (out_dir, process, its console file)
     try:
         while todo or running:
-            while todo and len(running) < args.gpus:
-                slot = min(set(range(args.gpus)) - set(running))
+            while todo and len(running) < slots:
+                slot = min(set(range(slots)) - set(running))
+                gpu = visible[slot // args.per_gpu]
                 name, out_dir, cmd = todo.pop(0)
-                print(f"{name}: {' '.join(cmd[1:])}" + (f" (GPU {visible[slot]})" if args.gpus > 1 else ""), flush=True)
-                if args.gpus == 1:
+                print(f"{name}: {' '.join(cmd[1:])}" + (f" (GPU {gpu})" if slots > 1 else ""), flush=True)
+                shared = out_dir.rstrip('/') + '.shared'  # report leaves such a run's clock out
+                if args.per_gpu > 1:
+                    with open(shared, 'w') as f:
+                        f.write(f"{args.per_gpu} runs shared its GPU: its clock is not one run's\n")
+                elif os.path.exists(shared):
+                    os.remove(shared)
+                if slots == 1:
                     running[slot] = (out_dir, subprocess.Popen(cmd, cwd=ROOT), None)
                 else:
                     console = open(out_dir.rstrip('/') + '.console', 'w')
                     running[slot] = (out_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT,
-                                                               env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible[slot])), console)
+                                                               env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)), console)
             for slot, (out_dir, proc, console) in list(running.items()):
-                code = proc.wait() if args.gpus == 1 else proc.poll()
+                code = proc.wait() if slots == 1 else proc.poll()
                 if code is not None:
                     del running[slot]
                     if console:
@@ -113,9 +122,9 @@ def run(args, settings):
                     if code != 0:
                         failed.append(out_dir)
                         print(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt", flush=True)
-            if running and args.gpus > 1:
+            if running and slots > 1:
                 time.sleep(2)
-            if failed and args.gpus == 1:
+            if failed and slots == 1:
                 break
     finally:  # Ctrl-C or an error here: no run is left behind
         for out_dir, proc, console in running.values():
@@ -155,7 +164,7 @@ def read_run(out_dir):
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
     gpu = GPU.search(text)
-    return {'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'],
+    return {'shared': os.path.exists(out_dir.rstrip('/') + '.shared'), 'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'],
             'optimizer': c.get('optimizer', 'adamw'), 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
             'steps': [e['step'] for e in evals], 'tokens': [e['step'] * log['tokens_per_iter'] for e in evals],
             'seconds': [max(clock[e['step']] - compile_s, 0.0) if e['step'] else 0.0 for e in evals],
@@ -251,10 +260,18 @@ def report(args):
         vals = [r['val'][-1] for r in runs]
         _, tokens, seconds, val = mean_curve(runs)
         t, n = reach(seconds, val, target), reach(tokens, val, target)
+        mine, either = any(r['shared'] for r in runs), any(r['shared'] for r in runs + base)  # (run --per_gpu)
+        speed = ["— (GPU shared)"] * 2 if mine else [f"{statistics.fmean(r['tok_s'] for r in runs):,.0f}",
+                                                     f"{statistics.fmean(r['compile'] for r in runs):.1f}"]
+        if n is None:
+            time_to = "not reached"
+        elif either:  # a shared GPU's clock is not one run's: the tokens only
+            time_to = f"{n / 1e6:,.1f}M tokens (GPU shared: no time)"
+        else:
+            time_to = f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens"
         cells = [f"`{mixer}`"] + ([optimizer] if optimizers else []) + [
-            f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}",
-            f"{statistics.fmean(r['tok_s'] for r in runs):,.0f}", f"{statistics.fmean(r['compile'] for r in runs):.1f}",
-            f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if t is not None else "not reached",
+            f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}"] + speed + [
+            time_to,
             spike(runs) + (f", {sum(r['nonfinite'] for r in runs)} non-finite" if any(r['nonfinite'] for r in runs)
                            else "")]
         if optimizers:  # the tokens this arm takes to its mixer's AdamW final loss, over AdamW's own
@@ -305,7 +322,8 @@ def picture(curves, target, baseline, path, title=None):
         _, tokens, seconds, val = mean_curve(runs)
         label = f"{mixer} ({optimizer}, lr {runs[0]['lr']:g}, {len(runs)} seed{'s' if len(runs) > 1 else ''})"
         axes[0].plot([t / 1e6 for t in tokens], val, marker='o', markersize=2, color=f'C{i}', label=label)
-        axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
+        if not any(r['shared'] for r in runs):  # (run --per_gpu: no clock)
+            axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
         for j, r in enumerate(runs):  # each seed's per-step loss, a moving mean over 4% of the run (a batch of code
             k = max(1, len(r['losses']) // 25)  # and one of prose differ by more than a nat)
             smooth = [statistics.fmean(r['losses'][max(0, n - k):n + 1]) for n in range(len(r['losses']))]
@@ -343,6 +361,8 @@ def main_args(argv):
     r.add_argument('--optimizers', nargs='+', default=['adamw'], choices=['adamw', 'muon'])
     r.add_argument('--gpus', type=int, default=1, help="runs at once, each alone on one GPU (its console output in "
                    "<run folder>.console)")
+    r.add_argument('--per_gpu', type=int, default=1, help="runs sharing each GPU (a learning-rate sweep: the same "
+                   "losses in less time; report then gives their tokens, not their clocks)")
     p = sub.add_parser('report', help="tables and picture from finished runs")
     p.add_argument('runs', nargs='+', help="run folders, or folders holding them (ttl.py run's <out>)")
     p.add_argument('--baseline', default='softmax', help="the mixer whose final val loss is the target")
@@ -355,8 +375,8 @@ def main_args(argv):
         for flag in ('mixer', 'optimizer', 'learning_rate', 'min_lr', 'seed', 'out_dir', 'init_from', 'overwrite'):
             if any(s.startswith(f'--{flag}=') for s in settings):
                 raise UserError(f"--{flag} is set by ttl.py for each run: leave it out of the settings after --")
-        if args.gpus < 1:
-            raise UserError(f"--gpus must be >= 1, got {args.gpus}")
+        if args.gpus < 1 or args.per_gpu < 1:
+            raise UserError(f"--gpus and --per_gpu must be >= 1, got {args.gpus} and {args.per_gpu}")
         if min(args.lrs or [1]) <= 0 or len(set(args.seeds)) < len(args.seeds):
             raise UserError(f"--lrs must be > 0 and --seeds distinct, got {args.lrs} and {args.seeds}")
         run(args, settings)
