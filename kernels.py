@@ -3500,6 +3500,20 @@ def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
     tl.store(s_ptr + 2 * D + c, x.to(s_ptr.dtype.element_ty))
     return p * tl.sigmoid(p)
 
+@triton.jit
+def _decode_gate(g_ptr, A_ptr, bias_ptr, lb, h, c, GATE_FN: tl.constexpr):
+    # the log-decay at columns c of head h: g as given (GATE_FN 0), or formed from its input u = g:
+    # -exp(A_h) softplus(u + b_c) (1), lb sigmoid(exp(A_h) (u + b_c)) (2)
+    g = tl.load(g_ptr + c).to(tl.float32)
+    if GATE_FN:
+        x = g + tl.load(bias_ptr + c).to(tl.float32)
+        a = tl.exp(tl.load(A_ptr + h).to(tl.float32))
+        if GATE_FN == 1:
+            g = -a * _softplus(x)
+        else:
+            g = lb * tl.sigmoid(a * x)
+    return g
+
 @triton.jit(do_not_specialize=["H", "sq", "sk", "sv", "sb", "sg", "sz"])
 def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_ptr, wv_ptr, b_ptr, sb,
                    g_ptr, sg, A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, nw_ptr, n_eps, z_ptr, sz, H,
@@ -3520,25 +3534,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_p
     beta = tl.sigmoid(tl.load(b_ptr + b * sb + h).to(tl.float32))
     S = tl.load(s_ptr + bh * DK * DV + tl.arange(0, DK)[:, None] * DV + tl.arange(0, DV)[None, :])
     if GATE == GATE_SCALAR:  # GDN: one log-decay for the head
-        g = tl.load(g_ptr + b * sg + h).to(tl.float32)
-        if GATE_FN:
-            x = g + tl.load(bias_ptr + h).to(tl.float32)
-            a = tl.exp(tl.load(A_ptr + h).to(tl.float32))
-            if GATE_FN == 1:
-                g = -a * _softplus(x)
-            else:
-                g = lb * tl.sigmoid(a * x)
-        S = S * tl.exp(g)
+        S = S * tl.exp(_decode_gate(g_ptr + b * sg, A_ptr, bias_ptr, lb, h, h, GATE_FN))
     if GATE == GATE_CHANNEL:  # KDA: one per key channel, a row of S
-        g = tl.load(g_ptr + b * sg + ck).to(tl.float32)
-        if GATE_FN:
-            x = g + tl.load(bias_ptr + ck).to(tl.float32)
-            a = tl.exp(tl.load(A_ptr + h).to(tl.float32))
-            if GATE_FN == 1:
-                g = -a * _softplus(x)
-            else:
-                g = lb * tl.sigmoid(a * x)
-        S = S * tl.exp(g)[:, None]
+        S = S * tl.exp(_decode_gate(g_ptr + b * sg, A_ptr, bias_ptr, lb, h, ck, GATE_FN))[:, None]
     e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
     S += k[:, None] * e[None, :]
     o = scale * tl.sum(S * q[:, None], 0)
