@@ -164,7 +164,8 @@ def read_run(out_dir):
     compile_s = sum(max(t - median, 0.0) for n, _, t in iters if n < 10)  # compiling, autotuning: the first steps
     evals = [e for e in log['evals'] if e['step'] in clock]
     gpu = GPU.search(text)
-    return {'shared': os.path.exists(out_dir.rstrip('/') + '.shared'), 'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'],
+    return {'shared': os.path.exists(out_dir.rstrip('/') + '.shared'),  # (run --per_gpu: the clock is not one run's)
+            'device': gpu.group(1) if gpu else c.get('device') or 'cpu', 'mixer': c['mixer'],
             'optimizer': c.get('optimizer', 'adamw'), 'lr': c['learning_rate'], 'seed': c['seed'], 'max_iters': c['max_iters'],
             'steps': [e['step'] for e in evals], 'tokens': [e['step'] * log['tokens_per_iter'] for e in evals],
             'seconds': [max(clock[e['step']] - compile_s, 0.0) if e['step'] else 0.0 for e in evals],
