@@ -33,7 +33,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from torch.nn.attention.bias import causal_lower_right
 
 import parallel
 import kernels
@@ -44,6 +43,13 @@ try:
 except ImportError:  # torch < 2.5: documents=True attends through SDPA with a dense mask
     create_block_mask = flex_attention = None
 
+
+def causal_lower_right(T, S):
+    """SDPA's causal mask for T queries that end at the last of S keys (a prompt continued past cached tokens).
+    Imported at first use: torch.nn.attention.bias imports torch._dynamo, slower to import than torch itself, which
+    sample.py and the tools otherwise never need."""
+    from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right(T, S)
 
 
 @dataclass

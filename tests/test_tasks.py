@@ -652,19 +652,25 @@ def test_grid_batch_sizes_ladder(tmp_path):
         assert p.returncode == 2 and message in p.stderr, p.stderr
 
 
-def test_grid_refuses_counts_that_cannot_run_in_one_line(tmp_path):
-    """--jobs 0 hung, --jobs -1 started every run at once, --widths 33 and --batch_sizes 0 failed in each run."""
-    base = [sys.executable, 'tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
+def test_grid_refuses_counts_that_cannot_run_in_one_line(tmp_path, monkeypatch, capsys):
+    """--jobs 0 hung, --jobs -1 started every run at once, --widths 33 and --batch_sizes 0 failed in each run.
+    The first through the command line, the rest through grid.main in this process (the same parser, no start-up)."""
+    base = ['tools/grid.py', '--quick', '--tasks', 'mqar', '--mixers', 'softmax', '--sizes', '2',
             f'--out_root={tmp_path / "grid"}', '--device=cpu']
-    for bad, message in ((['--jobs', '0'], '--jobs 0: each must be >= 1'), (['--jobs', '-1'], '--jobs -1: each must be'),
+    p = subprocess.run([sys.executable] + base + ['--jobs', '0'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and '--jobs 0: each must be >= 1' in p.stderr and 'Traceback' not in p.stderr, p.stderr
+    for bad, message in ((['--jobs', '-1'], '--jobs -1: each must be'),
                          (['--widths', '33'], '--widths 33: each must be a multiple of 32'),
                          (['--widths', '16'], '--widths 16: each must be >= 32'),
                          (['--batch_sizes', '0'], '--batch_sizes 0: each must be >= 1'),
                          (['--sizes', '0'], '--sizes 0: each must be >= 1'),
                          (['--mixers', 'nosuch'], "--mixers: unknown mixer 'nosuch'"),  # each started a failing run
                          (['--seeds', '-1'], '--seeds must be >= 0'), (['--learning_rates', '0'], '> 0 and finite')):
-        p = subprocess.run(base + bad, cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr, (bad, p.stderr[-1000:])
+        monkeypatch.setattr(sys, 'argv', base + bad)
+        with pytest.raises(SystemExit) as e:
+            grid.main()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err.strip().splitlines()[-1], (bad, err[-1000:])  # the last line
     assert not (tmp_path / 'grid').exists()
 
 

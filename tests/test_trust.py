@@ -193,23 +193,28 @@ def test_foreign_checkpoints_are_one_line(tmp_path):
 def test_damaged_training_state_and_random_bytes_are_one_line(finished, tmp_path):
     """A checkpoint whose training state had the wrong types (best_val_loss, iter_num, train_loader, optimizer, rng as
     strings or None; config=None) crashed a resume raw or later; NaN in its optimizer state trained on and blamed the
-    learning rate; a file of random bytes was said to ask to run code."""
+    learning rate; a file of random bytes was said to ask to run code. The first and the last through train.py, the
+    rest through load_checkpoint, the one place a resume reads a checkpoint."""
     good = torch.load(os.path.join(finished[0], 'ckpt.pt'), weights_only=True)
     nan_state = {i: {k: (v * float('nan') if torch.is_tensor(v) and v.dim() else v) for k, v in st.items()}
                  for i, st in good['optimizer']['state'].items()}
-    for key, value, message in [('best_val_loss', 'low', "its best_val_loss is str 'low', not a number"),
-                                ('iter_num', -3, "its iter_num is int '-3', not an iteration >= 0"),
-                                ('train_loader', None, "its train_loader is NoneType"),
-                                ('rng', 'x', "its rng is str"),
-                                ('optimizer', {'state': {}}, "its optimizer is dict"),
-                                ('config', None, "its config is NoneType"),
-                                ('optimizer', dict(good['optimizer'], state=nan_state), "its optimizer state holds "
-                                                                                        "non-finite values")]:
+    for i, (key, value, message) in enumerate([
+            ('best_val_loss', 'low', "its best_val_loss is str 'low', not a number"),
+            ('iter_num', -3, "its iter_num is int '-3', not an iteration >= 0"),
+            ('train_loader', None, "its train_loader is NoneType"),
+            ('rng', 'x', "its rng is str"),
+            ('optimizer', {'state': {}}, "its optimizer is dict"),
+            ('config', None, "its config is NoneType"),
+            ('optimizer', dict(good['optimizer'], state=nan_state), "its optimizer state holds non-finite values")]):
         out = tmp_path / f'out-{key}-{len(message)}'
         out.mkdir()
         torch.save(dict(good, **{key: value}), out / 'ckpt.pt')
-        p = run(TINY + [f'--out_dir={out}', '--init_from=resume', '--max_iters=30'], check=False)
-        assert message in one_line(p), (key, p.stderr)
+        if i == 0:
+            p = run(TINY + [f'--out_dir={out}', '--init_from=resume', '--max_iters=30'], check=False)
+            assert message in one_line(p), (key, p.stderr)
+        else:
+            with pytest.raises(CheckpointUnusable, match=re.escape(message)):
+                load_checkpoint(str(out / 'ckpt.pt'), need='resume')
     out = tmp_path / 'random'
     out.mkdir()
     (out / 'ckpt.pt').write_bytes(os.urandom(5000))
@@ -271,12 +276,16 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
 def test_a_run_refused_at_start_leaves_no_trace(pystdlib, tmp_path):
     """A run refused for its data, its checkpoint or its seed still made out_dir, its log.txt and the lock beside it;
     a mistyped out_dir with --init_from=resume made an empty folder; --seed=-1 was a raw numpy error."""
+    from test_train import train_settings_error
     for extra, message in [(['--dataset=nosuch'], "dataset='nosuch': no train shards"),
                            (['--init_from=resume'], 'no checkpoint at'),
                            (['--vocab_size=64'], 'holds token id'),
                            (['--seed=-1'], 'seed=-1 must be in [0, 2**32 - 65536)')]:
         out = tmp_path / 'typo'
-        assert message in one_line(run(TINY + [f'--out_dir={out}'] + extra, check=False))
+        if extra == ['--seed=-1']:  # one through the command line
+            assert message in one_line(run(TINY + [f'--out_dir={out}'] + extra, check=False))
+        else:  # the rest: train.py in this process, up to where it stops
+            assert message in train_settings_error(tmp_path, *TINY, f'--out_dir={out}', *extra), extra
         assert sorted(os.listdir(tmp_path)) == [], (extra, os.listdir(tmp_path))
 
 
@@ -284,17 +293,19 @@ def test_settings_typed_wrong_are_one_line(pystdlib, tmp_path):
     """Each was a raw traceback or a misleading message: a huge repeat count in the mixer pattern (MemoryError after
     gigabytes), 1e999 for a float setting (inf, then a loss blamed on the learning rate), kernels='triton' on a CPU
     without the interpreter (53 lines), a mistyped key (every one of the 60 keys in one line, no suggestion)."""
-    e = dict(env())
-    e.pop('TRITON_INTERPRET', None)
+    from test_train import train_settings_error  # (train.py in this process, up to its setting checks)
     for extra, message in [(["--mixer=kda*99999999999999"], "repeat count must be in [1, n_layer=2]"),
                            (['--learning_rate=1e999'], "'learning_rate' from --learning_rate=1e999: inf is not a finite"),
                            (['--weight_decay=1e999'], "'weight_decay' from --weight_decay=1e999: inf is not a finite"),
-                           (['--kernels=triton', '--mixer=gdn', '--head_dim=16', '--max_iters=1'], "kernels='triton' runs on a CUDA GPU"),
                            (['--lerning_rate=1e-3'], "unknown config key 'lerning_rate' in --lerning_rate=1e-3; did you "
                                                      "mean learning_rate? (--help lists every setting)")]:
-        p = subprocess.run([sys.executable, 'train.py'] + TINY + [f'--out_dir={tmp_path}/out'] + extra, cwd=ROOT,
-                           env=e, capture_output=True, text=True, timeout=300)
-        assert message in one_line(p), (extra, p.stderr[-2000:])
+        assert message in train_settings_error(tmp_path, *TINY, f'--out_dir={tmp_path}/out', *extra), extra
+    e = dict(env())  # the command line, without the interpreter that lets Triton's kernels run on a CPU
+    e.pop('TRITON_INTERPRET', None)
+    p = subprocess.run([sys.executable, 'train.py'] + TINY + [f'--out_dir={tmp_path}/out', '--kernels=triton',
+                        '--mixer=gdn', '--head_dim=16', '--max_iters=1'], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=300)
+    assert "kernels='triton' runs on a CUDA GPU" in one_line(p), p.stderr[-2000:]
 
 
 def test_overwrite_deletes_what_the_tools_wrote_too(finished, tmp_path):
@@ -530,11 +541,12 @@ def test_bad_files_and_places_are_one_line(finished, tmp_path):
     line = one_line(run([f'--out_dir={finished[0]}', f'--start=FILE:{tmp_path}/prompt.txt', '--device=cpu'],
                         'sample.py', check=False))
     assert 'prompt.txt is not UTF-8 text (byte 0xe9 at offset 3)' in line
+    from test_train import train_settings_error  # (train.py in this process, up to where it stops)
     (tmp_path / 'afile').write_text('x')
-    assert 'is a file, not a folder' in one_line(run(TINY + [f'--out_dir={tmp_path}/afile'], check=False))
+    assert 'is a file, not a folder' in train_settings_error(tmp_path, *TINY, f'--out_dir={tmp_path}/afile')
     # sysfs refuses new files even to root: what a read-only file system or missing permissions look like
-    assert 'cannot create out_dir' in one_line(run(TINY + ['--out_dir=/sys/kernel/linear-gpt-test'], check=False))
-    assert 'cannot create the lock' in one_line(run(TINY + ['--out_dir=/sys/kernel'], check=False))
+    assert 'cannot create out_dir' in train_settings_error(tmp_path, *TINY, '--out_dir=/sys/kernel/linear-gpt-test')
+    assert 'cannot create the lock' in train_settings_error(tmp_path, *TINY, '--out_dir=/sys/kernel')
 
 
 def test_divergence_advice_matches_grad_clip(finished, tmp_path):
