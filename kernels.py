@@ -3678,6 +3678,7 @@ def _short_conv_step_kernel(x_ptr, s_ptr, w_ptr, b_ptr, y_ptr, D, eps, BD: tl.co
          + tl.load(w_ptr + d * 4 + 3, mask=dm, other=0.) * x.to(tl.float32))
     if BIAS:
         p += tl.load(b_ptr + d, mask=dm, other=0.)
+    tl.debug_barrier()  # every thread's loads before any store (with BD below the threads, several hold one value)
     tl.store(sb + d, s1, mask=dm)
     tl.store(sb + D + d, s2, mask=dm)
     tl.store(sb + 2 * D + d, x.to(s_ptr.dtype.element_ty), mask=dm)
