@@ -20,6 +20,7 @@ import torch
 
 import grid
 from checkpoint import CheckpointUnusable, load_checkpoint, lock_out_dir, rng_state, set_rng_state
+from test_train import train_settings_error  # train.py in this process, up to where a bad input stops it
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a checkpoint written by train.py on 2026-11-25, before checkpoints were plain data (its numpy RNG state is a pickled
@@ -276,7 +277,6 @@ def test_lock_holds_when_out_dir_is_deleted_and_recreated(pystdlib, tmp_path):
 def test_a_run_refused_at_start_leaves_no_trace(pystdlib, tmp_path):
     """A run refused for its data, its checkpoint or its seed still made out_dir, its log.txt and the lock beside it;
     a mistyped out_dir with --init_from=resume made an empty folder; --seed=-1 was a raw numpy error."""
-    from test_train import train_settings_error
     for extra, message in [(['--dataset=nosuch'], "dataset='nosuch': no train shards"),
                            (['--init_from=resume'], 'no checkpoint at'),
                            (['--vocab_size=64'], 'holds token id'),
@@ -293,7 +293,6 @@ def test_settings_typed_wrong_are_one_line(pystdlib, tmp_path):
     """Each was a raw traceback or a misleading message: a huge repeat count in the mixer pattern (MemoryError after
     gigabytes), 1e999 for a float setting (inf, then a loss blamed on the learning rate), kernels='triton' on a CPU
     without the interpreter (53 lines), a mistyped key (every one of the 60 keys in one line, no suggestion)."""
-    from test_train import train_settings_error  # (train.py in this process, up to its setting checks)
     for extra, message in [(["--mixer=kda*99999999999999"], "repeat count must be in [1, n_layer=2]"),
                            (['--learning_rate=1e999'], "'learning_rate' from --learning_rate=1e999: inf is not a finite"),
                            (['--weight_decay=1e999'], "'weight_decay' from --weight_decay=1e999: inf is not a finite"),
@@ -541,7 +540,6 @@ def test_bad_files_and_places_are_one_line(finished, tmp_path):
     line = one_line(run([f'--out_dir={finished[0]}', f'--start=FILE:{tmp_path}/prompt.txt', '--device=cpu'],
                         'sample.py', check=False))
     assert 'prompt.txt is not UTF-8 text (byte 0xe9 at offset 3)' in line
-    from test_train import train_settings_error  # (train.py in this process, up to where it stops)
     (tmp_path / 'afile').write_text('x')
     assert 'is a file, not a folder' in train_settings_error(tmp_path, *TINY, f'--out_dir={tmp_path}/afile')
     # sysfs refuses new files even to root: what a read-only file system or missing permissions look like
