@@ -80,7 +80,15 @@ class Muon(torch.optim.Optimizer):
         super().__init__(param_groups, defaults)
         self.found_inf = None  # train.py's lagged read relies on the skip below (skips_on_device)
         self.whole = self.part = None
-        self.compiled = None  # set to torch.compile(muon_update) to run each shape's update as compiled kernels
+        self.compiled = None  # compile_update()
+
+    def compile_update(self):
+        """Run each shape's update through torch.compile: its elementwise passes fused around the Newton–Schulz
+        matmuls (train.py's compile=True, except under FSDP, whose gathers run eagerly). One graph per shape."""
+        shapes = {tuple(p.shape) for g in self.param_groups if g['muon'] for p in g['params']}
+        limit = torch._dynamo.config.recompile_limit  # a graph per shape: dynamo must not fall back to eager code
+        torch._dynamo.config.recompile_limit = max(limit, len(shapes) + 1)
+        self.compiled = torch.compile(muon_update)
 
     @torch.no_grad()
     def step(self):

@@ -187,12 +187,15 @@ class Parallel:
             model.require_backward_grad_sync = last
 
     # -- the optimizer over shards -------------------------------------------------------------------------------------
-    def shard(self, optimizer):
+    def shard(self, optimizer, compile=False):
         """The optimizer to step. Under FSDP: a new optimizer of the same class and param groups (every
         hyperparameter kept) over each parameter's local shard, a plain tensor on the DTensor's own memory; its
-        class must take (param_groups, **defaults), as the torch.optim optimizers do. Else: optimizer itself."""
+        class must take (param_groups, **defaults), as the torch.optim optimizers do. Else: optimizer itself, its
+        update compiled if compile and it offers that (optim.Muon.compile_update)."""
         self.params = [p for g in optimizer.param_groups for p in g['params']]  # the model's, in the optimizer's order
         if not self.sharded:
+            if compile and hasattr(optimizer, 'compile_update'):
+                optimizer.compile_update()
             return optimizer
         with torch.no_grad():  # to_local() without autograd: a leaf on the DTensor's own memory
             groups = [dict(g, params=[p.to_local() for p in g['params']]) for g in optimizer.param_groups]

@@ -187,7 +187,7 @@ model = par.wrap(raw_model, compile, compile_mode, fsdp, fsdp_per_block)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 with redirect_stdout(io.StringIO()) as _echo:  # its parameter counts: to log.txt
     opt = par.shard(raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
-                                                   optimizer))  # optimizer: the setting, opt: the object
+                                                   optimizer), compile)  # optimizer: the setting, opt: the object
     for group in opt.param_groups:
         group.setdefault('initial_lr', group['lr'])  # the rate the schedule scales (torch's schedulers' key)
 print0(_echo.getvalue().rstrip('\n'), terminal=False)

@@ -130,14 +130,14 @@ def test_found_inf_skips_the_step_on_the_device():
 
 
 def test_the_compiled_update_is_the_eager_one(fp64_ns):
-    """Muon.compiled = torch.compile(optim.muon_update) (one graph per shape, lr as a tensor) steps as the eager rule:
-    three shapes, a learning rate that changes every step, a skipped step (found_inf) in the middle."""
+    """Muon.compile_update() (torch.compile(optim.muon_update): one graph per shape, lr as a tensor) steps as the
+    eager rule: three shapes, a learning rate that changes every step, a skipped step (found_inf) in the middle."""
     def make():
         torch.manual_seed(4)
         ps = [torch.nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in ((16, 8), (16, 8), (8, 24), (5, 5), (7,))]
         return ps, Muon([{'params': ps[:4], 'muon': True, 'weight_decay': 0.1}, {'params': ps[4:]}], lr=0.02)
     (a, opt_a), (b, opt_b) = make(), make()
-    opt_b.compiled = torch.compile(optim.muon_update)
+    opt_b.compile_update()
     for step in range(4):
         torch.manual_seed(20 + step)
         grads = [torch.randn_like(p) for p in a]
