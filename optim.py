@@ -70,16 +70,19 @@ class Muon(torch.optim.Optimizer):
     and AdamW's betas and eps per group. found_inf (a 0-dim tensor, set by train.py before step) skips a step on the
     device, with no host sync, as fused AdamW does. Matrices of one shape are orthogonalised together, as a batch.
     whole, part: under FSDP (parallel.Parallel.shard sets them) a parameter here is one rank's rows of the matrix;
-    whole(i, t) gathers the whole matrix of parameter i's tensor t, part(i, t) takes this rank's rows back."""
+    whole(i, t) gathers the whole matrix of parameter i's tensor t, part(i, t) takes this rank's rows back, and
+    whole_shape(i) is that matrix's shape."""
     skips_on_device = True
 
     def __init__(self, param_groups, lr=1e-3, weight_decay=0.0, momentum=0.95, betas=(0.9, 0.95), eps=1e-8,
                  ns_steps=5):
+        # fused: the AdamW groups step by torch's fused kernel, and torch's load_state_dict then puts their step
+        # counts on the parameters' device, where that kernel needs them (a resumed run's state comes from the CPU)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, betas=betas, eps=eps, ns_steps=ns_steps,
-                        muon=False)
+                        muon=False, fused=True)
         super().__init__(param_groups, defaults)
         self.found_inf = None  # train.py's lagged read relies on the skip below (skips_on_device)
-        self.whole = self.part = None
+        self.whole = self.part = self.whole_shape = None
         self.compiled = None  # compile_update()
 
     def compile_update(self):
@@ -107,12 +110,15 @@ class Muon(torch.optim.Optimizer):
         """The rule of the module docstring, on the matrices of one shape at a time as one stacked tensor: a few
         kernels per shape rather than a dozen per matrix, so that the time goes to the Newton–Schulz matmuls."""
         lr, wd, mu = group['lr'], group['weight_decay'], group['momentum']
-        by_shape = {}
+        by_shape = {}  # (under FSDP by the whole matrix's shape: shards of two different matrices may match)
         for i, p in params:
-            by_shape.setdefault(tuple(p.shape), []).append((i, p))
+            by_shape.setdefault(tuple(p.shape) if self.whole is None else self.whole_shape(i), []).append((i, p))
         for shape, items in by_shape.items():
             ps = [p for _, p in items]
-            ms = [self.state[p].setdefault('momentum_buffer', torch.zeros_like(p, dtype=torch.float32)) for p in ps]
+            for p in ps:
+                if 'momentum_buffer' not in self.state[p]:
+                    self.state[p]['momentum_buffer'] = torch.zeros_like(p, dtype=torch.float32)
+            ms = [self.state[p]['momentum_buffer'] for p in ps]
             if self.whole is None and self.compiled:  # the lr as a tensor: one compiled graph for every step
                 self.compiled(ps, [p.grad for p in ps], ms, keep, torch.full((), lr, device=ps[0].device), wd, mu,
                               group['ns_steps'])
@@ -144,10 +150,11 @@ def lr_at(it, schedule, learning_rate, min_lr, warmup_iters, lr_decay_iters, max
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if schedule == 'wsd':
-        decay_start = max_iters - decay_fraction * max_iters
-        if it < decay_start:
+        decay_iters = round(decay_fraction * max_iters)  # whole steps; 0: no decay
+        done = it - (max_iters - decay_iters) + 1  # decay steps taken, counting this one
+        if done <= 0:
             return learning_rate
-        return learning_rate + (min_lr - learning_rate) * min(1.0, (it - decay_start + 1) / (max_iters - decay_start))
+        return learning_rate + (min_lr - learning_rate) * min(1.0, done / max(decay_iters, 1))
     if it >= lr_decay_iters:  # (>=: no division by zero when lr_decay_iters == warmup_iters)
         return min_lr
     decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)

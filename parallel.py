@@ -157,6 +157,8 @@ class Parallel:
     def _fsdp(self, model, compile, compile_mode, per_block):
         from torch.distributed.fsdp import fully_shard
         self.sharded, self.per_block = True, per_block
+        marks = {name: {k: v for k, v in vars(p).items() if k.startswith('_no_')}
+                 for name, p in model.named_parameters()}
         # every rank starts from rank 0's weights, as DDP makes sure on wrapping (each rank seeds its RNG with
         # seed + rank, so their inits differ, and a shard of each would make a model nobody initialised)
         with torch.no_grad():
@@ -174,6 +176,8 @@ class Parallel:
         elif compile:  # the whole model one unit and one graph, as under DDP (per-block hooks cost the host 2x)
             model.forward = torch.compile(model.forward, mode=compile_mode)
         fully_shard(model)  # the rest (embedding tied to lm_head, final norm), or everything
+        for name, p in model.named_parameters():  # fully_shard made new Parameters: the marks mixers set on theirs
+            p.__dict__.update(marks[name])         # (_no_muon, _no_weight_decay: configure_optimizers' split) carried
         return model
 
     def sync_gradients(self, model, last):
@@ -204,7 +208,8 @@ class Parallel:
         self.shards = [p for g in local.param_groups for p in g['params']]
         if hasattr(local, 'whole'):  # an optimizer of whole matrices (optim.Muon): every rank gathers each matrix,
             local.whole, local.part = self._whole, self._part  # orthogonalises it and keeps its own rows: the same
-        return local                                            # numbers as one process, for one all-gather each
+            local.whole_shape = lambda i: tuple(self.params[i].shape)  # numbers as one process, an all-gather each
+        return local
 
     def _whole(self, i, t):
         """The whole tensor of parameter i (in the optimizer's order) whose local shard-shaped part is t."""

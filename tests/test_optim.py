@@ -129,6 +129,25 @@ def test_found_inf_skips_the_step_on_the_device():
             assert torch.equal(v, before[1][k][n]), n
 
 
+def test_a_resumed_state_follows_its_parameters_to_their_device():
+    """train.py loads a checkpoint onto the CPU, then the optimizer's state; every state tensor, the AdamW groups'
+    step counts included (torch's fused kernel needs them on the parameters' device), must land where its parameter
+    is. 'meta' stands in for CUDA."""
+    def make(device):
+        torch.manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(s, device=device)) for s in ((8, 8), (8,))]
+        return ps, Muon([{'params': ps[:1], 'muon': True, 'weight_decay': 0.1}, {'params': ps[1:]}], lr=1e-3)
+    ps, opt = make('cpu')
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    meta, resumed = make('meta')
+    resumed.load_state_dict(opt.state_dict())
+    for p in meta:
+        for name, value in resumed.state[p].items():
+            assert value.device == p.device, (name, value.device)
+
+
 def test_the_compiled_update_is_the_eager_one(fp64_ns):
     """Muon.compile_update() (torch.compile(optim.muon_update): one graph per shape, lr as a tensor) steps as the
     eager rule: three shapes, a learning rate that changes every step, a skipped step (found_inf) in the middle."""
@@ -187,3 +206,9 @@ def test_schedules_warm_up_then_cosine_or_stable_then_linear_decay():
     assert all(x > y for x, y in zip(decay, decay[1:])) and decay[-1] == pytest.approx(low)  # min_lr at the last step
     steps = [x - y for x, y in zip(decay, decay[1:])]
     assert max(steps) - min(steps) < 1e-12  # linear
+    # edges: a decay of whole steps (0.2 x 4 = 0.8 rounds to the last step), none, all of the run, a run of no steps
+    assert [lr_at(it, 'wsd', lr, low, 0, 4, 4, 0.2) for it in range(4)] == pytest.approx([lr, lr, lr, low])
+    assert [lr_at(it, 'wsd', lr, low, 0, 4, 4, 0.0) for it in range(4)] == [lr] * 4
+    assert [lr_at(it, 'wsd', lr, low, 0, 4, 4, 1.0) for it in range(4)] == pytest.approx(
+        [lr + (low - lr) * k / 4 for k in (1, 2, 3, 4)])
+    assert lr_at(0, 'wsd', lr, low, 0, 0, 0, 0.2) == pytest.approx(low)  # past the end, as cosine: min_lr

@@ -174,7 +174,9 @@ def test_fsdp_two_processes_gloo_matches_one_and_resumes_across_rank_counts(pyst
 def test_muon_under_fsdp_gathers_whole_matrices_matches_one_process_and_resumes(pystdlib, tmp_path, torchrun_train):
     """--optimizer=muon under FSDP over 2 gloo ranks: each rank holds half the rows of every matrix, so Muon gathers
     each whole to orthogonalise it; weights, momentum buffers and AdamW moments must equal one process's, and the
-    FSDP checkpoint resumes in one process as one straight run ends."""
+    FSDP checkpoint resumes in one process as one straight run ends. gdn,kda: conv kernels (marked for AdamW, on
+    parameters fully_shard replaces) and matrices of different shapes whose shards have one shape ([1, 64], [2, 64]
+    on rank 1: batched by the whole shape)."""
     import shutil
     from checkpoint import load_checkpoint
     # Newton–Schulz in fp32 here: in bf16 a last-bit difference in a gradient (the ranks sum in another order) can
@@ -186,7 +188,8 @@ def test_muon_under_fsdp_gathers_whole_matrices_matches_one_process_and_resumes(
     ddp_driver = open(torchrun_train[-1]).read()
     open(torchrun_train[-1], 'w').write(patch + ddp_driver)
     one = [sys.executable, str(driver)]
-    args = TINY + ['--eval_interval=3', '--gradient_accumulation_steps=4', '--grad_clip=0.5', '--optimizer=muon']
+    args = TINY + ['--eval_interval=3', '--gradient_accumulation_steps=4', '--grad_clip=0.5', '--optimizer=muon',
+                   '--mixer=gdn,kda', '--n_embd=64', '--head_dim=32']
     run(args + ['--max_iters=3', '--fsdp=True', f'--out_dir={tmp_path}/fsdp'], cmd=torchrun_train)
     run(args + ['--max_iters=3', f'--out_dir={tmp_path}/single'], cmd=one)
     single, fsdp = load_checkpoint(f'{tmp_path}/single/ckpt.pt'), load_checkpoint(f'{tmp_path}/fsdp/ckpt.pt')
