@@ -110,6 +110,18 @@ def free_memory(device):
     return None
 
 
+def out_of_memory(e):
+    """Whether exception e is a device running out of memory: torch's OutOfMemoryError, the CPU allocator's or
+    cuBLAS's RuntimeError, or one of them inside another (torch.compile wraps what its compile raised in BackendCompilerFailed)."""
+    import torch
+    while e is not None:
+        if isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and any(
+                m in str(e) for m in ("can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED"))):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _print0(*args):
     if int(os.environ.get('RANK', '0')) == 0:
         print(*args)

@@ -46,7 +46,7 @@ dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewher
 kernels = ''              # '' = the checkpoint's (train.py's kernels); or 'auto' | 'torch' | 'recurrent' | 'triton':
                           # 'auto' samples on CPU a model trained with kernels='triton'
 # -----------------------------------------------------------------------------
-from configurator import configure, device_and_dtype, free_memory, UserError
+from configurator import configure, device_and_dtype, free_memory, out_of_memory, UserError
 configure(globals(), sys.argv[1:], nullable={'top_k'})
 # -----------------------------------------------------------------------------
 for k, least in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 1)):
@@ -130,8 +130,8 @@ if free is not None and need > free:  # on CPU the kernel would kill the process
 times = {}
 try:
     y, caches, steps, how = generate()
-except (torch.OutOfMemoryError, RuntimeError) as e:  # CPU: RuntimeError "DefaultCPUAllocator: can't allocate memory"
-    if not isinstance(e, torch.OutOfMemoryError) and 'allocate memory' not in str(e):
+except Exception as e:
+    if not out_of_memory(e):
         raise
     raise UserError(f"out of memory on {device} generating {num_samples} samples of {context:,} tokens: use fewer "
                     f"--num_samples, a shorter prompt or --max_new_tokens") from None

@@ -42,3 +42,49 @@ def test_bad_arguments_are_one_line(monkeypatch, capsys):
             bench_decode.main()
         err = capsys.readouterr().err
         assert e.value.code == 2 and msg in err and 'Traceback' not in err, err
+
+
+def test_out_of_memory_at_batch_1_is_one_row_measured_after_the_failed_cell_is_freed(monkeypatch, capsys):
+    """A cell that runs out of memory (the CPU allocator's RuntimeError, or one inside the error torch.compile raises)
+    is a row saying how many tokens would fit, or that the caches do not grow (kda); what the failed cell held is
+    freed before the free memory is read; any other error still raises."""
+    import gc
+    import weakref
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    import bench_decode
+    held = []
+
+    class Caches:  # what a failed cell's frame holds (its Decoder, caches)
+        pass
+
+    def failing_cell(model, mixer, T, *args):
+        caches = Caches()
+        held.append(weakref.ref(caches))
+        oom = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+        if mixer == 'kda':
+            try:
+                raise oom
+            except RuntimeError as e:
+                raise RuntimeError("backend='inductor' raised: ...") from e  # (as BackendCompilerFailed wraps it)
+        raise oom
+
+    fits = bench_decode.tokens_that_fit
+    def checked_fits(*args):
+        gc.collect()
+        assert all(ref() is None for ref in held), "the failed cell's objects are still alive"
+        return fits(*args)
+    monkeypatch.setattr(bench_decode, 'cell', failing_cell)
+    monkeypatch.setattr(bench_decode, 'tokens_that_fit', checked_fits)
+    monkeypatch.setattr(sys, 'argv', ['bench_decode.py', '--mixers', 'softmax', 'kda', '--contexts', '64',
+                                      '--device', 'cpu', '--steps', '1', '--batches', '1'])
+    bench_decode.main()
+    rows = [r for r in capsys.readouterr().out.splitlines() if 'out of memory at batch 1' in r]
+    assert len(rows) == 2 and 'tokens would' in rows[0] and 'do not grow' in rows[1], rows
+    monkeypatch.setattr(bench_decode, 'cell', lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        bench_decode.main()
+
+
+def test_a_device_this_machine_lacks_is_one_line():
+    p = run('--device', 'bogus')
+    assert p.returncode != 0 and 'not a device name' in p.stderr and 'Traceback' not in p.stderr, p.stderr

@@ -193,3 +193,18 @@ def test_ctrl_c_before_a_script_handles_it_is_one_line():
     p = subprocess.run([sys.executable, '-c', code], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 130 and p.stderr == 'train.py: interrupted (Ctrl-C); nothing was saved\n', p.stderr
+
+
+def test_out_of_memory_is_recognised_directly_and_inside_another_error():
+    import torch
+    from configurator import out_of_memory
+    cpu = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory")) and out_of_memory(cpu)
+    try:
+        try:
+            raise cpu
+        except RuntimeError as e:
+            raise RuntimeError("backend='inductor' raised:") from e  # what torch.compile's BackendCompilerFailed does
+    except RuntimeError as wrapped:
+        assert out_of_memory(wrapped)
+    assert not out_of_memory(RuntimeError("shape mismatch")) and not out_of_memory(ValueError("x"))

@@ -22,6 +22,7 @@ table; --json PATH writes the cells.
 """
 import argparse
 import json
+from contextlib import nullcontext
 import os
 import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -29,6 +30,7 @@ sys.path.insert(0, ROOT)  # its modules
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/
 import configurator
 configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
+from configurator import device_and_dtype, free_memory, out_of_memory
 import time
 
 import torch
@@ -93,9 +95,11 @@ def cell(model, mixer, T, steps, device, dtype, compile, batches):
         if B not in ('1', 'max'):
             try:
                 out[f'ms_{B}'] = at_batch(model, int(B), T, max_len, steps, device, dtype, compile)
-            except torch.OutOfMemoryError:
+            except Exception as e:
+                if not out_of_memory(e):
+                    raise
                 out[f'ms_{B}'] = 'OOM'
-                torch.cuda.empty_cache()
+            empty_cache(device)  # (after the except block: its traceback held the failed try's Decoder)
     if not (cuda and 'max' in batches):
         return out
     torch.cuda.empty_cache()
@@ -106,10 +110,27 @@ def cell(model, mixer, T, steps, device, dtype, compile, batches):
             out.update(max_batch=B, max_batch_ms=at_batch(model, B, T, max_len, steps, device, dtype, compile))
             out['tokens_s'] = B / out['max_batch_ms'] * 1000
             return out
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            B = int(B * 0.85) if B > 1 else 0
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
+        empty_cache(device)
+        B = int(B * 0.85) if B > 1 else 0
     return out
+
+
+def empty_cache(device):
+    if device.startswith('cuda'):
+        torch.cuda.empty_cache()
+
+
+def tokens_that_fit(model, device, dtype):
+    """How many tokens of context one sequence could reach in the memory free now, or None if its caches do not grow
+    with the context."""
+    with torch.autocast('cuda', dtype) if device.startswith('cuda') else nullcontext():  # (the decode's dtype)
+        (fixed, _), (one, _) = (model.generation_bytes(1, 0, n, device) for n in (0, 1))  # at 0 and 1 positions
+    if one - fixed <= 8:  # only the token buffer grows (an int64 per position)
+        return None
+    return max(0, (free_memory(device) or 0) - MARGIN - fixed) // (one - fixed)
 
 
 def main():
@@ -133,7 +154,7 @@ def main():
         ap.error(f"--contexts and --steps must be >= 1, got {args.contexts} and {args.steps}")
     if not all(b == 'max' or b.isdigit() and int(b) >= 1 for b in args.batches):
         ap.error(f"--batches takes numbers >= 1 and max, got {' '.join(args.batches)}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device, _ = device_and_dtype(args.device, '')  # a device this machine lacks: one line
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     torch._dynamo.config.recompile_limit = 64  # one compiled step per batch size and model
@@ -151,15 +172,18 @@ def main():
         torch.manual_seed(0)
         model = GPT(train_model_config(mixer, 4096)).to(device).eval()
         for T in args.contexts:
+            c = None
             try:
                 c = cell(model, mixer, T, args.steps, device, dtype, not args.no_compile and cuda, args.batches)
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                with torch.autocast('cuda', dtype):  # bytes of one sequence at 0 and 1 positions: the growth per token
-                    (fixed, _), (one, _) = (model.generation_bytes(1, 0, n, device) for n in (0, 1))
-                fits = (torch.cuda.mem_get_info()[0] - MARGIN - fixed) // (one - fixed) if one > fixed else None
+            except Exception as e:
+                if not out_of_memory(e):
+                    raise
+            if c is None:  # out of memory at batch 1 (measured here, after the except block freed the failed cell)
+                empty_cache(device)
+                fits = tokens_that_fit(model, device, dtype)
                 what = f"about {fits:,} tokens would" if fits is not None else "its caches do not grow with the context"
-                print(f"| {mixer} | {T:,} | out of memory at batch 1 on this GPU: {what} |" + " |" * (len(head) - 3), flush=True)
+                print(f"| {mixer} | {T:,} | out of memory at batch 1 on this {'GPU' if cuda else 'machine'}: {what} |"
+                      + " |" * (len(head) - 3), flush=True)
                 cells.append(dict(mixer=mixer, T=T, error="out of memory at batch 1", tokens_that_fit=fits))
                 continue
             cells.append(c)
