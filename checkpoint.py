@@ -35,7 +35,7 @@ import time
 import numpy as np
 import torch
 
-from configurator import UserError
+from configurator import UserError, out_of_memory
 
 
 class CheckpointMissing(UserError, FileNotFoundError):
@@ -181,6 +181,9 @@ def load_checkpoint(path, map_location='cpu', need=None):
             with torch.serialization.safe_globals(_legacy_numpy_globals()):  # an older checkpoint of ours (see above)
                 checkpoint = _convert_legacy(torch.load(path, map_location=map_location, weights_only=True))
     except Exception as e:
+        if out_of_memory(e):
+            raise UserError(f"out of memory loading checkpoint {path} onto {map_location}: free memory there, or use a "
+                            f"device with more") from None
         text = str(e)
         found = re.search(r'GLOBAL (\S+)', text)  # the function or class the pickle would call
         if found or ('Weights only load failed' in text and 'Unsupported operand' not in text):  # (operand: not a pickle)

@@ -638,3 +638,18 @@ def test_longctx_keeps_its_table_when_a_result_cannot_be_written(finished, tmp_p
     line = one_line(run(['text', str(out), '--table_only', '--plot', str(out / 'pic.json')], script='tools/longctx.py',
                         check=False))
     assert 'ending .png' in line, line
+
+
+def test_out_of_memory_while_loading_a_checkpoint_says_so(tmp_path, monkeypatch):
+    """Not 'a truncated or foreign file?': the file is fine, the device is full."""
+    import torch
+    from checkpoint import load_checkpoint
+    from configurator import UserError
+    path = tmp_path / 'ckpt.pt'
+    torch.save({'model': {}}, path)
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(torch, 'load', full)
+    with pytest.raises(UserError, match='out of memory loading checkpoint') as e:
+        load_checkpoint(str(path), map_location='cpu', need='model')
+    assert 'truncated' not in str(e.value)
