@@ -55,6 +55,8 @@ for k, least in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 1)):
 if temperature < 0:
     raise UserError(f"temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
 device, dtype = device_and_dtype(device, dtype)
+if device.startswith('cuda'):
+    torch.cuda.set_device(device)  # cuda:N: the decode's CUDA graph and stream are made on the current device
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed) if device_type == 'cuda' else None

@@ -156,6 +156,8 @@ def main():
         ap.error(f"--batches takes numbers >= 1 and max, got {' '.join(args.batches)}")
     device, _ = device_and_dtype(args.device, '')  # a device this machine lacks: one line
     cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(device)  # cuda:N: the CUDA graphs, streams and memory counters use the current device
     dtype = torch.bfloat16 if cuda else torch.float32
     torch._dynamo.config.recompile_limit = 64  # one compiled step per batch size and model
     name = torch.cuda.get_device_name() if cuda else "CPU"
