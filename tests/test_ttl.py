@@ -105,7 +105,8 @@ def test_a_resumed_run_and_bad_settings_are_one_line(tmp_path):
             (['run', str(tmp_path / 'b'), '--mixers', 'softmax', '--lrs', '1e-3'], "give train.py's settings after --"),
             (['report', str(tmp_path / 'none')], 'no such folder')):
         p = subprocess.run([sys.executable, 'tools/ttl.py'] + args, cwd=ROOT, capture_output=True, text=True)
-        assert p.returncode == 1 and p.stderr.count('\n') == 1 and message in p.stderr, (args, p.stderr)
+        lines = 2 if message == 'a resumed run' else 1  # (the run left out, then: no finished runs)
+        assert p.returncode == 1 and p.stderr.count('\n') == lines and message in p.stderr, (args, p.stderr)
 
 
 def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
@@ -212,3 +213,37 @@ def test_report_compares_optimizers_by_the_tokens_to_their_adamw_loss(tmp_path, 
     adamw = next(line for line in out.splitlines() if '| adamw |' in line)
     assert adamw.endswith('| — |') and '2.0 s (1.00×), 20.0M tokens' in adamw, adamw
     assert '1.0 s (0.49×), 9.9M tokens' in muon, muon
+
+
+def test_diverged_truncated_and_unfair_runs(tmp_path, capsys):
+    """A rate with a diverged seed (nan at its final eval) is ruled out, even when another seed did best; a log cut
+    inside its final eval line is not finished; a baseline at its target from step 0 gives no division by zero;
+    arms of different token counts are warned about."""
+    ms = [100.0] * 20
+    write_log(tmp_path / 'sm_a1', 'softmax', 1e-3, 1, [(0, 10.0, 0.0), (20, 2.0, 2.0)], ms)
+    write_log(tmp_path / 'sm_a2', 'softmax', 1e-3, 2, [(0, 10.0, 0.0), (20, float('nan'), 2.0)], ms)
+    write_log(tmp_path / 'sm_b1', 'softmax', 2e-3, 1, [(0, 10.0, 0.0), (20, 3.0, 2.0)], ms)
+    write_log(tmp_path / 'sm_b2', 'softmax', 2e-3, 2, [(0, 10.0, 0.0), (20, 3.2, 2.0)], ms)
+    write_log(tmp_path / 'gdn', 'gdn', 1e-3, 1, [(0, 10.0, 0.0), (20, 3.0, 2.0)], ms)
+    text = open(tmp_path / 'gdn' / 'log.txt').read()
+    cut = text[:text.index('step 20:') + len('step 20: train loss 3.0000, val loss 3.0')]
+    os.makedirs(tmp_path / 'gdn_cut')
+    open(tmp_path / 'gdn_cut' / 'log.txt', 'w').write(cut.replace("'seed': 1", "'seed': 2"))
+    assert ttl.finished(str(tmp_path / 'gdn')) and not ttl.finished(str(tmp_path / 'gdn_cut'))
+    found = ttl.groups(ttl.run_dirs([str(tmp_path)]))
+    assert ttl.best_rates(found)[('softmax', 'adamw')] == 2e-3
+    ttl.main_args(['report', str(tmp_path), '--plot', ''])
+    out, err = capsys.readouterr()
+    assert 'diverged (1 of 2)' in out and 'gdn_cut: not finished' in err, (out, err)
+    write_log(tmp_path / 'more' / 'sm', 'softmax', 1e-3, 1, [(0, 3.0, 0.0), (20, 3.0, 2.0)], ms)  # at 3.0 from step 0
+    write_log(tmp_path / 'more' / 'kda', 'kda', 1e-3, 1, [(0, 10.0, 0.0), (40, 2.0, 4.0)], ms * 2)
+    ttl.main_args(['report', str(tmp_path / 'more'), '--plot', ''])
+    out, err = capsys.readouterr()
+    assert 'different token counts' in err and '0.0 s, 0.0M tokens' in out, (out, err)
+
+
+def test_duplicate_rates_are_refused(tmp_path):
+    p = subprocess.run([sys.executable, 'tools/ttl.py', 'run', str(tmp_path / 'x'), '--mixers', 'softmax', '--lrs',
+                        '1e-2', '0.01', '--', '--dataset=none_such', '--device=cpu'],  # (were it run: a fast refusal)
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and 'distinct' in p.stderr and 'Traceback' not in p.stderr, p.stderr

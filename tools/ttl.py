@@ -35,6 +35,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,14 +57,15 @@ def run_name(mixer, optimizer, lr, seed):
 
 
 def finished(out_dir):
-    """True when out_dir's log holds a run that reached its max_iters (its final eval)."""
+    """True when out_dir's log holds one straight run (not resumed) that reached its max_iters: its final eval
+    line written whole, as report reads it."""
     if not os.path.isfile(os.path.join(out_dir, 'log.txt')):
         return False
     try:
-        log = read_log(out_dir)
-    except (OSError, ValueError):
+        r = read_run(out_dir)
+    except (OSError, ValueError, UserError):
         return False
-    return bool(log['config'] and log['evals']) and log['evals'][-1]['step'] == log['config'].get('max_iters')
+    return r['steps'][-1] == r['max_iters']
 
 
 def run(args, settings):
@@ -92,13 +94,14 @@ def run(args, settings):
     visible = [d for d in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if d.strip()] or [str(g) for g in range(args.gpus)]
     if args.gpus > len(visible):
         raise UserError(f"--gpus {args.gpus}: CUDA_VISIBLE_DEVICES names only {len(visible)} ({','.join(visible)})")
-    slots = args.gpus * args.per_gpu  # slot s runs on GPU s // per_gpu
+    slots = args.gpus * args.per_gpu  # slot s runs on GPU s % gpus (runs spread over the GPUs first)
     running, failed = {}, []  # slot -> (out_dir, process, its console file)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (else a SIGTERM ends ttl.py and leaves its runs going)
     try:
         while todo or running:
             while todo and len(running) < slots:
                 slot = min(set(range(slots)) - set(running))
-                gpu = visible[slot // args.per_gpu]
+                gpu = visible[slot % args.gpus]
                 name, out_dir, cmd = todo.pop(0)
                 print(f"{name}: {' '.join(cmd[1:])}" + (f" (GPU {gpu})" if slots > 1 else ""), flush=True)
                 shared = out_dir.rstrip('/') + '.shared'  # report leaves such a run's clock out
@@ -124,9 +127,7 @@ def run(args, settings):
                         print(f"ttl.py: {out_dir} stopped with status {code}: see its log.txt", flush=True)
             if running and slots > 1:
                 time.sleep(2)
-            if failed and slots == 1:
-                break
-    finally:  # Ctrl-C or an error here: no run is left behind
+    finally:  # Ctrl-C, a SIGTERM or an error here: no run is left behind (each stops at a step, as train.py does)
         for out_dir, proc, console in running.values():
             proc.terminate()
             proc.wait()
@@ -194,19 +195,34 @@ def reach(xs, losses, target):
 
 
 def groups(out_dirs):
-    """{(mixer, optimizer, lr): [runs over seeds]} of the finished runs among out_dirs (a warning for each unfinished
-    one)."""
+    """{(mixer, optimizer, lr): [runs over seeds]} of the finished runs among out_dirs, and of those that diverged
+    (stopped on a non-finite loss: their 'final' is nan, which rules their rate out); a warning for each other
+    unfinished one."""
     found = {}
     for d in out_dirs:
-        if not finished(d):
-            print(f"ttl.py: {d}: not finished, left out", file=sys.stderr)
+        try:
+            r, why = read_run(d), "not finished"
+        except (OSError, ValueError, UserError) as e:
+            r, why = None, str(e).removeprefix(f"{d}: ")
+        done = r is not None and r['steps'][-1] == r['max_iters']
+        diverged = r is not None and (r['nonfinite'] > 0 or not all(math.isfinite(v) for v in r['val']))
+        if not done and not diverged:
+            print(f"ttl.py: {d}: {why}; left out", file=sys.stderr)
             continue
-        r = read_run(d)
+        r['final'] = r['val'][-1] if done and math.isfinite(r['val'][-1]) else math.nan
+        if not math.isfinite(r['final']):
+            print(f"ttl.py: {d}: diverged (a non-finite loss): its rate is ruled out", file=sys.stderr)
         found.setdefault((r['mixer'], r['optimizer'], r['lr']), []).append(r)
     if not found:
         raise UserError(f"no finished train.py runs among {', '.join(out_dirs)}: `ttl.py run` first")
+    seeds = {}
     for (mixer, optimizer, lr), runs in found.items():
-        if len({(r['max_iters'], r['tokens'][-1]) for r in runs}) > 1:
+        seeds.setdefault((mixer, optimizer), set()).update(r['seed'] for r in runs)
+    for (mixer, optimizer, lr), runs in found.items():
+        if len(runs) < len(seeds[(mixer, optimizer)]):  # its mean is over fewer seeds than its arm's other rates'
+            print(f"ttl.py: warning: {mixer} with {optimizer} at lr {lr:g} has {len(runs)} of the arm's "
+                  f"{len(seeds[(mixer, optimizer)])} seeds", file=sys.stderr)
+        if len({(r['max_iters'], r['tokens'][-1]) for r in runs if math.isfinite(r['final'])}) > 1:
             raise UserError(f"{mixer} with {optimizer} at lr {lr:g}: its seeds trained different token counts: compare "
                             f"like with like")
     return found
@@ -229,21 +245,25 @@ def run_dirs(paths):
     return out_dirs
 
 
+def final_loss(runs):
+    """The mean final val loss over seeds; nan if one of them diverged."""
+    return statistics.fmean(r['final'] for r in runs)
+
+
 def best_rates(found):
-    """{(mixer, optimizer): the learning rate with the lowest mean final val loss over its seeds}: the same rule
-    for every arm."""
-    final = {k: statistics.fmean(r['val'][-1] for r in runs) for k, runs in found.items()}
+    """{(mixer, optimizer): the learning rate with the lowest mean final val loss over its seeds, none of them
+    diverged}: the same rule for every arm (an arm whose every rate diverged has none)."""
     best = {}
-    for (mixer, optimizer, lr), loss in final.items():
-        arm = (mixer, optimizer)
-        if arm not in best or loss < final[arm + (best[arm],)]:
+    for (mixer, optimizer, lr), runs in sorted(found.items()):
+        arm, loss = (mixer, optimizer), final_loss(runs)
+        if math.isfinite(loss) and (arm not in best or loss < final_loss(found[arm + (best[arm],)])):
             best[arm] = lr
     return best
 
 
 def report(args):
     found = groups(run_dirs(args.runs))
-    final = {k: statistics.fmean(r['val'][-1] for r in runs) for k, runs in found.items()}
+    final = {k: final_loss(runs) for k, runs in found.items()}
     best = best_rates(found)  # (mixer, optimizer) -> its best learning rate
     base_arm = (args.baseline, 'adamw') if (args.baseline, 'adamw') in best else next(
         (a for a in best if a[0] == args.baseline), None)
@@ -258,7 +278,7 @@ def report(args):
 
     def row(mixer, optimizer, lr):
         runs = found[(mixer, optimizer, lr)]
-        vals = [r['val'][-1] for r in runs]
+        vals = [r['final'] for r in runs]
         _, tokens, seconds, val = mean_curve(runs)
         t, n = reach(seconds, val, target), reach(tokens, val, target)
         mine, either = any(r['shared'] for r in runs), any(r['shared'] for r in runs + base)  # (run --per_gpu)
@@ -269,9 +289,12 @@ def report(args):
         elif either:  # a shared GPU's clock is not one run's: the tokens only
             time_to = f"{n / 1e6:,.1f}M tokens (GPU shared: no time)"
         else:
-            time_to = f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens"
+            time_to = f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if base_time else \
+                f"{t:,.1f} s, {n / 1e6:,.1f}M tokens"
         cells = [f"`{mixer}`"] + ([optimizer] if optimizers else []) + [
-            f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}"] + speed + [
+            f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}"
+            if all(map(math.isfinite, vals)) else f"diverged ({sum(not math.isfinite(v) for v in vals)} of {len(vals)})"
+            ] + speed + [
             time_to,
             spike(runs) + (f", {sum(r['nonfinite'] for r in runs)} non-finite" if any(r['nonfinite'] for r in runs)
                            else "")]
@@ -281,12 +304,17 @@ def report(args):
                 runs_a = found[adamw + (best[adamw],)]
                 goal = final[adamw + (best[adamw],)]
                 mine, theirs = reach(tokens, val, goal), reach(mean_curve(runs_a)[1], mean_curve(runs_a)[3], goal)
-                cells.append(f"{mine / theirs:.2f}×" if mine is not None else "not reached")
+                cells.append("not reached" if mine is None else f"{mine / theirs:.2f}×" if theirs else "—")
             else:
                 cells.append("—")
         return '| ' + ' | '.join(cells) + ' |'
 
     r0 = base[0]
+    counts = {arm: found[arm + (lr,)][0]['tokens'][-1] for arm, lr in best.items()}
+    if len(set(counts.values())) > 1:  # a time to a loss compares runs of one budget
+        print(f"ttl.py: warning: the arms trained different token counts ("
+              f"{', '.join(f'{m} {o}: {n / 1e6:,.1f}M' for (m, o), n in counts.items())}): compare like with like",
+              file=sys.stderr)
     devices = sorted({r['device'] for runs in found.values() for r in runs})
     if len(devices) > 1:  # a clock is only comparable on one kind of GPU
         print(f"ttl.py: warning: the runs ran on different devices ({', '.join(devices)}): their times do not compare",
@@ -378,8 +406,8 @@ def main_args(argv):
                 raise UserError(f"--{flag} is set by ttl.py for each run: leave it out of the settings after --")
         if args.gpus < 1 or args.per_gpu < 1:
             raise UserError(f"--gpus and --per_gpu must be >= 1, got {args.gpus} and {args.per_gpu}")
-        if min(args.lrs or [1]) <= 0 or len(set(args.seeds)) < len(args.seeds):
-            raise UserError(f"--lrs must be > 0 and --seeds distinct, got {args.lrs} and {args.seeds}")
+        if min(args.lrs or [1]) <= 0 or len(set(args.lrs or [])) < len(args.lrs or []) or len(set(args.seeds)) < len(args.seeds):
+            raise UserError(f"--lrs must be > 0 and distinct and --seeds distinct, got {args.lrs} and {args.seeds}")
         run(args, settings)
     else:
         report(args)
