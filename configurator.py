@@ -110,6 +110,14 @@ def free_memory(device):
     return None
 
 
+def make_current(device):
+    """device 'cuda:N': make GPU N the current one (CUDA graphs, streams and the memory counters use the current
+    device). 'cuda' (the current one already), 'cpu', 'mps': nothing to do."""
+    import torch
+    if device.startswith('cuda') and torch.device(device).index is not None:
+        torch.cuda.set_device(device)
+
+
 def out_of_memory(e):
     """Whether exception e is a device running out of memory: torch's OutOfMemoryError, the CPU allocator's or
     cuBLAS's RuntimeError, or one of them inside another (torch.compile wraps what its compile raised in BackendCompilerFailed)."""

@@ -46,7 +46,7 @@ dtype = ''                # '' = bfloat16 on CUDA if supported, float32 elsewher
 kernels = ''              # '' = the checkpoint's (train.py's kernels); or 'auto' | 'torch' | 'recurrent' | 'triton':
                           # 'auto' samples on CPU a model trained with kernels='triton'
 # -----------------------------------------------------------------------------
-from configurator import configure, device_and_dtype, free_memory, out_of_memory, UserError
+from configurator import configure, device_and_dtype, free_memory, make_current, out_of_memory, UserError
 configure(globals(), sys.argv[1:], nullable={'top_k'})
 # -----------------------------------------------------------------------------
 for k, least in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 1)):
@@ -55,8 +55,7 @@ for k, least in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 1)):
 if temperature < 0:
     raise UserError(f"temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
 device, dtype = device_and_dtype(device, dtype)
-if device.startswith('cuda'):
-    torch.cuda.set_device(device)  # cuda:N: the decode's CUDA graph and stream are made on the current device
+make_current(device)  # cuda:N: the decode's CUDA graph and stream are made on the current device
 device_type = 'cuda' if device.startswith('cuda') else ('mps' if device.startswith('mps') else 'cpu')
 torch.manual_seed(seed)
 torch.cuda.manual_seed(seed) if device_type == 'cuda' else None

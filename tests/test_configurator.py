@@ -208,3 +208,14 @@ def test_out_of_memory_is_recognised_directly_and_inside_another_error():
     except RuntimeError as wrapped:
         assert out_of_memory(wrapped)
     assert not out_of_memory(RuntimeError("shape mismatch")) and not out_of_memory(ValueError("x"))
+
+
+def test_make_current_sets_only_a_numbered_gpu(monkeypatch):
+    """'cuda' is the current GPU already (torch.cuda.set_device refuses a device without an index); 'cuda:1' is set."""
+    import torch
+    from configurator import make_current
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'set_device', calls.append)
+    for device in ('cuda', 'cpu', 'mps', 'cuda:1'):
+        make_current(device)
+    assert calls == ['cuda:1'], calls

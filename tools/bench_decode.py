@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)  # its modules
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/
 import configurator
 configurator.main_script(__name__)  # first: a Ctrl-C while torch loads is one line, not a traceback
-from configurator import device_and_dtype, free_memory, out_of_memory
+from configurator import device_and_dtype, free_memory, make_current, out_of_memory
 import time
 
 import torch
@@ -158,8 +158,7 @@ def main():
         ap.error(f"--batches takes numbers >= 1 and max, got {' '.join(args.batches)}")
     device, _ = device_and_dtype(args.device, '')  # a device this machine lacks: one line
     cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.set_device(device)  # cuda:N: the CUDA graphs, streams and memory counters use the current device
+    make_current(device)
     dtype = torch.bfloat16 if cuda else torch.float32
     torch._dynamo.config.recompile_limit = 64  # one compiled step per batch size and model
     name = torch.cuda.get_device_name() if cuda else "CPU"
