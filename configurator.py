@@ -120,7 +120,8 @@ def make_current(device):
 
 def out_of_memory(e):
     """Whether exception e is a device running out of memory: torch's OutOfMemoryError, the CPU allocator's or
-    cuBLAS's RuntimeError, or one of them inside another (torch.compile wraps what its compile raised in BackendCompilerFailed)."""
+    cuBLAS's RuntimeError, or one of them inside another (torch.compile wraps what its compile raised in
+    BackendCompilerFailed)."""
     import torch
     while e is not None:
         if isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and any(
