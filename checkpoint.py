@@ -161,6 +161,16 @@ def _convert_legacy(checkpoint):
     return checkpoint
 
 
+def _looks_like_torch_save(path):
+    """Whether the file starts as torch.save writes: a zip archive, or (the legacy format) a pickle, protocol 2 or up."""
+    try:
+        with open(path, 'rb') as f:
+            head = f.read(4)
+    except OSError:
+        return True  # let the load's own error speak
+    return head == b'PK\x03\x04' or (len(head) >= 2 and head[0] == 0x80 and head[1] >= 2)
+
+
 # what each reader needs: sample.py the model; a resume the whole training state
 NEEDED = {'model': ('model', 'model_args'),
           'resume': ('model', 'model_args', 'optimizer', 'iter_num', 'best_val_loss', 'train_loader')}
@@ -184,6 +194,9 @@ def load_checkpoint(path, map_location='cpu', need=None):
         if out_of_memory(e):
             raise UserError(f"out of memory loading checkpoint {path} onto {map_location}: free memory there, or use a "
                             f"device with more") from None
+        if not _looks_like_torch_save(path):  # random bytes can parse as a few pickle opcodes: judge by the header
+            raise CheckpointUnusable(f"cannot read checkpoint {path}: it holds no pickle of tensors "
+                                     f"(a truncated or foreign file? train again or pick another out_dir)") from None
         text = str(e)
         found = re.search(r'GLOBAL (\S+)', text)  # the function or class the pickle would call
         if found or ('Weights only load failed' in text and 'Unsupported operand' not in text):  # (operand: not a pickle)

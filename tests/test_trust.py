@@ -6,6 +6,7 @@ failed save or a bad file is one line, not a traceback.
 $ python -m pytest tests/test_trust.py -q
 """
 import os
+import random
 import re
 import resource
 import shutil
@@ -216,9 +217,19 @@ def test_damaged_training_state_and_random_bytes_are_one_line(finished, tmp_path
         else:
             with pytest.raises(CheckpointUnusable, match=re.escape(message)):
                 load_checkpoint(str(out / 'ckpt.pt'), need='resume')
+    # random bytes parse as a few pickle opcodes before failing, each way its own: a GLOBAL ('c'), a pop on an empty
+    # stack ('0', the IndexError CI once met), a mark ('('), and seeded noise
+    rng = random.Random(0)
+    blobs = [b'cos\nsystem\n', b'0', b'(', b'}'] + [bytes(rng.randrange(256) for _ in range(64)) for _ in range(40)]
+    for i, blob in enumerate(blobs):
+        path = tmp_path / f'random-{i}.pt'
+        path.write_bytes(blob + bytes(rng.randrange(256) for _ in range(5000)))
+        with pytest.raises(CheckpointUnusable, match=re.escape(f"cannot read checkpoint {path}: it holds no pickle of "
+                                                               f"tensors (a truncated or foreign file?")):
+            load_checkpoint(str(path), need='resume')
     out = tmp_path / 'random'
     out.mkdir()
-    (out / 'ckpt.pt').write_bytes(os.urandom(5000))
+    (out / 'ckpt.pt').write_bytes(b'0' + os.urandom(5000))
     line = one_line(run(TINY + [f'--out_dir={out}', '--init_from=resume'], check=False))
     assert line.endswith(f"cannot read checkpoint {out}/ckpt.pt: it holds no pickle of tensors (a truncated or foreign "
                          f"file? train again or pick another out_dir)\n"), line
