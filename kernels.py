@@ -3484,8 +3484,9 @@ def delta_rule_decode_torch(q, k, v, conv_states, conv_weights, beta, g, state, 
     return o.to(v.dtype)
 
 @triton.jit
-def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
-    # silu of the width-4 causal conv of channels c over the window (s0, s1, s2, x) in fp32; the state -> (s1, s2, x)
+def _conv_silu(x_ptr, s_ptr, w_ptr, c, D, SHIFT: tl.constexpr):
+    # silu of the width-4 causal conv of channels c over the window (s0, s1, s2, x) in fp32; SHIFT: the state ->
+    # (s1, s2, x) here. -> (silu, s1, s2, x): what a later _conv_shift writes
     s0 = tl.load(s_ptr + c)
     s1 = tl.load(s_ptr + D + c)
     s2 = tl.load(s_ptr + 2 * D + c)
@@ -3494,11 +3495,16 @@ def _conv_silu(x_ptr, s_ptr, w_ptr, c, D):
          + tl.load(w_ptr + c * 4 + 1).to(tl.float32) * s1.to(tl.float32)
          + tl.load(w_ptr + c * 4 + 2).to(tl.float32) * s2.to(tl.float32)
          + tl.load(w_ptr + c * 4 + 3).to(tl.float32) * x.to(tl.float32))
+    if SHIFT:
+        _conv_shift(s_ptr, c, D, s1, s2, x)
+    return p * tl.sigmoid(p), s1, s2, x
+
+@triton.jit
+def _conv_shift(s_ptr, c, D, s1, s2, x):
     tl.debug_barrier()  # every thread's loads before any store (a value may be held by several threads)
     tl.store(s_ptr + c, s1)
     tl.store(s_ptr + D + c, s2)
     tl.store(s_ptr + 2 * D + c, x.to(s_ptr.dtype.element_ty))
-    return p * tl.sigmoid(p)
 
 @triton.jit
 def _decode_gate(g_ptr, A_ptr, bias_ptr, lb, h, c, GATE_FN: tl.constexpr):
@@ -3514,25 +3520,39 @@ def _decode_gate(g_ptr, A_ptr, bias_ptr, lb, h, c, GATE_FN: tl.constexpr):
             g = lb * tl.sigmoid(a * x)
     return g
 
+@triton.jit
+def _out_gate(o, z_ptr, c, OUT_GATE: tl.constexpr):
+    # o * sigmoid(z) (1) or o * silu(z) (2)
+    z = tl.load(z_ptr + c).to(tl.float32)
+    if OUT_GATE == 1:
+        return o * tl.sigmoid(z)
+    return o * z * tl.sigmoid(z)
+
 @triton.jit(do_not_specialize=["H", "sq", "sk", "sv", "sb", "sg", "sz"])
 def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_ptr, wk_ptr, wv_ptr, b_ptr, sb,
-                   g_ptr, sg, A_ptr, bias_ptr, lb, s_ptr, o_ptr, scale, eps, nw_ptr, n_eps, z_ptr, sz, H,
-                   DK: tl.constexpr, DV: tl.constexpr, GATE: tl.constexpr, GATE_FN: tl.constexpr,
-                   NORM: tl.constexpr, OUT_GATE: tl.constexpr):
-    # One program per (b, h) with the whole [DK, DV] state: it alone owns head h's channels of the three conv
-    # states, so it may shift them in place (V-tiles of one head would race on q's and k's windows).
+                   g_ptr, sg, A_ptr, bias_ptr, lb, s_ptr, o_ptr, o32_ptr, t_ptr, scale, eps, nw_ptr, n_eps, z_ptr,
+                   sz, H, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+                   GATE_FN: tl.constexpr, NORM: tl.constexpr, OUT_GATE: tl.constexpr):
+    # One program per (V-tile, b, h): more programs than heads at batch 1, where one per head leaves the GPU idle.
+    # Every V-tile of a head forms the whole q and k (their convs, norms) and the whole gate; it owns its columns of
+    # v's conv window and of the state. q's and k's windows are shared by the head's tiles, so the last tile to
+    # finish (a ticket per head, taken after every tile's reads) shifts them, and forms the head's RMSNorm from the
+    # tiles' outputs (o32) when there is one; it then puts the ticket back to 0 for the next step.
     # q, k, v, beta, g, z: row b at b * (its row stride): column slices of one [B, .] projection output, or not
-    bh = tl.program_id(0).to(tl.int64)
+    iv = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
+    NV = DV // BV  # (constexpr)
     ck = h * DK + tl.arange(0, DK)
-    cv = h * DV + tl.arange(0, DV)
-    q = _conv_silu(q_ptr + b * sq, cq_ptr + b * 3 * H * DK, wq_ptr, ck, H * DK)
-    k = _conv_silu(k_ptr + b * sk, ck_ptr + b * 3 * H * DK, wk_ptr, ck, H * DK)
-    v = _conv_silu(v_ptr + b * sv, cv_ptr + b * 3 * H * DV, wv_ptr, cv, H * DV)
+    cv = h * DV + iv * BV + tl.arange(0, BV)
+    q, q1, q2, qx = _conv_silu(q_ptr + b * sq, cq_ptr + b * 3 * H * DK, wq_ptr, ck, H * DK, NV == 1)
+    k, k1, k2, kx = _conv_silu(k_ptr + b * sk, ck_ptr + b * 3 * H * DK, wk_ptr, ck, H * DK, NV == 1)
+    v, _, _, _ = _conv_silu(v_ptr + b * sv, cv_ptr + b * 3 * H * DV, wv_ptr, cv, H * DV, True)
     q = q * tl.rsqrt(tl.sum(q * q, 0) + eps)
     k = k * tl.rsqrt(tl.sum(k * k, 0) + eps)
     beta = tl.sigmoid(tl.load(b_ptr + b * sb + h).to(tl.float32))
-    S = tl.load(s_ptr + bh * DK * DV + tl.arange(0, DK)[:, None] * DV + tl.arange(0, DV)[None, :])
+    s_offs = bh * DK * DV + tl.arange(0, DK)[:, None] * DV + iv * BV + tl.arange(0, BV)[None, :]
+    S = tl.load(s_ptr + s_offs)
     if GATE == GATE_SCALAR:  # GDN: one log-decay for the head
         S = S * tl.exp(_decode_gate(g_ptr + b * sg, A_ptr, bias_ptr, lb, h, h, GATE_FN))
     if GATE == GATE_CHANNEL:  # KDA: one per key channel, a row of S
@@ -3540,16 +3560,47 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_p
     e = beta * (v - tl.sum(S * k[:, None], 0))   # error against the decayed state (decay first)
     S += k[:, None] * e[None, :]
     o = scale * tl.sum(S * q[:, None], 0)
-    tl.store(s_ptr + bh * DK * DV + tl.arange(0, DK)[:, None] * DV + tl.arange(0, DV)[None, :], S)
-    if NORM:  # RMSNorm of the head's output (a program holds all of it)
-        o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + n_eps) * tl.load(nw_ptr + tl.arange(0, DV)).to(tl.float32)
-    if OUT_GATE:  # o * sigmoid(z) or o * silu(z)
-        z = tl.load(z_ptr + b * sz + cv).to(tl.float32)
-        if OUT_GATE == 1:
-            o = o * tl.sigmoid(z)
-        else:
-            o = o * z * tl.sigmoid(z)
-    tl.store(o_ptr + bh * DV + tl.arange(0, DV), o.to(o_ptr.dtype.element_ty))
+    tl.store(s_ptr + s_offs, S)
+    cvh = tl.arange(0, DV)
+    if NORM and NV == 1:  # RMSNorm of the head's output: this program holds all of it
+        o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + n_eps) * tl.load(nw_ptr + cvh).to(tl.float32)
+    if NORM and NV > 1:  # the last tile normalizes (below)
+        tl.store(o32_ptr + bh * DV + iv * BV + tl.arange(0, BV), o)
+    else:
+        if OUT_GATE:
+            o = _out_gate(o, z_ptr + b * sz, cv, OUT_GATE)
+        tl.store(o_ptr + bh * DV + iv * BV + tl.arange(0, BV), o.to(o_ptr.dtype.element_ty))
+    if NV > 1:
+        tl.debug_barrier()  # this program's reads of the windows and writes of o32 before its ticket (release)
+        if tl.atomic_add(t_ptr + bh, 1) == NV - 1:  # the last tile of head (b, h): every other one has read
+            tl.debug_barrier()
+            _conv_shift(cq_ptr + b * 3 * H * DK, ck, H * DK, q1, q2, qx)
+            _conv_shift(ck_ptr + b * 3 * H * DK, ck, H * DK, k1, k2, kx)
+            if NORM:
+                o = tl.load(o32_ptr + bh * DV + cvh, cache_modifier=".cg")  # the tiles' outputs (not from L1)
+                o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + n_eps) * tl.load(nw_ptr + cvh).to(tl.float32)
+                if OUT_GATE:
+                    o = _out_gate(o, z_ptr + b * sz, h * DV + cvh, OUT_GATE)
+                tl.store(o_ptr + bh * DV + cvh, o.to(o_ptr.dtype.element_ty))
+            tl.store(t_ptr + bh, 0)
+
+_TICKETS = {}  # device -> int32 zeros, one ticket per (b, h): _decode_kernel puts each back to 0 when done
+
+def _tickets(n, device):
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = _TICKETS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return t
+
+def _decode_v_tile(B, H, DV, device):
+    """The V-tile of _decode_kernel: TUNING['step']['decode_v'], or (None) the widest that still gives about two
+    programs per SM, not below 16 columns."""
+    bv = TUNING['step']['decode_v']
+    if bv is None:
+        bv = DV
+        while bv > 16 and (DV // bv) * B * H < 2 * _sm_count(device):
+            bv //= 2
+    return min(DV, bv)
 
 @torch.library.custom_op("kernels::delta_rule_decode",
                          mutates_args=("conv_q", "conv_k", "conv_v", "state"))
@@ -3562,15 +3613,19 @@ def _delta_rule_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, con
     B, H, DK, DV = state.shape
     GATE = int(GATE_NONE) if g is None else int(GATE_SCALAR) if g.shape[1] == H else int(GATE_CHANNEL)
     GATE_FN = 0 if A_log is None else 1 if lower_bound == 0. else 2
+    BV = _decode_v_tile(B, H, DV, state.device)
     o = v.new_empty(B, H, DV)
-    warps = 8 if DK * DV >= 128 * 128 else 4
+    o32 = torch.empty(B, H, DV, dtype=torch.float32, device=v.device) if norm_weight is not None and BV < DV else o
+    warps = 8 if DK * BV >= 128 * 128 else 4
     some = lambda t: beta if t is None else t.contiguous()  # (an absent tensor: any pointer, never read)
-    _decode_kernel[(B * H,)](q, k, v, q.stride(0), k.stride(0), v.stride(0), conv_q, conv_k, conv_v,
-                             w_q.contiguous(), w_k.contiguous(), w_v.contiguous(), beta, beta.stride(0),
-                             g if g is not None else beta, g.stride(0) if g is not None else 0, some(A_log),
-                             some(dt_bias), lower_bound, state, o, scale, NORM_EPS, some(norm_weight), norm_eps,
-                             gate if gate is not None else beta, gate.stride(0) if gate is not None else 0, H,
-                             DK, DV, GATE, GATE_FN, norm_weight is not None, gate_fn, num_warps=warps)
+    _decode_kernel[(DV // BV, B * H)](q, k, v, q.stride(0), k.stride(0), v.stride(0), conv_q, conv_k, conv_v,
+                                      w_q.contiguous(), w_k.contiguous(), w_v.contiguous(), beta, beta.stride(0),
+                                      g if g is not None else beta, g.stride(0) if g is not None else 0, some(A_log),
+                                      some(dt_bias), lower_bound, state, o, o32, _tickets(B * H, state.device),
+                                      scale, NORM_EPS, some(norm_weight), norm_eps,
+                                      gate if gate is not None else beta, gate.stride(0) if gate is not None else 0,
+                                      H, DK, DV, BV, GATE, GATE_FN, norm_weight is not None, gate_fn,
+                                      num_warps=warps)
     return o
 
 @_delta_rule_decode_op.register_fake
@@ -3732,8 +3787,8 @@ TUNING = {
     'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, stages={0: 2, 1: 1}),
     # KDA's backward: _grads_bwd's key tile and warps, _wy_bwd's V-tile, warps and register cap (None: uncapped)
     'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
-    # the decode steps' V-tile (more programs at batch 1)
-    'step': dict(v=32),
+    # the decode steps' V-tile (more programs at batch 1); delta_rule_decode's (None: _decode_v_tile picks)
+    'step': dict(v=32, decode_v=None),
     # scalar decay: passes (_la_state_tiles), output, gradients; fused_fwd: one-pass forwards; *_d64 at Dk <= 64
     'scalar': dict(state_warps=4, state_stages=3, state_cover=1, state_cover_d64=0, state_min_v=32,
                    out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,

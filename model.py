@@ -1239,8 +1239,8 @@ def sample_next(logits, temperature=1.0, top_k=None, n_vocab=None):
         return logits.argmax(-1, keepdim=True)
     logits = logits / temperature
     if top_k is not None and top_k < logits.size(-1):
-        v, _ = torch.topk(logits, top_k)
-        logits = logits.masked_fill(logits < v[:, -1:], -float("inf"))
+        v, _ = torch.topk(logits, top_k, sorted=False)  # (their order is not needed: no sort kernel)
+        logits = logits.masked_fill(logits < v.amin(-1, keepdim=True), -float("inf"))
     return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1, keepdim=True)
 
 
@@ -1312,9 +1312,9 @@ class Decoder:
         self.autocast = lambda: (torch.autocast(kind, dtype=dtype) if dtype not in (None, torch.float32)
                                  else contextlib.nullcontext())
         cuda = self.device.type == 'cuda'
-        # the function, not the bound method: self.forward = self._forward would be a reference cycle, which keeps
+        # the function, not the bound method: self.next = self._next would be a reference cycle, which keeps
         # the caches (GBs at long contexts) alive after the last reference to the Decoder goes, until a gc pass
-        self.forward = torch.compile(Decoder._forward, fullgraph=True) if compile and cuda else Decoder._forward
+        self.next = torch.compile(Decoder._next, fullgraph=True) if compile and cuda else Decoder._next
         self.use_graph = cuda and graph
         self._build(batch, max_len)
 
@@ -1347,8 +1347,12 @@ class Decoder:
             return self.model(self.tok, caches=self.caches)[0][:, -1]   # advances pos
 
     @torch.no_grad()
+    def _next(self):  # the forward and the draw, compiled together: the draw's small kernels fuse too
+        return sample_next(Decoder._forward(self), self.temperature, self.top_k, self.n_vocab)
+
+    @torch.no_grad()
     def _step(self):
-        nxt = sample_next(self.forward(self), self.temperature, self.top_k, self.n_vocab)
+        nxt = self.next(self)
         self.tok.copy_(nxt)
         self.out.index_copy_(1, self.pos.view(1), nxt)
 

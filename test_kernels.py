@@ -1145,14 +1145,15 @@ def test_triton_step_dispatch_compiles():
     assert rms_err(o2, o1) < 1e-6 and rms_err(s2, s1) < 1e-6
 
 @pytest.mark.parametrize("gate", ["none", "scalar", "gdn", "gdn bounded", "channel", "kda", "kda bounded"])
-@pytest.mark.parametrize("path", ["torch", "triton", "triton, q k v apart"])
-def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
+@pytest.mark.parametrize("path", ["torch", "triton", "triton, q k v apart", "triton, V-tiles"])
+def test_delta_rule_decode_vs_conv_and_recurrence(gate, path, monkeypatch):
     # the whole decode step from the projections, token by token from zero states, against the independent
     # references over the whole sequence: short_conv_torch (silu, L2 per head of q and k), sigmoid of beta, the gate
     # (decay_gate where A_log, dt_bias are given), delta_rule_recurrent in fp64, then the RMSNorm per head and the
     # output gate (GDN's silu, KDA's sigmoid; none for the others). q, k, v, beta, g and the output gate's input
     # are column slices of one [B, P] projection output, as a Decoder hands them over (a row stride, no copies);
     # "apart": q, k, v each a tensor of its own (GPT.generate's), whose row strides differ (d_v = 2 d_k).
+    # "V-tiles": four programs a head, the last of which shifts q's and k's windows and normalizes the head.
     B, T, H, dk, dv = 3, 7, 2, 16, 32
     gen = torch.Generator().manual_seed(11)
     widths = [H * dk, H * dk, H * dv, H, H * dk if "kda" in gate or "channel" in gate else H, H * dv]
@@ -1188,6 +1189,8 @@ def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if gate not in ("gdn", "gdn bounded", "kda", "kda bounded"):
         u = g_ref.reshape(B, T, -1).to(dev, dt) if gate != "none" else None
+    if "V-tiles" in path:
+        monkeypatch.setitem(kernels.TUNING['step'], 'decode_v', dv // 4)
     convs = [torch.zeros(B, 3, n, dtype=dt, device=dev) for n in widths[:3]]
     state = torch.zeros(B, H, dk, dv, dtype=F32 if triton else F64, device=dev)
     ga = {n: (t.to(dev, dt) if torch.is_tensor(t) else t) for n, t in gate_args.items()}
@@ -1200,6 +1203,8 @@ def test_delta_rule_decode_vs_conv_and_recurrence(gate, path):
     assert rms_err(o.cpu().double(), ro) < tol and rms_err(state.cpu().double(), rS) < tol
     for c, x in zip(convs, (q, k, v)):  # the conv windows hold the last three raw inputs
         assert torch.equal(c, x[:, -3:])
+    if triton:  # every ticket put back for the next step
+        assert not kernels._TICKETS[state.device].any()
 
 def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
     # on the Triton path under torch.compile(fullgraph=True) == eager (a custom op that mutates four tensors), and
