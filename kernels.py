@@ -3542,7 +3542,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_p
     iv = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
-    NV = DV // BV  # (constexpr)
+    NV: tl.constexpr = DV // BV
     ck = h * DK + tl.arange(0, DK)
     cv = h * DV + iv * BV + tl.arange(0, BV)
     q, q1, q2, qx = _conv_silu(q_ptr + b * sq, cq_ptr + b * 3 * H * DK, wq_ptr, ck, H * DK, NV == 1)
@@ -3577,25 +3577,34 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, sq, sk, sv, cq_ptr, ck_ptr, cv_ptr, wq_p
             _conv_shift(cq_ptr + b * 3 * H * DK, ck, H * DK, q1, q2, qx)
             _conv_shift(ck_ptr + b * 3 * H * DK, ck, H * DK, k1, k2, kx)
             if NORM:
-                o = tl.load(o32_ptr + bh * DV + cvh, cache_modifier=".cg")  # the tiles' outputs (not from L1)
-                o = o * tl.rsqrt(tl.sum(o * o, 0) / DV + n_eps) * tl.load(nw_ptr + cvh).to(tl.float32)
+                oh = tl.load(o32_ptr + bh * DV + cvh, cache_modifier=".cg")  # the tiles' outputs (not from L1)
+                oh = oh * tl.rsqrt(tl.sum(oh * oh, 0) / DV + n_eps) * tl.load(nw_ptr + cvh).to(tl.float32)
                 if OUT_GATE:
-                    o = _out_gate(o, z_ptr + b * sz, h * DV + cvh, OUT_GATE)
-                tl.store(o_ptr + bh * DV + cvh, o.to(o_ptr.dtype.element_ty))
+                    oh = _out_gate(oh, z_ptr + b * sz, h * DV + cvh, OUT_GATE)
+                tl.store(o_ptr + bh * DV + cvh, oh.to(o_ptr.dtype.element_ty))
             tl.store(t_ptr + bh, 0)
 
-_TICKETS = {}  # device -> int32 zeros, one ticket per (b, h): _decode_kernel puts each back to 0 when done
+# device -> int32 zeros, one ticket per (b, h): _decode_kernel puts each back to 0 when done. One stream at a time
+# uses them (a Decoder's steps, or the layers of a forward, run in order); a grown buffer keeps the old one alive,
+# as a captured CUDA graph may still use it
+_TICKETS, _OLD_TICKETS = {}, []
 
 def _tickets(n, device):
     t = _TICKETS.get(device)
     if t is None or t.numel() < n:
-        t = _TICKETS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        if device.type == 'cuda' and torch.cuda.is_current_stream_capturing():  # (its zeros would not be written yet)
+            raise RuntimeError(f"delta_rule_decode: run one step of batch x heads = {n} before capturing a CUDA graph")
+        if t is not None:
+            _OLD_TICKETS.append(t)
+        t = _TICKETS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
     return t
 
 def _decode_v_tile(B, H, DV, device):
     """The V-tile of _decode_kernel: TUNING['step']['decode_v'], or (None) the widest that still gives about two
     programs per SM, not below 16 columns."""
     bv = TUNING['step']['decode_v']
+    if bv is not None and not (isinstance(bv, int) and bv > 0 and bv & (bv - 1) == 0):
+        raise ValueError(f"TUNING['step']['decode_v'] must be a power of two (or None: picked), not {bv!r}")
     if bv is None:
         bv = DV
         while bv > 16 and (DV // bv) * B * H < 2 * _sm_count(device):

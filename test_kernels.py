@@ -1206,6 +1206,32 @@ def test_delta_rule_decode_vs_conv_and_recurrence(gate, path, monkeypatch):
     if triton:  # every ticket put back for the next step
         assert not kernels._TICKETS[state.device].any()
 
+@pytest.mark.parametrize("gate", ["none", "gdn", "kda"])
+def test_delta_rule_decode_v_tiles_without_a_norm(gate, monkeypatch):
+    # V-tiles without an RMSNorm (each tile gates and writes its own columns; the last only shifts q's and k's
+    # windows) give the one-program-a-head step's outputs, states and windows, with and without an output gate
+    B, H, dk, dv = 2, 2, 16, 32
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(DEV)
+    u = {"none": None, "gdn": r(4, B, H), "kda": r(4, B, H * dk)}[gate]
+    ga = {} if gate == "none" else dict(A_log=r(H).abs(), dt_bias=r(u.shape[-1]))
+    xs = [r(4, B, n) for n in (H * dk, H * dk, H * dv, H, H * dv)]
+    w = [r(n, 4) * 0.5 for n in (H * dk, H * dk, H * dv)]
+    for gate_fn in (None, "sigmoid"):
+        results = []
+        for bv in (None, 8):
+            monkeypatch.setitem(kernels.TUNING['step'], 'decode_v', bv)
+            convs = [torch.zeros(B, 3, n, device=DEV) for n in (H * dk, H * dk, H * dv)]
+            state = torch.zeros(B, H, dk, dv, device=DEV)
+            outs = [kernels.delta_rule_decode(xs[0][t], xs[1][t], xs[2][t], convs, w, xs[3][t],
+                                              None if u is None else u[t], state, path="triton", **ga,
+                                              gate=xs[4][t] if gate_fn else None, gate_fn=gate_fn) for t in range(4)]
+            results.append([torch.stack(outs), state] + convs)
+        for a, b in zip(*results):
+            assert rms_err(b.cpu().double(), a.cpu().double()) < 1e-6
+        assert not kernels._TICKETS[state.device].any()
+
+
 def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
     # on the Triton path under torch.compile(fullgraph=True) == eager (a custom op that mutates four tensors), and
     # a wrong shape is one line naming the argument
@@ -1926,12 +1952,15 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                 u = {"none": None, "gdn": z(1, nh), "kda": z(1, nh * D)}[gate]
                 fns = [{}] if gate != "kda" else [dict(A_log=z(nh, dt=F32), dt_bias=z(nh * D, dt=F32), lower_bound=lb)
                                                    for lb in (None, -5.0)]
-                for fn, out in zip(fns, ({}, dict(norm=(z(D, dt=F32), 1e-5), gate=z(1, nh * D), gate_fn="silu"))):
+                for bv in (None, 16):  # one program a head (CPU's pick), and V-tiles (a GPU's at small batch)
+                    monkeypatch.setitem(kernels.TUNING['step'], 'decode_v', bv)
+                    for fn, out in zip(fns, ({}, dict(norm=(z(D, dt=F32), 1e-5), gate=z(1, nh * D), gate_fn="silu"))):
+                        kernels.delta_rule_decode(z(1, nh * D), z(1, nh * D), z(1, nh * D), [z(1, 3, nh * D)] * 3,
+                                                  [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton", **fn,
+                                                  **out)
                     kernels.delta_rule_decode(z(1, nh * D), z(1, nh * D), z(1, nh * D), [z(1, 3, nh * D)] * 3,
-                                              [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton", **fn, **out)
-                kernels.delta_rule_decode(z(1, nh * D), z(1, nh * D), z(1, nh * D), [z(1, 3, nh * D)] * 3,
-                                          [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton",
-                                          norm=(z(D, dt=F32), 1e-5), gate=z(1, nh * D), gate_fn="sigmoid")
+                                              [z(nh * D, 4, dt=F32)] * 3, z(1, nh), u, s, path="triton",
+                                              norm=(z(D, dt=F32), 1e-5), gate=z(1, nh * D), gate_fn="sigmoid")
             for gate, strength, hpg in (("none", "-", 1), ("retnet", "mild", 1), ("mamba2", "mild", 2),
                                         ("gla", "mild", 2)):
                 x = la_triton_inputs(1, T, 4, hpg, D, D, gate, strength, dtype)
