@@ -1232,6 +1232,36 @@ def test_delta_rule_decode_v_tiles_without_a_norm(gate, monkeypatch):
         assert not kernels._TICKETS[state.device].any()
 
 
+@pytest.mark.skipif(not CUDA, reason="a race between a head's V-tiles can only show on a GPU")
+def test_delta_rule_decode_v_tiles_do_not_race():
+    # KDA's step at the 124M model's shape, batch 1 (6 heads of 128 x 128): 16-column tiles (8 programs a head, the
+    # GPU's pick) against one program a head, 1,000 tokens: a tile that read q's or k's window after the head's last
+    # tile shifted it computes that token's columns from the wrong window, an O(1) error in them (bf16 rounding of
+    # outputs near 1 is 0.008); the windows themselves end the same; every ticket back at 0
+    B, H, D, T = 1, 6, 128, 1000
+    gen = torch.Generator().manual_seed(9)
+    r = lambda *shape: torch.randn(*shape, generator=gen).to(DEV, torch.bfloat16)
+    xs = [r(T, B, n) for n in (H * D, H * D, H * D, H, H * D, H * D)]
+    w = [r(H * D, 4) * 0.5 for _ in range(3)]
+    ga = dict(A_log=torch.zeros(H, device=DEV), dt_bias=torch.zeros(H * D, device=DEV), lower_bound=-5.0)
+    runs = []
+    for bv in (D, 16):
+        kernels.TUNING['step']['decode_v'] = bv
+        try:
+            convs = [torch.zeros(B, 3, H * D, device=DEV, dtype=torch.bfloat16) for _ in range(3)]
+            state = torch.zeros(B, H, D, D, device=DEV)
+            outs = [kernels.delta_rule_decode(xs[0][t], xs[1][t], xs[2][t], convs, w, xs[3][t], xs[4][t], state,
+                                              path="triton", **ga, norm=(torch.ones(D, device=DEV), 1e-5),
+                                              gate=xs[5][t], gate_fn="sigmoid") for t in range(T)]
+        finally:
+            kernels.TUNING['step']['decode_v'] = None
+        runs.append((torch.stack(outs).float(), state, convs))
+    (o1, s1, c1), (o2, s2, c2) = runs
+    assert all(torch.equal(a, b) for a, b in zip(c1, c2))
+    assert (o2 - o1).abs().max() < 0.05 and rms_err(s2, s1) < 1e-3, ((o2 - o1).abs().max(), rms_err(s2, s1))
+    assert not kernels._TICKETS[state.device].any()
+
+
 def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
     # on the Triton path under torch.compile(fullgraph=True) == eager (a custom op that mutates four tensors), and
     # a wrong shape is one line naming the argument
