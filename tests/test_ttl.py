@@ -128,6 +128,9 @@ def test_a_tiny_sweep_through_train_py(pystdlib, tmp_path):
     assert first('softmax_adamw_lr0.003_s1') == first('softmax_adamw_lr0.01_s1')  # step 0's loss: before any update
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count('finished before, kept') == 4, again.stdout
+    other = subprocess.run(cmd + ['--eval_iters=3'], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert other.returncode == 1 and 'finished with other settings' in other.stderr and '--eval_iters=3' in \
+        other.stderr and 'train.py' not in other.stdout, other.stdout + other.stderr  # (refused before any run)
     p = subprocess.run([sys.executable, 'tools/ttl.py', 'report', str(tmp_path)], cwd=ROOT, capture_output=True,
                        text=True)
     assert p.returncode == 0 and '| `softmax` |' in p.stdout and '| `gdn` |' in p.stdout, p.stderr

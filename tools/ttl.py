@@ -15,8 +15,8 @@ for a learning-rate sweep, whose losses do not depend on it, while their clocks 
 <out>/<mixer>_<optimizer>_lr<lr>_s<seed>; each gets --mixer, --optimizer, --learning_rate, --min_lr =
 learning_rate / 10 and --seed, and the same settings after `--` (config and overrides). The data loader reads the
 train shards in order, so every run sees the same batches in the same order, and every eval scores the same first
-eval_iters val batches. A finished run is kept (run again to fill in the rest); an unfinished one starts again
-from scratch, since a resumed run's clock would not be one run's.
+eval_iters val batches. A finished run is kept (run again to fill in the rest) when it ran with the same settings,
+else refused; an unfinished one starts again from scratch, since a resumed run's clock would not be one run's.
 
 report: each run's log.txt (plot.py's read_log). The clock at an eval is train.py's train clock (the sum of the step
 times: evals and saves not counted) less the compile time: what the first ten steps took beyond the median step
@@ -68,6 +68,14 @@ def finished(out_dir):
     return r['steps'][-1] == r['max_iters']
 
 
+def ran_with(out_dir):
+    """The train.py arguments of out_dir's last run (its log's `=== date time train.py args` line), --out_dir left
+    out."""
+    with open(os.path.join(out_dir, 'log.txt')) as f:
+        heads = re.findall(r'^=== \S+ \S+ \S+(.*)$', f.read(), re.M)
+    return [a for a in heads[-1].split() if not a.startswith('--out_dir=')] if heads else []
+
+
 def run(args, settings):
     rates = {(m, o): args.lrs for m in args.mixers for o in args.optimizers}
     if args.lrs_from:  # each arm at its best rate in that sweep, picked as report picks it
@@ -81,12 +89,16 @@ def run(args, settings):
     todo = []
     for i, (mixer, optimizer, lr, seed) in enumerate(jobs):  # a mixer's runs together: its compile cache is warm
         out_dir = os.path.join(args.out, run_name(mixer, optimizer, lr, seed))
-        if finished(out_dir):
-            print(f"[{i + 1}/{len(jobs)}] {out_dir}: finished before, kept", flush=True)
-            continue
         cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + settings + [
             f'--mixer={mixer}', f'--optimizer={optimizer}', f'--learning_rate={lr}', f'--min_lr={lr / 10:g}', f'--seed={seed}', f'--out_dir={out_dir}',
             '--overwrite=True', '--init_from=scratch']
+        if finished(out_dir):
+            before, now = ran_with(out_dir), [a for a in cmd[2:] if not a.startswith('--out_dir=')]
+            if before != now:  # (checked before any run starts)
+                raise UserError(f"{out_dir} finished with other settings ({' '.join(before)}), not these "
+                                f"({' '.join(now)}): give another out folder, or remove that run to train it again")
+            print(f"[{i + 1}/{len(jobs)}] {out_dir}: finished before, kept", flush=True)
+            continue
         todo.append((f"[{i + 1}/{len(jobs)}] {out_dir}", out_dir, cmd))
     if todo:
         os.makedirs(args.out, exist_ok=True)
