@@ -61,7 +61,7 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
     rec["tokens_s_by_step"] = {int(i): float(t.replace(",", "")) for i, _, t, _ in lines}
     if p.returncode != 0 or not timed:  # the rank's own exception line, not torchrun's report around it
         text = (p.stdout + p.stderr).splitlines()
-        err = ([l for l in text if "out of memory" in l.lower()] or
+        err = ([l for l in text if "out of memory" in l.lower()] or [l for l in text if re.match(r"^\S+\.py: error: ", l)] or
                [l for l in text if re.match(r"^\s*([\w]+\.)*\w*(Error|Exception): ", l) and "ChildFailedError" not in l])
         rec["error"] = (err[-1] if err else (p.stdout + p.stderr)[-300:]).strip()[:300]
         rec["stderr_tail"] = p.stderr[-4000:]
