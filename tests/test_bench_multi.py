@@ -82,3 +82,11 @@ def test_multi_gpu_cp_steps_down_where_the_expected_context_does_not_fit(monkeyp
 def test_help():
     p = subprocess.run([sys.executable, 'tools/bench_multi.py', '--help'], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and '--cp_context' in p.stdout and '--tiles' not in p.stdout, p.stderr[-2000:]
+
+
+def test_a_run_that_train_py_refuses_reports_train_pys_line(pystdlib):
+    """A run that train.py refuses (here: a mixer pattern longer than the model) reports train.py's own one-line
+    error, not the tail of torchrun's report around it."""
+    rec = bench_multi.train_run(1, ["--block_size=32", "--batch_size=2", "--n_layer=2", "--n_embd=32", "--n_head=2",
+                                    "--device=cpu", "--compile=False"], 2, "refused")
+    assert rec["error"].startswith("train.py: error: repeat count must be in [1, n_layer=2]"), rec["error"]
