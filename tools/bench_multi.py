@@ -47,7 +47,7 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
     out = os.path.join(tempfile.gettempdir(), f"bench-multi-{tag}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
            "config/kda_hybrid.py", "--dataset=pystdlib", f"--max_iters={steps}", "--eval_interval=1000000",
-           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--wandb_log=False"] + overrides  # later wins
+           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--overwrite=True", "--wandb_log=False"] + overrides  # later wins
     env = dict(os.environ, **MULTI_GPU_ENV)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
