@@ -90,3 +90,13 @@ def test_a_run_that_train_py_refuses_reports_train_pys_line(pystdlib):
     rec = bench_multi.train_run(1, ["--block_size=32", "--batch_size=2", "--n_layer=2", "--n_embd=32", "--n_head=2",
                                     "--device=cpu", "--compile=False"], 2, "refused")
     assert rec["error"].startswith("train.py: error: repeat count must be in [1, n_layer=2]"), rec["error"]
+
+
+def test_a_second_run_of_one_tag_trains_again(pystdlib):
+    """Each run writes to its own temp out_dir, which the next run of that tag overwrites (it was refused: the folder
+    held an earlier run's checkpoint)."""
+    args = ["--block_size=32", "--batch_size=2", "--n_layer=4", "--n_embd=32", "--n_head=2", "--head_dim=16",
+            "--gradient_accumulation_steps=1", "--device=cpu", "--compile=False"]
+    for _ in range(2):
+        rec = bench_multi.train_run(1, args, 2, "again")  # (on CPU no iter line has a peak, so no tokens/s)
+        assert "train.py: error:" not in rec.get("error", ""), rec["error"]
