@@ -162,7 +162,7 @@ def _convert_legacy(checkpoint):
 
 
 def _looks_like_torch_save(path):
-    """Whether the file starts as torch.save writes: a zip archive, or (the legacy format) a pickle, protocol 2 or up."""
+    """Whether the file starts as torch.save writes: a zip archive, or (legacy) a pickle of protocol 2 or up."""
     try:
         with open(path, 'rb') as f:
             head = f.read(4)

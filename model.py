@@ -1293,8 +1293,8 @@ class Decoder:
     """Generation at a small, constant cost per token. Static caches for `batch` sequences of up to `max_len` tokens
     (prompt included); the one-token step (forward through them, sampling on the GPU, the token written into the
     output buffer) built once — its forward and draw torch.compile'd when compile=True, which fuses the many small
-    kernels of a one-token forward — and on CUDA captured as a CUDA graph that is replayed per token: no Python and no host
-    sync per token. On CPU (or graph=False) the same step runs eagerly.
+    kernels of a one-token forward — and on CUDA captured as a CUDA graph that is replayed per token: no Python and
+    no host sync per token. On CPU (or graph=False) the same step runs eagerly.
 
         dec = Decoder(model, batch=2, max_len=1024, temperature=0.8, top_k=200, n_vocab=50257, dtype=torch.bfloat16)
         out = dec.generate(idx, max_new_tokens)      # idx [2, T] -> [2, T + max_new_tokens]

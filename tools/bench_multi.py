@@ -47,7 +47,8 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
     out = os.path.join(tempfile.gettempdir(), f"bench-multi-{tag}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
            "config/kda_hybrid.py", "--dataset=pystdlib", f"--max_iters={steps}", "--eval_interval=1000000",
-           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--overwrite=True", "--wandb_log=False"] + overrides  # later wins
+           "--eval_iters=1", "--log_interval=1", f"--out_dir={out}", "--overwrite=True",  # (its own temp folder)
+           "--wandb_log=False"] + overrides  # later wins
     env = dict(os.environ, **MULTI_GPU_ENV)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
@@ -61,7 +62,8 @@ def train_run(nproc, overrides, steps, tag, gpus=None):
     rec["tokens_s_by_step"] = {int(i): float(t.replace(",", "")) for i, _, t, _ in lines}
     if p.returncode != 0 or not timed:  # the rank's own exception line, not torchrun's report around it
         text = (p.stdout + p.stderr).splitlines()
-        err = ([l for l in text if "out of memory" in l.lower()] or [l for l in text if re.match(r"^\S+\.py: error: ", l)] or
+        err = ([l for l in text if "out of memory" in l.lower()] or
+               [l for l in text if re.match(r"^\S+\.py: error: ", l)] or  # train.py's one-line errors
                [l for l in text if re.match(r"^\s*([\w]+\.)*\w*(Error|Exception): ", l) and "ChildFailedError" not in l])
         rec["error"] = (err[-1] if err else (p.stdout + p.stderr)[-300:]).strip()[:300]
         rec["stderr_tail"] = p.stderr[-4000:]
