@@ -1015,48 +1015,81 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
 @triton.jit(do_not_specialize=["T", "H"])
 def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T, H, DK: tl.constexpr,
                         BK: tl.constexpr, PREC: tl.constexpr):
-    # KDA: a whole chunk's P_qk and L per program (grid: chunks, B H), where every key channel's G stays within
-    # EXP_SPAN of its midpoint over the chunk, nu = (G_0 + G_{n-1}) / 2 (a span of up to 2 EXP_SPAN, as in
-    # _grams_bwd_channel): two [C, DK] x [DK, C] dots of q exp(G - nu) and k exp(G - nu) against
-    # k exp(nu - G), each factor within e^EXP_SPAN. The pairs i > r of those dots reach exp(G_r - G_i) <= e^(2
-    # EXP_SPAN), which can overflow fp32 to inf (or inf - inf = NaN): they are removed by the selects before the
-    # stores, and no other entry sums them. done_ptr[b h, chunk] says whether this program formed the chunk;
-    # _grams_block_kernel (SKIP_DONE) forms the others by 16 x 16 blocks.
+    # KDA: a whole chunk's P_qk and L per program (grid: chunks, B H), in two halves of 32 rows, each rescaled about
+    # its first row: nu1 = G_0 for rows 0-31, nu2 = G_32 for rows 32-63 (per key channel). Row r's reference is
+    # never after r, so no entry depends on a later token's gate, not even through rounding (the operands are
+    # rounded to bf16 before the dots: a reference in the future, e.g. the chunk's midpoint, made the outputs
+    # before a position change with the gates after it, docs/mixers.md §7 item 13). Per half, three [rows, DK]
+    # operands: q exp(G - nu) and k exp(G - nu) (<= 1) against k exp(nu - G) (<= e^EXP_SPAN):
+    #   rows 0-31 x columns 0-31 about nu1, rows 32-63 x columns 0-63 about nu2
+    # (columns 32-63 of rows 0-31 are above the diagonal: zero). The program forms the chunk when every row's
+    # |G_r - nu| and every column's nu2 - G_i is at most EXP_SPAN (a span of up to EXP_SPAN per half: a gate that
+    # decays by up to 2 EXP_SPAN over the chunk evenly); done_ptr[b h, chunk] says whether it did, and
+    # _grams_block_kernel (SKIP_DONE) forms the others by 16 x 16 blocks. Every factor is then within e^EXP_SPAN,
+    # the pairs i > r too (removed by the selects before the stores), so no entry is inf or NaN.
     C: tl.constexpr = 64
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
     n = tl.minimum(T - c * C, C)
     tok0 = ((bh // H) * T + c * C) * H + bh % H
-    rows = tl.arange(0, C)
+    r1 = tl.arange(0, 32)        # the first half's rows
+    r2 = 32 + r1                 # the second half's
+    rows = tl.arange(0, C)       # every row, as columns of the second half
+    v1 = (r1 < n)[:, None]
+    v2 = (r2 < n)[:, None]
     valid = (rows < n)[:, None]
     span = 0.
     for kt in range(DK // BK):
         ck = kt * BK + tl.arange(0, BK)
+        nu1 = tl.load(G_ptr + tok0 * DK + ck)[None, :]
+        nu2 = tl.load(G_ptr + (tok0 + tl.minimum(32, n - 1) * H) * DK + ck)[None, :]
+        G1 = tl.load(G_ptr + (tok0 + r1[:, None] * H) * DK + ck[None, :], mask=v1, other=0.)
+        G2 = tl.load(G_ptr + (tok0 + r2[:, None] * H) * DK + ck[None, :], mask=v2, other=0.)
         Gm = tl.load(G_ptr + (tok0 + rows[:, None] * H) * DK + ck[None, :], mask=valid, other=0.)
-        nu = (tl.load(G_ptr + tok0 * DK + ck) + tl.load(G_ptr + (tok0 + (n - 1) * H) * DK + ck))[None, :] * 0.5
-        span = tl.maximum(span, tl.max(tl.where(valid, tl.abs(Gm - nu), 0.)))
+        span = tl.maximum(span, tl.max(tl.where(v1, tl.abs(G1 - nu1), 0.)))
+        span = tl.maximum(span, tl.max(tl.where(v2, tl.abs(G2 - nu2), 0.)))
+        span = tl.maximum(span, tl.max(tl.where(valid, nu2 - Gm, 0.)))
     done = span <= EXP_SPAN
     tl.store(done_ptr + bh * tl.num_programs(0) + c, done.to(tl.int8))
     if done:
-        P = tl.zeros([C, C], dtype=tl.float32)
-        K = tl.zeros([C, C], dtype=tl.float32)
+        P1 = tl.zeros([32, 32], dtype=tl.float32)
+        K1 = tl.zeros([32, 32], dtype=tl.float32)
+        P2 = tl.zeros([32, C], dtype=tl.float32)
+        K2 = tl.zeros([32, C], dtype=tl.float32)
         for kt in range(DK // BK):
             ck = kt * BK + tl.arange(0, BK)
-            offs = (tok0 + rows[:, None] * H) * DK + ck[None, :]
-            Gm = tl.load(G_ptr + offs, mask=valid, other=0.)
-            nu = (tl.load(G_ptr + tok0 * DK + ck) + tl.load(G_ptr + (tok0 + (n - 1) * H) * DK + ck))[None, :] * 0.5
-            q = tl.load(q_ptr + offs, mask=valid, other=0.).to(tl.float32)
-            k = tl.load(k_ptr + offs, mask=valid, other=0.).to(tl.float32)
-            eu = tl.exp(tl.where(valid, Gm - nu, float('-inf')))      # exp(G_r - nu), 0 on padded rows
-            kl = k * tl.exp(tl.where(valid, nu - Gm, float('-inf')))  # k_i exp(nu - G_i)
-            P += _dot(q * eu, tl.trans(kl), PREC)
-            K += _dot(k * eu, tl.trans(kl), PREC)
-        r = rows[:, None]
-        i = rows[None, :]
-        beta = tl.load(beta_ptr + tok0 + rows * H, mask=rows < n, other=0.).to(tl.float32)
-        offs = (tok0 + r * H) * C + i
-        tl.store(P_ptr + offs, tl.where(i <= r, P, 0.).to(P_ptr.dtype.element_ty), mask=valid)
-        tl.store(L_ptr + offs, tl.where(i < r, K * beta[:, None], 0.), mask=valid)
+            nu1 = tl.load(G_ptr + tok0 * DK + ck)[None, :]
+            nu2 = tl.load(G_ptr + (tok0 + tl.minimum(32, n - 1) * H) * DK + ck)[None, :]
+            o1 = (tok0 + r1[:, None] * H) * DK + ck[None, :]
+            o2 = (tok0 + r2[:, None] * H) * DK + ck[None, :]
+            om = (tok0 + rows[:, None] * H) * DK + ck[None, :]
+            G1 = tl.load(G_ptr + o1, mask=v1, other=0.)
+            G2 = tl.load(G_ptr + o2, mask=v2, other=0.)
+            Gm = tl.load(G_ptr + om, mask=valid, other=0.)
+            k1 = tl.load(k_ptr + o1, mask=v1, other=0.).to(tl.float32)
+            k2 = tl.load(k_ptr + o2, mask=v2, other=0.).to(tl.float32)
+            e1 = tl.exp(tl.where(v1, G1 - nu1, float('-inf')))                         # exp(G_r - nu1), 0 on padded rows
+            e2 = tl.exp(tl.where(v2, G2 - nu2, float('-inf')))
+            c1 = k1 * tl.exp(tl.where(v1, nu1 - G1, float('-inf')))                    # k_i exp(nu1 - G_i)
+            km = tl.load(k_ptr + om, mask=valid, other=0.).to(tl.float32)
+            c2 = km * tl.exp(tl.where(valid, nu2 - Gm, float('-inf')))                 # k_i exp(nu2 - G_i)
+            P1 += _dot(tl.load(q_ptr + o1, mask=v1, other=0.).to(tl.float32) * e1, tl.trans(c1), PREC)
+            K1 += _dot(k1 * e1, tl.trans(c1), PREC)
+            P2 += _dot(tl.load(q_ptr + o2, mask=v2, other=0.).to(tl.float32) * e2, tl.trans(c2), PREC)
+            K2 += _dot(k2 * e2, tl.trans(c2), PREC)
+        i1 = r1[None, :]
+        i2 = rows[None, :]
+        beta1 = tl.load(beta_ptr + tok0 + r1 * H, mask=r1 < n, other=0.).to(tl.float32)
+        beta2 = tl.load(beta_ptr + tok0 + r2 * H, mask=r2 < n, other=0.).to(tl.float32)
+        s1 = (tok0 + r1[:, None] * H) * C + i1       # rows 0-31, columns 0-31 (32-63: + 32)
+        s2 = (tok0 + r2[:, None] * H) * C + i2       # rows 32-63, every column
+        zero = tl.zeros([32, 32], dtype=tl.float32)
+        tl.store(P_ptr + s1, tl.where(i1 <= r1[:, None], P1, 0.).to(P_ptr.dtype.element_ty), mask=v1)
+        tl.store(P_ptr + s1 + 32, zero.to(P_ptr.dtype.element_ty), mask=v1)
+        tl.store(L_ptr + s1, tl.where(i1 < r1[:, None], K1 * beta1[:, None], 0.), mask=v1)
+        tl.store(L_ptr + s1 + 32, zero, mask=v1)
+        tl.store(P_ptr + s2, tl.where(i2 <= r2[:, None], P2, 0.).to(P_ptr.dtype.element_ty), mask=v2)
+        tl.store(L_ptr + s2, tl.where(i2 < r2[:, None], K2 * beta2[:, None], 0.), mask=v2)
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):

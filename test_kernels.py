@@ -655,7 +655,7 @@ def test_triton_vs_reference(T, D, dtype, gate, strength):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, F32] if CUDA else [F32], ids=_id)
 @pytest.mark.parametrize("strength", ["mild", "wide", "medium", "strong", "bounded"])
 def test_triton_kda_grams_by_chunk(strength, dtype, monkeypatch):
-    # KDA's forward P_qk and L by whole chunks about each channel's midpoint where the gate allows (_grams_chunk:
+    # KDA's forward P_qk and L by whole chunks (two halves, each about its first row) where the gate allows (_grams_chunk:
     # 'mild', 'wide': every full chunk; 'medium', 'strong': none, the 16 x 16 programs form them), against the fp64
     # reference; the chunks it formed are counted from its flags
     flags = []
@@ -668,6 +668,34 @@ def test_triton_kda_grams_by_chunk(strength, dtype, monkeypatch):
         assert formed >= full * len(flags), (formed, full, len(flags))
     elif strength in ("medium", "strong"):
         assert formed <= B * nh * len(flags), (formed, len(flags))  # at most the short last chunks
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32] if CUDA else [F32], ids=_id)
+@pytest.mark.parametrize("fn,gate,strength", [("delta_rule", "none", "-"), ("delta_rule", "gdn", "mild"),
+                                              ("delta_rule", "kda", "mild"), ("delta_rule", "kda", "wide"),
+                                              ("delta_rule", "kda", "strong"), ("linear_attn", "gdn", "mild"),
+                                              ("linear_attn", "kda", "wide")])
+def test_outputs_before_a_position_do_not_see_the_tokens_after_it(fn, gate, strength, dtype, path):
+    # causality to the last bit: every input from position p on redrawn (q, k, v, beta and the gate), the outputs
+    # before p must be bitwise the same. Rounding counts: an intermediate rescaled about a later row (a chunk's
+    # midpoint) and rounded before a dot makes an earlier output depend on the later gates by a few ulps, which
+    # bf16 and twelve layers make 0.05 in a model's logits. p inside a chunk, in the second half of one, at a chunk start.
+    if path == "torch" and dtype != F32:
+        pytest.skip("the torch paths compute in fp32")
+    B, nh, T, D = (2, 2, 200, 64) if CUDA else (1, 2, 130, 16)
+    x = triton_inputs(B, T, nh, D, D, gate, strength, dtype, seed=3)
+    y = triton_inputs(B, T, nh, D, D, gate, strength, dtype, seed=4)
+    call = getattr(kernels, fn)
+    def out(x):
+        if fn == "delta_rule":
+            return call(x["q"], x["k"], x["v"], x["beta"], x["g"], initial_state=x["initial_state"], path=path)[0]
+        return call(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], path=path)[0]
+    base = out(x)
+    for p in (1, 40, 64, 100):
+        mixed = {n: t if n == "initial_state" or t is None else torch.cat([t[:, :p], y[n][:, p:]], 1) for n, t in x.items()}
+        o = out(mixed)
+        assert torch.equal(o[:, :p], base[:, :p]), (p, (o[:, :p] - base[:, :p]).abs().max().item())
+        assert not torch.equal(o[:, p:], base[:, p:])
 
 @pytest.mark.parametrize("bk,warps", [(64, 8), (16, 4), (None, None)])
 def test_triton_kda_grams_chunk_d64_tiles(bk, warps, monkeypatch):

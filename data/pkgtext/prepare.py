@@ -111,7 +111,8 @@ def fetch(pkg, downloads):
                 what = ' '.join(cmd[3:-2] if pkg['source'] == 'pypi' else cmd)
                 err = (done.stderr.strip().splitlines() or ['no error message'])[-1]
                 raise UserError(f"{what} failed (exit {done.returncode}, got {got or 'no file'}, expected "
-                                f"{pkg['file']}): {err}")
+                                f"{pkg['file']}): {err}" + ("; if apt's package lists are older than the pin, run "
+                                "apt-get update first" if pkg['source'] != 'pypi' and 'not found' in err else ''))
             os.replace(os.path.join(tmp, pkg['file']), path)
     digest = sha256(path)
     if digest != pkg['sha256']:
