@@ -810,6 +810,12 @@ def _st(ptr, tok0, H, n, x, i, j):
     tl.store(p, x.to(ptr.dtype.element_ty), mask=m)
 
 @triton.jit
+def _st_from(ptr, tok0, H, n, lo, x, i, j):
+    # _st of the block's rows lo .. n - 1 of the chunk only
+    p, m = _block_ptrs(ptr, tok0, H, n, i, j)
+    tl.store(p, x.to(ptr.dtype.element_ty), mask=m & (16 * i + tl.arange(0, 16) >= lo)[:, None])
+
+@triton.jit
 def _load_gate(G_ptr, tok, valid, last_tok, GATE: tl.constexpr, C: tl.constexpr, DG: tl.constexpr,
                SG: tl.constexpr):
     # G [C, DG] of the chunk (0 on padded rows), G_n as a row [1, DG] and as a column [DG, 1];
@@ -954,12 +960,16 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
                 P += dP
                 K += dK
             else:
-                near = tl.max(tl.where(vj, tl.abs(Gj - nu), 0.)) <= EXP_SPAN  # (per key tile: exp factors per channel)
-                if near:  # exp(G_r - G_i) = exp(G_r - G_nu) exp(G_nu - G_i), both factors within e^EXP_SPAN
+                # rows before the block's first row out of range (per key tile: exp factors per channel) about the
+                # first row, exp(G_r - G_i) = exp(G_r - G_nu) exp(G_nu - G_i), both factors within e^EXP_SPAN; the
+                # rows from it by dyadic levels. Per row, so that a row's form never depends on a later row's gate
+                # (the entries of rows past f can be inf or NaN in the first form: the selects drop them).
+                f = tl.min(tl.where(tl.max(tl.where(vj, tl.abs(Gj - nu), 0.), 1) > EXP_SPAN, a, 16))
+                if f > 0:
                     dP, dK = _diag_about_first(qj, kj, Gj, nu, vj, r, s, PREC)
-                    P += dP
-                    K += dK
-                else:  # dyadic levels: pairs in different halves of a 2 half-row block, about the left half's last row
+                    P += tl.where(r < f, dP, 0.)
+                    K += tl.where(r < f, dK, 0.)
+                if f < 16:  # dyadic levels: pairs in different halves of a 2 half-row block, about the left half's last row
                     for lvl in tl.static_range(4):
                         half = 1 << lvl  # pairs in one block of 2 half, in different halves
                         ref = tl.minimum(16 * j + (a // (2 * half)) * (2 * half) + half - 1, n - 1)  # left half's last
@@ -969,8 +979,8 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
                         up = tl.where(right, e, 0.)
                         kl = kj * tl.where(right, 0., e)
                         same = (r // (2 * half)) == (s // (2 * half))
-                        P += tl.where(same, _dot(qj * up, tl.trans(kl), PREC), 0.)
-                        K += tl.where(same, _dot(kj * up, tl.trans(kl), PREC), 0.)
+                        P += tl.where(same & (r >= f), _dot(qj * up, tl.trans(kl), PREC), 0.)
+                        K += tl.where(same & (r >= f), _dot(kj * up, tl.trans(kl), PREC), 0.)
         else:
             P += _dot(qj, tl.trans(kj), PREC)
             K += _dot(kj, tl.trans(kj), PREC)
@@ -989,7 +999,8 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
                         SKIP_DONE: tl.constexpr):
     # One 16 x 16 block (j, i), j >= i, of a chunk per program (grid: chunks, 10 blocks, B H): P_qk's block into P_ptr
     # (the intermediates' dtype; a diagonal program also writes the zero blocks right of it), L's (fp32) into L_ptr.
-    # SKIP_DONE: chunks that _grams_chunk_kernel formed (done_ptr[b h, chunk] = 1) are left as they are.
+    # SKIP_DONE: the rows that _grams_chunk_kernel formed (done_ptr[b h, chunk] = how many, from row 0) are left as
+    # they are; a block below them is not formed, a block across them stores only its rows past them.
     c = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)                            # blocks in row order: (0,0) (1,0) (1,1) (2,0) (2,1) (2,2) (3,0) ...
     j = (p >= 1).to(tl.int32) + (p >= 3).to(tl.int32) + (p >= 6).to(tl.int32)
@@ -998,35 +1009,37 @@ def _grams_block_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, T, H, DK: t
     b, h = bh // H, bh % H
     n = tl.minimum(T - c * 64, 64)
     tok0 = (b * T + c * 64) * H + h
+    lo = 0
     if SKIP_DONE:
-        if tl.load(done_ptr + bh * tl.num_programs(0) + c) != 0:
+        lo = tl.load(done_ptr + bh * tl.num_programs(0) + c).to(tl.int32)
+        if 16 * j + 16 <= lo:
             return
     if i == j:
         P, K = _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK, BK, GATE, PREC, BOUNDED)
         for z in range(j + 1, 4):
-            _st(P_ptr, tok0, H, n, tl.zeros([16, 16], dtype=tl.float32), j, z)
+            _st_from(P_ptr, tok0, H, n, lo, tl.zeros([16, 16], dtype=tl.float32), j, z)
     else:
         P, K = _gram_pair(q_ptr, k_ptr, G_ptr, tok0, H, n, j, i, DK, BK, GATE, PREC)
-    _st(P_ptr, tok0, H, n, P, j, i)
+    _st_from(P_ptr, tok0, H, n, lo, P, j, i)
     a = tl.arange(0, 16)
     beta = tl.load(beta_ptr + tok0 + (16 * j + a) * H, mask=16 * j + a < n, other=0.).to(tl.float32)
-    _st(L_ptr, tok0, H, n, K * beta[:, None], j, i)
+    _st_from(L_ptr, tok0, H, n, lo, K * beta[:, None], j, i)
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T, H, DK: tl.constexpr,
                         BK: tl.constexpr, PREC: tl.constexpr):
-    # KDA: a whole chunk's P_qk and L per program (grid: chunks, B H), in two halves of 32 rows, each rescaled about
-    # its first row: nu1 = G_0 for rows 0-31, nu2 = G_32 for rows 32-63 (per key channel). Row r's reference is
-    # never after r, so no entry depends on a later token's gate, not even through rounding (the operands are
-    # rounded to bf16 before the dots: a reference in the future, e.g. the chunk's midpoint, made the outputs
-    # before a position change with the gates after it, docs/mixers.md §7 item 13). Per half, three [rows, DK]
-    # operands: q exp(G - nu) and k exp(G - nu) (<= 1) against k exp(nu - G) (<= e^EXP_SPAN):
+    # KDA: a chunk's P_qk and L by whole rows per program (grid: chunks, B H), in two halves of 32 rows, each
+    # rescaled about its first row: nu1 = G_0 for rows 0-31, nu2 = G_32 for rows 32-63 (per key channel). Per half,
+    # q exp(G - nu) and k exp(G - nu) (<= 1 for a gate <= 0) against k exp(nu - G):
     #   rows 0-31 x columns 0-31 about nu1, rows 32-63 x columns 0-63 about nu2
-    # (columns 32-63 of rows 0-31 are above the diagonal: zero). The program forms the chunk when every row's
-    # |G_r - nu| and every column's nu2 - G_i is at most EXP_SPAN (a span of up to EXP_SPAN per half: a gate that
-    # decays by up to 2 EXP_SPAN over the chunk evenly); done_ptr[b h, chunk] says whether it did, and
-    # _grams_block_kernel (SKIP_DONE) forms the others by 16 x 16 blocks. Every factor is then within e^EXP_SPAN,
-    # the pairs i > r too (removed by the selects before the stores), so no entry is inf or NaN.
+    # (columns 32-63 of rows 0-31 are above the diagonal: zero). Row r is formed here when every row up to r is in
+    # range: |G_r - nu| <= EXP_SPAN over the key channels, and (rows from 32) nu2 - G_i <= EXP_SPAN for i < 32. The
+    # rows formed (from row 0) go to done_ptr[b h, chunk]; _grams_block_kernel (SKIP_DONE) forms the rest by 16 x 16
+    # blocks. Every factor of a formed row is within e^EXP_SPAN, its pairs i > r too (removed by the selects before
+    # the stores), so none is inf or NaN.
+    # Causal to the last bit: a row's reference is never after it, and neither is the test that decides its form.
+    # (A reference at the chunk's midpoint, or one decision for the whole chunk, made the earlier rows' rounding
+    # depend on the later gates: the operands are rounded to bf16 before the dots; docs/mixers.md §4.2.)
     C: tl.constexpr = 64
     c = tl.program_id(0).to(tl.int64)
     bh = tl.program_id(1).to(tl.int64)
@@ -1038,20 +1051,20 @@ def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T
     v1 = (r1 < n)[:, None]
     v2 = (r2 < n)[:, None]
     valid = (rows < n)[:, None]
-    span = 0.
+    out1 = tl.zeros([32], dtype=tl.float32)  # each row's largest |G_r - nu| over the key channels
+    out2 = tl.zeros([32], dtype=tl.float32)
     for kt in range(DK // BK):
         ck = kt * BK + tl.arange(0, BK)
         nu1 = tl.load(G_ptr + tok0 * DK + ck)[None, :]
         nu2 = tl.load(G_ptr + (tok0 + tl.minimum(32, n - 1) * H) * DK + ck)[None, :]
         G1 = tl.load(G_ptr + (tok0 + r1[:, None] * H) * DK + ck[None, :], mask=v1, other=0.)
         G2 = tl.load(G_ptr + (tok0 + r2[:, None] * H) * DK + ck[None, :], mask=v2, other=0.)
-        Gm = tl.load(G_ptr + (tok0 + rows[:, None] * H) * DK + ck[None, :], mask=valid, other=0.)
-        span = tl.maximum(span, tl.max(tl.where(v1, tl.abs(G1 - nu1), 0.)))
-        span = tl.maximum(span, tl.max(tl.where(v2, tl.abs(G2 - nu2), 0.)))
-        span = tl.maximum(span, tl.max(tl.where(valid, nu2 - Gm, 0.)))
-    done = span <= EXP_SPAN
-    tl.store(done_ptr + bh * tl.num_programs(0) + c, done.to(tl.int8))
-    if done:
+        out1 = tl.maximum(out1, tl.max(tl.where(v1, tl.abs(G1 - nu1), 0.), 1))
+        out2 = tl.maximum(out2, tl.max(tl.where(v2, tl.abs(G2 - nu2), 0.), 1))
+        out2 = tl.maximum(out2, tl.max(tl.where(v1 & (n > 32), nu2 - G1, 0.)))  # columns < 32 of the second half
+    first = tl.minimum(tl.min(tl.where(out1 > EXP_SPAN, r1, C)), tl.min(tl.where(out2 > EXP_SPAN, r2, C)))
+    tl.store(done_ptr + bh * tl.num_programs(0) + c, first.to(tl.int8))
+    if first > 0:
         P1 = tl.zeros([32, 32], dtype=tl.float32)
         K1 = tl.zeros([32, 32], dtype=tl.float32)
         P2 = tl.zeros([32, C], dtype=tl.float32)
@@ -1063,19 +1076,22 @@ def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T
             o1 = (tok0 + r1[:, None] * H) * DK + ck[None, :]
             o2 = (tok0 + r2[:, None] * H) * DK + ck[None, :]
             om = (tok0 + rows[:, None] * H) * DK + ck[None, :]
-            G1 = tl.load(G_ptr + o1, mask=v1, other=0.)
-            G2 = tl.load(G_ptr + o2, mask=v2, other=0.)
-            Gm = tl.load(G_ptr + om, mask=valid, other=0.)
-            k1 = tl.load(k_ptr + o1, mask=v1, other=0.).to(tl.float32)
-            k2 = tl.load(k_ptr + o2, mask=v2, other=0.).to(tl.float32)
-            e1 = tl.exp(tl.where(v1, G1 - nu1, float('-inf')))                         # exp(G_r - nu1), 0 on padded rows
-            e2 = tl.exp(tl.where(v2, G2 - nu2, float('-inf')))
-            c1 = k1 * tl.exp(tl.where(v1, nu1 - G1, float('-inf')))                    # k_i exp(nu1 - G_i)
-            km = tl.load(k_ptr + om, mask=valid, other=0.).to(tl.float32)
-            c2 = km * tl.exp(tl.where(valid, nu2 - Gm, float('-inf')))                 # k_i exp(nu2 - G_i)
-            P1 += _dot(tl.load(q_ptr + o1, mask=v1, other=0.).to(tl.float32) * e1, tl.trans(c1), PREC)
+            f1 = v1 & (r1 < first)[:, None]         # the rows formed here: the others' factors may overflow
+            f2 = v2 & (r2 < first)[:, None]
+            fm = valid & (rows < first)[:, None]
+            G1 = tl.load(G_ptr + o1, mask=f1, other=0.)
+            G2 = tl.load(G_ptr + o2, mask=f2, other=0.)
+            Gm = tl.load(G_ptr + om, mask=fm, other=0.)
+            k1 = tl.load(k_ptr + o1, mask=f1, other=0.).to(tl.float32)
+            k2 = tl.load(k_ptr + o2, mask=f2, other=0.).to(tl.float32)
+            e1 = tl.exp(tl.where(f1, G1 - nu1, float('-inf')))                         # exp(G_r - nu1), 0 elsewhere
+            e2 = tl.exp(tl.where(f2, G2 - nu2, float('-inf')))
+            c1 = k1 * tl.exp(tl.where(f1, nu1 - G1, float('-inf')))                    # k_i exp(nu1 - G_i)
+            km = tl.load(k_ptr + om, mask=fm, other=0.).to(tl.float32)
+            c2 = km * tl.exp(tl.where(fm, nu2 - Gm, float('-inf')))                    # k_i exp(nu2 - G_i)
+            P1 += _dot(tl.load(q_ptr + o1, mask=f1, other=0.).to(tl.float32) * e1, tl.trans(c1), PREC)
             K1 += _dot(k1 * e1, tl.trans(c1), PREC)
-            P2 += _dot(tl.load(q_ptr + o2, mask=v2, other=0.).to(tl.float32) * e2, tl.trans(c2), PREC)
+            P2 += _dot(tl.load(q_ptr + o2, mask=f2, other=0.).to(tl.float32) * e2, tl.trans(c2), PREC)
             K2 += _dot(k2 * e2, tl.trans(c2), PREC)
         i1 = r1[None, :]
         i2 = rows[None, :]
@@ -1084,12 +1100,14 @@ def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T
         s1 = (tok0 + r1[:, None] * H) * C + i1       # rows 0-31, columns 0-31 (32-63: + 32)
         s2 = (tok0 + r2[:, None] * H) * C + i2       # rows 32-63, every column
         zero = tl.zeros([32, 32], dtype=tl.float32)
-        tl.store(P_ptr + s1, tl.where(i1 <= r1[:, None], P1, 0.).to(P_ptr.dtype.element_ty), mask=v1)
-        tl.store(P_ptr + s1 + 32, zero.to(P_ptr.dtype.element_ty), mask=v1)
-        tl.store(L_ptr + s1, tl.where(i1 < r1[:, None], K1 * beta1[:, None], 0.), mask=v1)
-        tl.store(L_ptr + s1 + 32, zero, mask=v1)
-        tl.store(P_ptr + s2, tl.where(i2 <= r2[:, None], P2, 0.).to(P_ptr.dtype.element_ty), mask=v2)
-        tl.store(L_ptr + s2, tl.where(i2 < r2[:, None], K2 * beta2[:, None], 0.), mask=v2)
+        f1 = v1 & (r1 < first)[:, None]
+        f2 = v2 & (r2 < first)[:, None]
+        tl.store(P_ptr + s1, tl.where(i1 <= r1[:, None], P1, 0.).to(P_ptr.dtype.element_ty), mask=f1)
+        tl.store(P_ptr + s1 + 32, zero.to(P_ptr.dtype.element_ty), mask=f1)
+        tl.store(L_ptr + s1, tl.where(i1 < r1[:, None], K1 * beta1[:, None], 0.), mask=f1)
+        tl.store(L_ptr + s1 + 32, zero, mask=f1)
+        tl.store(P_ptr + s2, tl.where(i2 <= r2[:, None], P2, 0.).to(P_ptr.dtype.element_ty), mask=f2)
+        tl.store(L_ptr + s2, tl.where(i2 < r2[:, None], K2 * beta2[:, None], 0.), mask=f2)
 
 @triton.jit(do_not_specialize=["T", "H"])
 def _inverse_kernel(L_ptr, A_ptr, T, H, IPREC: tl.constexpr):
