@@ -964,7 +964,7 @@ def _gram_diag(q_ptr, k_ptr, G_ptr, tok0, H, n, j, DK: tl.constexpr, BK: tl.cons
                 # first row, exp(G_r - G_i) = exp(G_r - G_nu) exp(G_nu - G_i), both factors within e^EXP_SPAN; the
                 # rows from it by dyadic levels. Per row, so that a row's form never depends on a later row's gate
                 # (the entries of rows past f can be inf or NaN in the first form: the selects drop them).
-                f = tl.min(tl.where(tl.max(tl.where(vj, tl.abs(Gj - nu), 0.), 1) > EXP_SPAN, a, 16))
+                f = tl.min(tl.where(tl.max(tl.where(vj, tl.abs(Gj - nu), 0.), 1) <= EXP_SPAN, 16, a))
                 if f > 0:
                     dP, dK = _diag_about_first(qj, kj, Gj, nu, vj, r, s, PREC)
                     P += tl.where(r < f, dP, 0.)
@@ -1062,7 +1062,7 @@ def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T
         out1 = tl.maximum(out1, tl.max(tl.where(v1, tl.abs(G1 - nu1), 0.), 1))
         out2 = tl.maximum(out2, tl.max(tl.where(v2, tl.abs(G2 - nu2), 0.), 1))
         out2 = tl.maximum(out2, tl.max(tl.where(v1 & (n > 32), nu2 - G1, 0.)))  # columns < 32 of the second half
-    first = tl.minimum(tl.min(tl.where(out1 > EXP_SPAN, r1, C)), tl.min(tl.where(out2 > EXP_SPAN, r2, C)))
+    first = tl.minimum(tl.min(tl.where(out1 <= EXP_SPAN, C, r1)), tl.min(tl.where(out2 <= EXP_SPAN, C, r2)))
     tl.store(done_ptr + bh * tl.num_programs(0) + c, first.to(tl.int8))
     if first > 0:
         P1 = tl.zeros([32, 32], dtype=tl.float32)
@@ -1091,8 +1091,9 @@ def _grams_chunk_kernel(q_ptr, k_ptr, beta_ptr, G_ptr, P_ptr, L_ptr, done_ptr, T
             c2 = km * tl.exp(tl.where(fm, nu2 - Gm, float('-inf')))                    # k_i exp(nu2 - G_i)
             P1 += _dot(tl.load(q_ptr + o1, mask=f1, other=0.).to(tl.float32) * e1, tl.trans(c1), PREC)
             K1 += _dot(k1 * e1, tl.trans(c1), PREC)
-            P2 += _dot(tl.load(q_ptr + o2, mask=f2, other=0.).to(tl.float32) * e2, tl.trans(c2), PREC)
-            K2 += _dot(k2 * e2, tl.trans(c2), PREC)
+            if first > 32:  # (else no row of the second half is formed here)
+                P2 += _dot(tl.load(q_ptr + o2, mask=f2, other=0.).to(tl.float32) * e2, tl.trans(c2), PREC)
+                K2 += _dot(k2 * e2, tl.trans(c2), PREC)
         i1 = r1[None, :]
         i2 = rows[None, :]
         beta1 = tl.load(beta_ptr + tok0 + r1 * H, mask=r1 < n, other=0.).to(tl.float32)
