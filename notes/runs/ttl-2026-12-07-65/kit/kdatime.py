@@ -5,7 +5,7 @@ import sys, torch
 sys.path[:0] = [sys.argv[1], '.']
 import kernels
 from model import init_decay_rates
-assert kernels.__file__.startswith(sys.argv[1].rstrip('/')) or sys.argv[1] == '.', kernels.__file__
+import os; assert os.path.dirname(os.path.abspath(kernels.__file__)) == os.path.abspath(sys.argv[1]), kernels.__file__
 torch.manual_seed(0)
 B, T, H, D = 8, 4096, 6, 128
 dev, dt = 'cuda', torch.bfloat16

@@ -1,0 +1,50 @@
+# the hybrid's batch-1 decode step at 4k: V-tile (128 = one program a head, None = auto) x the one-token matmuls
+# (cuBLAS; the Triton GEMV of .gpu/gemv.py; Inductor reductions, with or without coordinate-descent tuning);
+# each variant's logits of one eager step against the first's
+# usage: python .gpu/decgemv.py [mixer]
+import sys, time
+sys.path[:0] = ['.', 'tools']
+import torch, torch.nn.functional as F
+import kernels
+sys.path.insert(0, '.gpu')
+import gemv  # (before F.linear is replaced: it keeps cuBLAS's for wider inputs)
+from model import GPT, Decoder
+from bench_train import train_model_config
+from bench_decode import at_batch
+mixer = sys.argv[1] if len(sys.argv) > 1 else 'kda*3,softmax'
+cublas = F.linear
+
+def reduction_linear(x, w, b=None):
+    """x W^T + b as a product and a sum over C (Inductor: one reduction kernel reading W once) for one-token inputs"""
+    if x.numel() > 8 * x.shape[-1]:
+        return cublas(x, w, b)
+    dt = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else x.dtype
+    y = (x.unsqueeze(-2).float() * w.float()).sum(-1)
+    return (y if b is None else y + b.float()).to(dt)
+
+torch.manual_seed(0)
+dev = 'cuda' if torch.cuda.is_available() else 'cpu'  # (cpu: a dry run of the script, tiny model, eager)
+dt = torch.bfloat16 if dev == 'cuda' else torch.float32
+model = GPT(train_model_config(mixer, 4096, tiny=dev == 'cpu')).to(dev).eval()
+torch._dynamo.config.recompile_limit = 64
+ref = None
+for v, lin, cdt in [(None, 'cublas', 0), (None, 'triton', 0), (None, 'reduce', 0), (128, 'cublas', 0), (None, 'reduce', 1)]:
+    torch._dynamo.reset()
+    kernels.TUNING['step']['decode_v'] = v
+    F.linear = dict(reduce=reduction_linear, triton=gemv.triton_linear, cublas=cublas)[lin]
+    torch._inductor.config.coordinate_descent_tuning = bool(cdt)
+    t0 = time.time()
+    try:
+        ms = [at_batch(model, 1, 4096, 4096 + 300, 256 if dev == 'cuda' else 4, dev, dt, dev == 'cuda') for _ in range(2)]
+        # the same step's logits, for a check that the variants compute the same thing
+        dec = Decoder(model, 1, 64, temperature=1.0, top_k=None, n_vocab=model.config.vocab_size, dtype=dt)
+        dec.tok.fill_(123)
+        with torch.no_grad():
+            logits = dec._forward().float()
+        d = 0.0 if ref is None else (logits - ref).abs().max().item()
+        ref = logits if ref is None else ref
+        print(f"{mixer} 4k batch 1 decode_v={v} linear={lin} cdt={cdt}: ms/token {min(ms):.4f} ({ms[0]:.4f} {ms[1]:.4f}); "
+              f"|logits - first| {d:.3g}; built+timed in {time.time() - t0:.0f} s", flush=True)
+    except Exception as e:
+        print(f"decode_v={v} linear={lin} cdt={cdt}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+F.linear = cublas
