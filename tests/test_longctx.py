@@ -75,20 +75,44 @@ class CopyCurrent(torch.nn.Module):
         return logits, None
 
 
+class CopyFirst(torch.nn.Module):
+    """Logits c at the first token of the sequence it is given, 0 elsewhere: the loss at t is log(e^c + V - 1) -
+    c·[x_t+1 == x_0], so it depends on where the context starts (the whole window's first token, or a piece's)."""
+    c, V = 3.0, 50304
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, self.V)
+        logits.scatter_(-1, x[:, :1, None].expand(*x.shape, 1), self.c)
+        return logits, None
+
+
 def test_text_buckets_are_the_mean_loss_of_their_positions(pystdlib, monkeypatch):
-    import torch.nn.functional as F  # the fake model's logits whole (position_losses: tested below)
-    monkeypatch.setattr(longctx, 'position_losses', lambda m, idx, t: F.cross_entropy(m(idx)[0][0], t, reduction='none'))
+    import torch.nn.functional as F  # the fake models' logits whole (position_losses: tested below)
+    monkeypatch.setattr(longctx, 'position_losses',
+                        lambda m, idx, t: F.cross_entropy(m(idx)[0].flatten(0, 1), t.flatten(), reduction='none'))
+    monkeypatch.setattr(longctx, 'CUT_TOKENS', 16)  # two pieces of 8 per forward, so the last forward holds fewer
     config, scales, windows = dict(block_size=8, dataset='pystdlib'), [1, 2, 4], 5
-    losses, n = longctx.text_losses(CopyCurrent(), config, scales, windows, 'cpu', torch.no_grad())
-    assert n == windows and losses.shape == (32,)
     tokens = np.concatenate([read_shard(p) for p in shard_paths(os.path.join(ROOT, 'data', 'pystdlib'), 'val')])
-    c, Vs = CopyCurrent.c, CopyCurrent.V
-    expected = np.zeros(32)
-    for w in range(windows):  # non-overlapping windows of 32 + 1 tokens from the split's start
-        x, y = tokens[w * 32:w * 32 + 32], tokens[w * 32 + 1:w * 32 + 33]
-        expected += math.log(math.exp(c) + Vs - 1) - c * (x == y)
-    assert np.allclose(losses, expected / windows, atol=1e-4)
+    for model in (CopyCurrent(), CopyFirst()):
+        losses, cut, n = longctx.text_losses(model, config, scales, windows, 'cpu', torch.no_grad())
+        assert n == windows and losses.shape == cut.shape == (32,)
+        c, Vs = model.c, model.V
+        expected, expected_cut = np.zeros(32), np.zeros(32)
+        for w in range(windows):  # non-overlapping windows of 32 + 1 tokens from the split's start
+            x, y = tokens[w * 32:w * 32 + 32], tokens[w * 32 + 1:w * 32 + 33]
+            if isinstance(model, CopyCurrent):
+                expected += math.log(math.exp(c) + Vs - 1) - c * (x == y)
+                expected_cut += math.log(math.exp(c) + Vs - 1) - c * (x == y)
+            else:  # the whole window's first token; the cut context's: each piece of 8's first
+                expected += math.log(math.exp(c) + Vs - 1) - c * (y == x[0])
+                expected_cut += math.log(math.exp(c) + Vs - 1) - c * (y == np.repeat(x[::8], 8))
+        assert np.allclose(losses, expected / windows, atol=1e-4)
+        assert np.allclose(cut, expected_cut / windows, atol=1e-4)
+    assert not np.allclose(losses[8:], cut[8:])  # (CopyFirst: the cut changes the loss past the first piece)
     assert longctx.buckets(scales, 8) == [(0, 8), (8, 16), (16, 32)]
+    result = dict(mixer='gdn', seed=1, buckets=[dict(start=0, end=8, loss=2.5, cut_loss=2.5),
+                                                dict(start=8, end=16, loss=2.0, cut_loss=2.25)])
+    assert '| `gdn` | 1 | 2.500 (+0.000) | 2.000 (-0.250) |' in longctx.text_table([result])
 
 
 def test_length_warning_only_for_softmax_past_block_size():
@@ -184,3 +208,7 @@ def test_position_losses_equal_the_whole_logits():
             logits, _ = model(idx[:, :-1])
             want = F.cross_entropy(logits[0], idx[0, 1:], reduction='none')
             torch.testing.assert_close(position_losses(model, idx[:, :-1], idx[0, 1:]), want)
+            batch = idx[:, :-1].view(5, 8)  # several sequences at once (the cut-context pass): each on its own
+            logits, _ = model(batch)
+            want = F.cross_entropy(logits.flatten(0, 1), idx[0, 1:], reduction='none')
+            torch.testing.assert_close(position_losses(model, batch, idx[0, 1:].view(5, 8)), want)

@@ -16,7 +16,9 @@ query's needle lies: depth 0 at the first token, 1 just before the queries. A ce
 query's value tokens right (the model has read nothing after the haystack but that query).
 text: runs of a token dataset. --windows windows of max(scales) x block_size + 1 consecutive tokens from the start
 of its val split (non-overlapping), each one forward: the mean loss per position, reported per bucket [0, T),
-[T, 2T), [2T, 4T) ... (T = block_size). Windows cross document boundaries, as training's did; a model trained
+[T, 2T), [2T, 4T) ... (T = block_size), beside the same tokens' loss with the context cut at every T tokens (each
+piece of T scored alone, as in training): their difference is what the longer context buys, apart from how hard the
+text at those positions is (with few windows that difficulty dominates the loss itself). Windows cross document boundaries, as training's did; a model trained
 with documents=True resets at each EOT, so for it a position is no longer a context length.
 
 Runs that differ only in seed make one row: the mean over seeds ± half the range. Needle runs of one mixer and seed
@@ -82,31 +84,43 @@ def needle_cells(model, config, scales, depths, sequences, tokens_per_batch, dev
 
 
 def text_losses(model, config, scales, windows, device, ctx):
-    """Mean loss per position [max(scales) · block_size] over `windows` windows of the val split, and their count."""
-    L = max(scales) * config['block_size']
+    """Over `windows` windows of max(scales) · block_size tokens of the val split: the mean loss per position with the
+    whole window as context, the same with the context cut at every block_size boundary (each piece of block_size
+    tokens scored alone, as in training), and the window count. The two see the same tokens: their difference at a
+    position is what the context before the piece's start gives there, apart from how hard the text is."""
+    T0 = config['block_size']
+    L = max(scales) * T0
     tokens = np.concatenate([read_shard(p) for p in shard_paths(os.path.join(ROOT, 'data', config['dataset']), 'val')])
     n = min(windows, (len(tokens) - 1) // L)
     if n < 1:
         raise UserError(f"the {config['dataset']} val split holds {len(tokens):,} tokens, fewer than one window of "
                         f"{L + 1:,}: use smaller --scales")
-    total = torch.zeros(L, dtype=torch.float64)
+    whole, cut = torch.zeros(L, dtype=torch.float64), torch.zeros(L, dtype=torch.float64)
+    group = max(1, CUT_TOKENS // T0)  # pieces per forward
     for w in range(n):
         chunk = torch.from_numpy(tokens[w * L:w * L + L + 1].astype(np.int64)).to(device)
+        x, y = chunk[:-1], chunk[1:]
         with torch.no_grad(), ctx:
-            total += position_losses(model, chunk[None, :-1], chunk[1:]).double().cpu()
-    return (total / n).numpy(), n
+            whole += position_losses(model, x[None], y[None]).double().cpu()
+            xs, ys = x.view(-1, T0), y.view(-1, T0)
+            cut += torch.cat([position_losses(model, xs[i:i + group], ys[i:i + group]).double().cpu()
+                              for i in range(0, len(xs), group)])
+    return (whole / n).numpy(), (cut / n).numpy(), n
+
+
+CUT_TOKENS = 65536  # text: tokens per forward of the cut-context pass (its pieces batched)
 
 
 def position_losses(model, idx, targets):
-    """The cross-entropy at each position of one sequence idx [1, L] (the model's forward, then its output layer
-    GPT.LOSS_CHUNK positions at a time: the [L, vocab] logits of a long window never exist whole)."""
+    """The cross-entropy at each position of the sequences idx [B, L], flattened to [B·L] (the model's forward, then
+    its output layer GPT.LOSS_CHUNK positions at a time: the [L, vocab] logits of a long window never exist whole)."""
     docs = model.documents(idx) if model.config.documents else None  # each document its own sequence, as in training
     x = model.transformer.wte(idx)
     for block in model.transformer.h:
         x = block(x, None, docs)
-    x = model.transformer.ln_f(x)[0]
+    x = model.transformer.ln_f(x).flatten(0, 1)
     return torch.cat([F.cross_entropy(model.lm_head(a).float(), t, reduction='none')
-                      for a, t in zip(x.split(model.LOSS_CHUNK), targets.split(model.LOSS_CHUNK))])
+                      for a, t in zip(x.split(model.LOSS_CHUNK), targets.flatten().split(model.LOSS_CHUNK))])
 
 
 def buckets(scales, T0):
@@ -137,9 +151,10 @@ def evaluate(study, out_dir, args, device, ctx):
                       chance=1 / ((config['task_vocab_size'] - 1) // 4),  # a value token guessed among the values
                       cells=[dict(context=T, depth=d, accuracy=a) for (T, d), a in cells.items()])
     else:
-        losses, n = text_losses(model, config, args.scales, args.windows, device, ctx)
+        losses, cut, n = text_losses(model, config, args.scales, args.windows, device, ctx)
         result.update(windows=n, documents=config.get('documents', False),
-                      buckets=[dict(start=a, end=b, loss=float(losses[a:b].mean())) for a, b in buckets(args.scales, T0)],
+                      buckets=[dict(start=a, end=b, loss=float(losses[a:b].mean()), cut_loss=float(cut[a:b].mean()))
+                               for a, b in buckets(args.scales, T0)],
                       curve=[float(v) for v in losses])  # the per-position means, for the picture
     path = os.path.join(out_dir, f'longctx-{study}.json')
     try:
@@ -221,14 +236,18 @@ def depth_table(results):
 
 
 def text_table(results):
-    """Rows: mixer; columns: the loss in each position bucket."""
+    """Rows: mixer; columns: the loss in each position bucket, then (results that have it) its difference from the
+    same tokens' loss with the context cut at block_size."""
     spans = [(b['start'], b['end']) for b in results[0]['buckets']]
     head = ['mixer', 'seeds'] + [f"{a:,}–{b:,}" for a, b in spans]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for mixer, runs in by_mixer(results).items():
         row = [f'`{mixer}`', str(len(runs))]
         for i in range(len(spans)):
-            row.append(spread([r['buckets'][i]['loss'] for r in runs]))
+            cell = spread([r['buckets'][i]['loss'] for r in runs])
+            if all('cut_loss' in r['buckets'][i] for r in runs):
+                cell += f" ({np.mean([r['buckets'][i]['loss'] - r['buckets'][i]['cut_loss'] for r in runs]):+.3f})"
+            row.append(cell)
         lines.append('| ' + ' | '.join(row) + ' |')
     return '\n'.join(lines)
 
@@ -335,7 +354,9 @@ def main():
         if args.by_depth:
             print('\n' + depth_table(results))
     else:
-        print(f"Val loss by position bucket ({r0['dataset']}, {r0['windows']} windows; trained at {r0['block_size']:,} tokens):\n")
+        print(f"Val loss by position bucket ({r0['dataset']}, {r0['windows']} windows; trained at {r0['block_size']:,} tokens); "
+              f"in brackets, less the same tokens' loss with the context cut at every {r0['block_size']:,} tokens "
+              f"(negative: the longer context helps):\n")
         print(text_table(results))
     if args.plot:
         default = (f"needle accuracy against context, trained at {r0['block_size']:,}" if args.study == 'needle'
