@@ -56,6 +56,37 @@ def test_multi_gpu_tables_from_given_runs(monkeypatch, capsys):
     assert [('--activation_checkpointing=True' in r['overrides']) for r in res['cp']['cp']] == [False, True, True]
 
 
+def test_multi_gpu_optimizer_table_from_given_runs(monkeypatch, capsys):
+    """bench_multi.py opt: AdamW and Muon under FSDP and DDP at T = 4,096, 8 sequences per GPU, side by side on GPUs
+    0..n-1 and n..2n-1 where the host has 2n, one after the other where not; Muon's tokens/s over AdamW's per layout."""
+    runs = {}
+
+    def train_run(nproc, overrides, steps, tag, gpus=None):
+        opt = next(o for o in overrides if o.startswith('--optimizer=')).split('=')[1]
+        fsdp = '--fsdp=True' in overrides
+        tokens = {('adamw', True): 400.0, ('muon', True): 350.0, ('adamw', False): 410.0, ('muon', False): 390.0}[opt, fsdp]
+        runs[tag] = dict(overrides=overrides, gpus=gpus, nproc=nproc)
+        return dict(tag=tag, nproc=nproc, T=4096, tokens_s=tokens * nproc, quartiles=(1.0, 2.0), peak_gib=20.0, losses={})
+
+    monkeypatch.setattr(bench_multi, 'train_run', train_run)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'test GPU')
+    for count, n, side in ((4, 2, True), (2, 2, False)):
+        runs.clear()
+        monkeypatch.setattr(torch.cuda, 'device_count', lambda: count)
+        res = bench_multi.multi_gpu_bench(['opt'], [n], 8192, steps=9)
+        out = capsys.readouterr().out
+        assert sorted(runs) == ['DDP-adamw-2', 'DDP-muon-2', 'FSDP-adamw-2', 'FSDP-muon-2']
+        for tag, r in runs.items():
+            assert {'--block_size=4096', '--batch_size=8', '--gradient_accumulation_steps=2'} <= set(r['overrides'])
+            assert ('--fsdp=True' in r['overrides']) == tag.startswith('FSDP')
+            assert r['gpus'] == (('2,3' if 'muon' in tag else '0,1') if side else None)
+        assert '| FSDP | 2 | muon | 700 (1–2) | 0.875 | 20.0 |' in out
+        assert '| DDP | 2 | muon | 780 (1–2) | 0.951 | 20.0 |' in out
+        assert '| FSDP | 2 | adamw | 800 (1–2) | 1.000 | 20.0 |' in out
+        assert [(l, n, o) for l, n, o, _ in res['opt']] == [('FSDP', 2, 'adamw'), ('FSDP', 2, 'muon'),
+                                                              ('DDP', 2, 'adamw'), ('DDP', 2, 'muon')]
+
+
 def test_multi_gpu_cp_steps_down_where_the_expected_context_does_not_fit(monkeypatch, capsys):
     """bench_multi.py cp on a smaller card (GPU only; train.py runs given): where neither --cp_context nor one
     step more fits one GPU, the two contexts below are tried side by side, and the CP runs take the longest that fit."""

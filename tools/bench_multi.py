@@ -6,6 +6,7 @@ ranks, from train.py's iter lines), NCCL multicast off. Prints the tables of REA
     python tools/bench_multi.py dp,cp --gpus 2        # both tables: 1 GPU against 2
     python tools/bench_multi.py dp --gpus 2,4 --json dp.json   # DDP and FSDP on 1, 2 and 4 GPUs
     python tools/bench_multi.py cp --gpus 2 --cp_context 98304 --cp_multiples 1,n   # context parallelism
+    python tools/bench_multi.py opt --gpus 2          # AdamW against Muon under FSDP and DDP, T = 4,096
 
 'dp': T = 1,024, --dp_batch sequences × 2 micro-steps per GPU, 60 steps (32: the GPU is the limit; at owt.py's 12
 the H100 idles over half of each step, waiting for the host's launches, and the table measures the host's Python more
@@ -17,7 +18,10 @@ and at --cp_context + 16,384 (side by side on two GPUs: the longer one is expect
 then --context_parallel=n for each n of --gpus at each --cp_multiples of the longest that fit one GPU (default 1 and
 n; a multiple of n or more runs with --activation_checkpointing=True: each rank would hold as many tokens as the one
 GPU did, plus CP's own tensors, which ran out of memory at 2 × 98,304 over 2 H100s); the losses of the 1-GPU and the
-CP runs at the same context (same data, same init) are compared step by step.
+CP runs at the same context (same data, same init) are compared step by step. 'opt': T = 4,096, 8 sequences per GPU
+(config/pkgtext.py's step on each GPU), AdamW and Muon under FSDP, then under DDP, on each of --gpus, the two
+optimizers side by side where the host has 2n GPUs: tokens/s and Muon's over AdamW's (under FSDP each rank holds
+rows of each matrix and Muon gathers the whole matrices for its orthogonalisation: optim.Muon, parallel.py).
 """
 
 import argparse
@@ -94,7 +98,7 @@ def long_rows_dataset():
 
 
 def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), dp_batch=32):
-    """The tables of README's 'Several GPUs' (see the module docstring) of `parts` ('dp', 'cp')."""
+    """The tables of README's 'Several GPUs' (see the module docstring) of `parts` ('dp', 'cp', 'opt')."""
     print(f"device {torch.cuda.get_device_name()} x {torch.cuda.device_count()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
     print("command: python " + " ".join(sys.argv), flush=True)
@@ -126,6 +130,29 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), 
             print(f"| {layout} | {n} | {t:,.0f} ({r['quartiles'][0]:,.0f}–{r['quartiles'][1]:,.0f}) | {t / n:,.0f} | {t / n / one:.2f} | "
                   f"{t / ddp:.2f} | {r['peak_gib']:.1f} |" if one and ddp else f"| {layout} | {n} | {t:,.0f} | | | | |")
         results["dp"] = rows
+    if "opt" in parts:
+        rows = []
+        for n in gpus:
+            for layout, flag in (("FSDP", ["--fsdp=True"]), ("DDP", [])):
+                side = 2 * n <= torch.cuda.device_count()
+                def run(opt, n=n, layout=layout, flag=flag):
+                    gpus_i = ",".join(str((opt == "muon") * n + g) for g in range(n)) if side else None
+                    return train_run(n, flag + [f"--optimizer={opt}", "--block_size=4096", "--batch_size=8",
+                                                f"--gradient_accumulation_steps={n}"], 2 * steps, f"{layout}-{opt}-{n}", gpus_i)
+                with ThreadPoolExecutor(2 if side else 1) as pool:
+                    rows += [(layout, n, opt, r) for opt, r in zip(("adamw", "muon"), pool.map(run, ("adamw", "muon")))]
+        print("T = 4,096, 8 sequences per GPU, one micro-step")
+        print("| layout | GPUs | optimizer | tokens/s (quartiles of the steps) | ÷ AdamW | peak GiB per GPU |")
+        print("|---|---|---|---|---|---|")
+        adamw = {(l, n): r.get("tokens_s") for l, n, o, r in rows if o == "adamw"}
+        for layout, n, opt, r in rows:
+            if "tokens_s" not in r:
+                print(f"| {layout} | {n} | {opt} | {r.get('error')} | | |")
+                continue
+            t, base = r["tokens_s"], adamw[(layout, n)]
+            print(f"| {layout} | {n} | {opt} | {t:,.0f} ({r['quartiles'][0]:,.0f}–{r['quartiles'][1]:,.0f}) | "
+                  + (f"{t / base:.3f}" if base else "") + f" | {r['peak_gib']:.1f} |")
+        results["opt"] = rows
     if "cp" in parts:
         step = 16384
         common = ["--batch_size=1", "--gradient_accumulation_steps=1", f"--dataset={long_rows_dataset()}"]
@@ -175,7 +202,8 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("parts", nargs="?", default="dp,cp", help="'dp' (DDP and FSDP at T=1024), 'cp' (context "
-                    "parallelism at --cp_context), or 'dp,cp' (default)")
+                    "parallelism at --cp_context), 'opt' (AdamW and Muon under FSDP and DDP at T=4096); comma-separated "
+                    "(default dp,cp)")
     ap.add_argument("--gpus", default="2", help="GPU counts of the multi-GPU runs, e.g. 2 or 2,4,8")
     ap.add_argument("--dp_batch", type=int, default=32, help="dp: sequences per micro-step per GPU (owt.py's is 12, "
                     "where the step is host-bound)")
@@ -185,6 +213,9 @@ def main():
                     "that fit one GPU ('n': the GPU count); above n with activation checkpointing")
     ap.add_argument("--json", default="", help="also write the results to this JSON file")
     args = ap.parse_args()
+    unknown = set(args.parts.split(",")) - {"dp", "cp", "opt"}
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(sorted(unknown))}: give dp, cp and/or opt, comma-separated")
     if not torch.cuda.is_available():
         sys.exit("bench_multi.py needs CUDA GPUs")
     res = multi_gpu_bench(args.parts.split(","), [int(n) for n in args.gpus.split(",")], args.cp_context,
