@@ -58,6 +58,7 @@ for spec in variants:
     F.linear = dict(reduce=reduction_linear, triton=gemv.triton_linear, cublas=cublas)[lin]
     torch._inductor.config.coordinate_descent_tuning = 'cdt' in opts
     torch._inductor.config.triton.enable_pdl = 'pdl' in opts
+    gemv.PDL = 'pdl' in opts
     torch._inductor.config.max_autotune_gemm = 'mag' in opts
     cdt = '+'.join(opts) or '-'
     t0 = time.time()
