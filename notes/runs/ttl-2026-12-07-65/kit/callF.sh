@@ -8,9 +8,12 @@ echo "ttl.py run exit $? at $(el) s"
 base=softmax; ls out-final | grep -q '^softmax_' || base="$1"
 python tools/ttl.py report out-final --baseline "$base" --plot $OUT/final.png 2>&1
 grep -E "^\[|^ttl|Traceback|rror|^step" $OUT/final-run.log | tail -8
+run=$(ls -d out-final/$(python -c "import sys; sys.path.insert(0, 'tools'); from ttl import run_name; print(run_name('$1', 'adamw', $2, $3))"))
+if [ -n "$GATES" ]; then  # the trained model's KDA gates: the kernels' forms and time against init's gates
+  timeout 120 python .gpu/gatetime.py $run 2>&1 | grep -v Warn | tee $OUT/gates.txt
+fi
 if [ -n "$TEXT" ]; then  # the run's text loss by position, to 128 x 4,096 = 524,288 tokens (the val split holds ~553k)
   left=$(( ${BUDGET:-570} - $(el) - 15 ))
-  run=$(ls -d out-final/$(python -c "import sys; sys.path.insert(0, 'tools'); from ttl import run_name; print(run_name('$1', 'adamw', $2, $3))"))
   timeout $left python tools/longctx.py text $run --scales 1 2 4 8 16 32 64 128 --windows 1 2>&1 | grep -v Warn | tee $OUT/text.txt
   gzip -c $run/longctx-text.json > $OUT/longctx-text.json.gz
 fi

@@ -1,0 +1,95 @@
+# A trained KDA model's gates against init's: how often KDA's kernels take their slower forms, and what that costs.
+# usage: python .gpu/gatetime.py RUN_DIR  (a train.py out_dir with kda layers; one val batch of B x block_size)
+# Per KDA layer: the gate g = -exp(A_log) softplus(u + dt_bias) of the batch, then per 64-token chunk (EXP_SPAN = 60)
+#  fwd: the share of rows formed by the whole-chunk Gram kernel (two halves about their first row; the rest by 16 x 16
+#       blocks), as _grams_chunk_kernel decides; bwd: the share of chunks in each group size (64: one level, 16: the
+#       groups, 1: six dyadic levels), as the backward decides (about midpoints)
+#  time: delta_rule fwd+bwd (Triton) on the layer's own q, k, v, beta with its trained gate, and with init's gate
+#       (u = 0.5 randn, A_log and dt_bias drawn by init_decay_rates, as kdatime.py and the speed benches)
+import os, sys
+sys.path[:0] = ['.', 'tools']
+import numpy as np, torch
+import kernels
+from checkpoint import load_checkpoint, build_model
+from dataloader import read_shard, shard_paths
+from model import init_decay_rates
+run = sys.argv[1]
+dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+path = 'triton' if dev == 'cuda' else 'torch'
+ck = load_checkpoint(os.path.join(run, 'ckpt.pt'), map_location='cpu', need='model')
+model = build_model(ck, run, dict(ck['model_args'])).to(dev).eval()
+T = ck['model_args']['block_size']
+B = int(os.environ.get('B', 8 if dev == 'cuda' else 1))
+tok = np.concatenate([read_shard(p) for p in shard_paths(os.path.join('data', ck['config']['dataset']), 'val')])
+x = torch.from_numpy(tok[:B * T].astype(np.int64)).view(B, T).to(dev)
+seen = []
+real = kernels.delta_rule
+def record(q, k, v, beta, g=None, *a, **kw):
+    if kw.get('A_log') is not None and g is not None and g.dim() == 4:
+        seen.append(dict(q=q.detach(), k=k.detach(), v=v.detach(), beta=beta.detach(), u=g.detach(),
+                         A_log=kw['A_log'].detach(), dt_bias=kw['dt_bias'].detach(), lb=kw.get('lower_bound')))
+    return real(q, k, v, beta, g, *a, **kw)
+kernels.delta_rule = record
+with torch.no_grad(), torch.autocast(dev, torch.bfloat16, enabled=dev == 'cuda'):
+    model(x)
+kernels.delta_rule = real
+print(f"{run}: {len(seen)} KDA layers, batch {B} x {T}, {torch.cuda.get_device_name() if dev == 'cuda' else 'CPU'}")
+
+def forms(g, span=60.0, C=64):
+    """(fwd: share of rows formed whole-chunk, bwd: shares of chunks at S = 64, 16, 1) for g [B, T, H, D]"""
+    Bq, Tq, H, D = g.shape
+    n = Tq // C
+    G = g[:, :n * C].float().view(Bq, n, C, H, D).cumsum(2)          # within each chunk
+    h1, h2 = G[:, :, :32], G[:, :, 32:]
+    out1 = (h1 - h1[:, :, :1]).abs().amax(-1)                          # [B, n, 32, H]
+    out2 = (h2 - h2[:, :, :1]).abs().amax(-1)
+    cross = (h2[:, :, :1] - h1).amax(-1).amax(2, keepdim=True)          # nu2 - G_i for i < 32, over the half
+    out2 = torch.maximum(out2, cross)
+    bad = torch.cat([out1, out2], 2) > span                            # [B, n, 64, H]
+    first = torch.where(bad.any(2), bad.float().argmax(2), torch.full_like(bad[:, :, 0], C, dtype=torch.float))
+    fwd = (first / C).mean().item()
+    mid = (G[:, :, :1] + G[:, :, -1:]) / 2
+    whole = ((G - mid).abs().amax((2, 4)) <= span)                     # [B, n, H]
+    g16 = G.view(Bq, n, 4, 16, H, D)
+    m16 = (g16[:, :, :, :1] + g16[:, :, :, -1:]) / 2
+    by16 = ((g16 - m16).abs().amax((3, 5)) <= span).all(2)
+    return fwd, whole.float().mean().item(), (~whole & by16).float().mean().item(), (~whole & ~by16).float().mean().item()
+
+def timed(s, u, A_log, dt_bias, reps=10):
+    q, k, v, beta = (t.clone().requires_grad_() for t in (s['q'], s['k'], s['v'], s['beta']))
+    u = u.clone().requires_grad_()
+    do = torch.randn_like(s['v'])
+    def step():
+        o, _ = kernels.delta_rule(q, k, v, beta, u, A_log=A_log, dt_bias=dt_bias, lower_bound=s['lb'], path=path)
+        o.backward(do)
+    for _ in range(3):
+        step()
+    if dev != 'cuda':
+        return float('nan')
+    ms = []
+    for _ in range(5):
+        e = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        torch.cuda.synchronize(); e[0].record()
+        for _ in range(reps):
+            step()
+        e[1].record(); torch.cuda.synchronize()
+        ms.append(e[0].elapsed_time(e[1]) / reps)
+    return min(ms)
+
+torch.manual_seed(0)
+print("| layer | fwd rows whole-chunk (trained / init) | bwd chunks S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio |")
+print("|---|---|---|---|---|---|---|")
+tot = [0.0, 0.0]
+for i, s in enumerate(seen):
+    H, D = s['u'].shape[2:]
+    A0, _ = init_decay_rates(H); _, d0 = init_decay_rates(H * D)
+    A0, d0 = A0.detach().to(dev), d0.detach().view(H, D).to(dev)
+    u0 = (0.5 * torch.randn_like(s['u'].float())).to(s['u'].dtype)
+    gt = kernels.decay_gate(s['u'], s['A_log'], s['dt_bias'], s['lb'])
+    gi = kernels.decay_gate(u0, A0, d0, None)
+    ft, fi = forms(gt), forms(gi)
+    mt, mi = timed(s, s['u'], s['A_log'], s['dt_bias']), timed(s, u0, A0, d0)
+    tot[0] += mt; tot[1] += mi
+    print(f"| {i} | {ft[0]:.3f} / {fi[0]:.3f} | {ft[1]:.2f} / {ft[2]:.2f} / {ft[3]:.2f} | {fi[1]:.2f} / {fi[2]:.2f} / {fi[3]:.2f} "
+          f"| {mt:.3f} | {mi:.3f} | {mt / mi:.3f} |", flush=True)
+print(f"all KDA layers: trained {tot[0]:.3f} ms, init {tot[1]:.3f} ms, ratio {tot[0] / max(tot[1], 1e-9):.3f}")
