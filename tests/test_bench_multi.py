@@ -110,6 +110,13 @@ def test_multi_gpu_cp_steps_down_where_the_expected_context_does_not_fit(monkeyp
     assert 'CUDA out of memory' in capsys.readouterr().out
 
 
+def test_unknown_parts_are_refused_in_one_line():
+    for parts, named in (('dp,foo', "'foo'"), ('dp,', "''"), ('DP', "'DP'")):
+        p = subprocess.run([sys.executable, 'tools/bench_multi.py', parts], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 2 and f"unknown part(s) {named}: give dp, cp and/or opt" in p.stderr, p.stderr
+
+
 def test_help():
     p = subprocess.run([sys.executable, 'tools/bench_multi.py', '--help'], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and '--cp_context' in p.stdout and '--tiles' not in p.stdout, p.stderr[-2000:]

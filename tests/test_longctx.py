@@ -90,7 +90,7 @@ def test_text_buckets_are_the_mean_loss_of_their_positions(pystdlib, monkeypatch
     import torch.nn.functional as F  # the fake models' logits whole (position_losses: tested below)
     monkeypatch.setattr(longctx, 'position_losses',
                         lambda m, idx, t: F.cross_entropy(m(idx)[0].flatten(0, 1), t.flatten(), reduction='none'))
-    monkeypatch.setattr(longctx, 'CUT_TOKENS', 16)  # two pieces of 8 per forward, so the last forward holds fewer
+    monkeypatch.setattr(longctx, 'CUT_TOKENS', 24)  # three pieces of 8 a forward: the window's four as 3 + 1
     config, scales, windows = dict(block_size=8, dataset='pystdlib'), [1, 2, 4], 5
     tokens = np.concatenate([read_shard(p) for p in shard_paths(os.path.join(ROOT, 'data', 'pystdlib'), 'val')])
     for model in (CopyCurrent(), CopyFirst()):
@@ -113,6 +113,8 @@ def test_text_buckets_are_the_mean_loss_of_their_positions(pystdlib, monkeypatch
     result = dict(mixer='gdn', seed=1, buckets=[dict(start=0, end=8, loss=2.5, cut_loss=2.5),
                                                 dict(start=8, end=16, loss=2.0, cut_loss=2.25)])
     assert '| `gdn` | 1 | 2.500 (+0.000) | 2.000 (-0.250) |' in longctx.text_table([result])
+    older = dict(result, seed=2, buckets=[dict(start=0, end=8, loss=2.7), dict(start=8, end=16, loss=2.2)])
+    assert '| `gdn` | 2 | 2.600 ±0.100 | 2.100 ±0.100 |' in longctx.text_table([result, older])  # no Δ: one seed lacks it
 
 
 def test_length_warning_only_for_softmax_past_block_size():
@@ -199,8 +201,8 @@ def test_position_losses_equal_the_whole_logits():
     from longctx import position_losses
     for documents in (False, True):  # (documents: EOT 0 starts each; its tokens below hold several)
         torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=61, mixer='kda,softmax',
-                              head_dim=16, documents=documents, eot_token=0)).eval()
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_kv_head=1, n_embd=32, block_size=64, vocab_size=61,
+                              mixer='kda,softmax', head_dim=16, documents=documents, eot_token=0)).eval()
         model.LOSS_CHUNK = 7  # several pieces, the last one short
         idx = torch.randint(0, 61, (1, 41), generator=torch.Generator().manual_seed(1))
         idx[0, [9, 22]] = 0
@@ -209,6 +211,6 @@ def test_position_losses_equal_the_whole_logits():
             want = F.cross_entropy(logits[0], idx[0, 1:], reduction='none')
             torch.testing.assert_close(position_losses(model, idx[:, :-1], idx[0, 1:]), want)
             batch = idx[:, :-1].view(5, 8)  # several sequences at once (the cut-context pass): each on its own
-            logits, _ = model(batch)
-            want = F.cross_entropy(logits.flatten(0, 1), idx[0, 1:], reduction='none')
+            want = torch.cat([F.cross_entropy(model(row[None])[0][0], t, reduction='none')
+                              for row, t in zip(batch, idx[0, 1:].view(5, 8))])
             torch.testing.assert_close(position_losses(model, batch, idx[0, 1:].view(5, 8)), want)

@@ -141,7 +141,8 @@ def multi_gpu_bench(parts, gpus, cp_context, steps=30, cp_multiples=("1", "n"), 
                                                 f"--gradient_accumulation_steps={n}"], 2 * steps, f"{layout}-{opt}-{n}", gpus_i)
                 with ThreadPoolExecutor(2 if side else 1) as pool:
                     rows += [(layout, n, opt, r) for opt, r in zip(("adamw", "muon"), pool.map(run, ("adamw", "muon")))]
-        print("T = 4,096, 8 sequences per GPU, one micro-step")
+        print("T = 4,096, 8 sequences per GPU, one micro-step; side by side (where the host has 2n GPUs), AdamW on GPUs "
+              "0..n-1 and Muon on n..2n-1: a difference between the two halves of the host counts in ÷ AdamW")
         print("| layout | GPUs | optimizer | tokens/s (quartiles of the steps) | ÷ AdamW | peak GiB per GPU |")
         print("|---|---|---|---|---|---|")
         adamw = {(l, n): r.get("tokens_s") for l, n, o, r in rows if o == "adamw"}
@@ -215,7 +216,7 @@ def main():
     args = ap.parse_args()
     unknown = set(args.parts.split(",")) - {"dp", "cp", "opt"}
     if unknown:
-        ap.error(f"unknown part(s) {', '.join(sorted(unknown))}: give dp, cp and/or opt, comma-separated")
+        ap.error(f"unknown part(s) {', '.join(sorted(map(repr, unknown)))}: give dp, cp and/or opt, comma-separated")
     if not torch.cuda.is_available():
         sys.exit("bench_multi.py needs CUDA GPUs")
     res = multi_gpu_bench(args.parts.split(","), [int(n) for n in args.gpus.split(",")], args.cp_context,

@@ -16,10 +16,11 @@ query's needle lies: depth 0 at the first token, 1 just before the queries. A ce
 query's value tokens right (the model has read nothing after the haystack but that query).
 text: runs of a token dataset. --windows windows of max(scales) x block_size + 1 consecutive tokens from the start
 of its val split (non-overlapping), each one forward: the mean loss per position, reported per bucket [0, T),
-[T, 2T), [2T, 4T) ... (T = block_size), beside the same tokens' loss with the context cut at every T tokens (each
-piece of T scored alone, as in training): their difference is what the longer context buys, apart from how hard the
-text at those positions is (with few windows that difficulty dominates the loss itself). Windows cross document boundaries, as training's did; a model trained
-with documents=True resets at each EOT, so for it a position is no longer a context length.
+[T, 2T), [2T, 4T) ... (T = block_size); beside it, the same tokens with the context cut at every T (each piece of T
+scored alone, as in training; pieces batched, CUT_TOKENS a forward): their difference is what the longer context
+buys, apart from how hard the text at those positions is (with few windows, that difficulty dominates the loss
+itself). Windows cross document boundaries, as training's did; a model trained with documents=True resets at each
+EOT, so for it a position is no longer a context length.
 
 Runs that differ only in seed make one row: the mean over seeds ± half the range. Needle runs of one mixer and seed
 at several settings (grid.py's LR and batch ladder) count once, at the setting most accurate at block_size: chosen
@@ -155,7 +156,8 @@ def evaluate(study, out_dir, args, device, ctx):
         result.update(windows=n, documents=config.get('documents', False),
                       buckets=[dict(start=a, end=b, loss=float(losses[a:b].mean()), cut_loss=float(cut[a:b].mean()))
                                for a, b in buckets(args.scales, T0)],
-                      curve=[float(v) for v in losses])  # the per-position means, for the picture
+                      curve=[float(v) for v in losses],  # the per-position means, for the picture
+                      cut_curve=[float(v) for v in cut])
     path = os.path.join(out_dir, f'longctx-{study}.json')
     try:
         with open(path, 'w') as f:
@@ -245,7 +247,7 @@ def text_table(results):
         row = [f'`{mixer}`', str(len(runs))]
         for i in range(len(spans)):
             cell = spread([r['buckets'][i]['loss'] for r in runs])
-            if all('cut_loss' in r['buckets'][i] for r in runs):
+            if all('cut_loss' in r['buckets'][i] for r in runs):  # (a row with an older result among its seeds: none)
                 cell += f" ({np.mean([r['buckets'][i]['loss'] - r['buckets'][i]['cut_loss'] for r in runs]):+.3f})"
             row.append(cell)
         lines.append('| ' + ' | '.join(row) + ' |')
@@ -354,9 +356,11 @@ def main():
         if args.by_depth:
             print('\n' + depth_table(results))
     else:
-        print(f"Val loss by position bucket ({r0['dataset']}, {r0['windows']} windows; trained at {r0['block_size']:,} tokens); "
-              f"in brackets, less the same tokens' loss with the context cut at every {r0['block_size']:,} tokens "
-              f"(negative: the longer context helps):\n")
+        cut = any('cut_loss' in b for r in results for b in r['buckets'])  # (results written before it have none)
+        print(f"Val loss by position bucket ({r0['dataset']}, {r0['windows']} windows; trained at {r0['block_size']:,} tokens)"
+              + (f"; in brackets, less the same tokens' loss with the context cut at every {r0['block_size']:,} tokens "
+                 f"(negative: the longer context helps; none where a seed's result predates that pass)" if cut else "")
+              + ":\n")
         print(text_table(results))
     if args.plot:
         default = (f"needle accuracy against context, trained at {r0['block_size']:,}" if args.study == 'needle'
