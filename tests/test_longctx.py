@@ -214,3 +214,22 @@ def test_position_losses_equal_the_whole_logits():
             want = torch.cat([F.cross_entropy(model(row[None])[0][0], t, reduction='none')
                               for row, t in zip(batch, idx[0, 1:].view(5, 8))])
             torch.testing.assert_close(position_losses(model, batch, idx[0, 1:].view(5, 8)), want)
+
+
+def test_one_table_holds_runs_trained_and_scored_alike():
+    """Runs of another block_size, dataset or position buckets, or two text runs of one mixer and seed, are refused
+    in one line (a row would drop one silently, and the buckets would be another run's); needle runs of one mixer
+    and seed at several settings are kept (the grid's LR ladder: the best is chosen)."""
+    def text(out_dir, mixer='gdn', seed=1, T=8, dataset='pystdlib', scales=(1, 2)):
+        return dict(out_dir=out_dir, mixer=mixer, seed=seed, block_size=T, dataset=dataset, documents=False,
+                    buckets=[dict(start=a, end=b, loss=2.0) for a, b in longctx.buckets(list(scales), T)])
+    longctx.check_comparable('text', [text('a'), text('b', seed=2), text('c', mixer='kda')])
+    for other, says in ((text('b', T=16), "block_size 8 / 16"), (text('b', dataset='pkgtext'), "dataset 'pystdlib' / 'pkgtext'"),
+                        (text('b', scales=(1, 4)), "position buckets"), (text('b'), "both gdn with seed 1")):
+        with pytest.raises(UserError, match=says):
+            longctx.check_comparable('text', [text('a'), other])
+    needle = lambda out_dir, T=512, lr=1e-3: dict(out_dir=out_dir, mixer='gdn', seed=1, block_size=T, num_needles=4,
+                                                   learning_rate=lr, cells=[])
+    longctx.check_comparable('needle', [needle('a'), needle('b', lr=3e-4)])
+    with pytest.raises(UserError, match="block_size 512 / 256"):
+        longctx.check_comparable('needle', [needle('a'), needle('b', T=256)])

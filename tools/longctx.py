@@ -190,6 +190,29 @@ def by_mixer(results):
     return rows
 
 
+def check_comparable(study, results):
+    """One table holds runs trained and scored alike: refuse (one line) runs of different block_size, dataset,
+    needle count or position buckets, and two text runs of one mixer and seed (a row holds one run per seed)."""
+    keys = ('block_size', 'num_needles') if study == 'needle' else ('dataset', 'block_size', 'documents')
+    def setting(r):
+        extra = () if study == 'needle' else (tuple((b['start'], b['end']) for b in r['buckets']),)
+        return tuple(r.get(k) for k in keys) + extra
+    first = setting(results[0])
+    for r in results[1:]:
+        if setting(r) != first:
+            what = ', '.join(f"{k} {results[0].get(k)!r} / {r.get(k)!r}" for k in keys if results[0].get(k) != r.get(k))
+            raise UserError(f"{results[0]['out_dir']} and {r['out_dir']} differ ({what or 'their position buckets (--scales)'}"
+                            f"): one table compares runs trained and scored alike; give them in separate calls (each "
+                            f"run's result is saved: --table_only shows it again)")
+    if study == 'text':
+        seen = {}
+        for r in results:
+            other = seen.setdefault((r['mixer'], r['seed']), r['out_dir'])
+            if other != r['out_dir']:
+                raise UserError(f"{other} and {r['out_dir']} are both {r['mixer']} with seed {r['seed']}: a row holds "
+                                f"one run per seed; give them in separate calls")
+
+
 def settings_line(results):
     """Which run (its LR and batch) each row's seeds took, where the runs tried more than one setting."""
     tried = {(r['learning_rate'], r['batch_size']) for r in results}
@@ -347,6 +370,7 @@ def main():
         else:
             results.append(evaluate(args.study, out_dir, args, device, ctx))
             print(f"{out_dir}: scored", file=sys.stderr, flush=True)
+    check_comparable(args.study, results)
     r0 = results[0]
     if args.study == 'needle':
         print(f"Needle answer accuracy by context length (mean over depths {', '.join(f'{d:g}' for d in args.depths)}; "
