@@ -2,13 +2,15 @@
 # (cuBLAS; the Triton GEMV of .gpu/gemv.py; Inductor reductions, with or without coordinate-descent tuning);
 # each variant's logits of one eager step against the first's
 # usage: python .gpu/decgemv.py MIXER VARIANT... ; a variant is V:LINEAR[:OPT...], V auto|128|N, LINEAR cublas|triton|reduce,
-# OPT cdt (coordinate-descent tuning), pdl (Inductor's programmatic dependent launch), mag (max-autotune GEMMs)
+# OPT cdt (coordinate-descent tuning), pdl (Inductor's programmatic dependent launch), mag (max-autotune GEMMs),
+# fmlp (the MLP's one-token step as two fused GEMVs: .gpu/fmlp.py)
 import os, sys, time
 sys.path[:0] = ['.', 'tools']
 import torch, torch.nn.functional as F
 import kernels
 sys.path.insert(0, '.gpu')
 import gemv  # (before F.linear is replaced: it keeps cuBLAS's for wider inputs)
+import fmlp
 from model import GPT, Decoder
 from bench_train import train_model_config
 from bench_decode import at_batch
@@ -61,6 +63,7 @@ for spec in variants:
     gemv.PDL = 'pdl' in opts
     torch._inductor.config.max_autotune_gemm = 'mag' in opts
     cdt = '+'.join(opts) or '-'
+    undo = fmlp.patch() if 'fmlp' in opts else None  # the MLP's one-token step in two fused GEMVs
     t0 = time.time()
     try:
         ms = [at_batch(model, 1, 4096, 4096 + 300, 256 if dev == 'cuda' else 4, dev, dt, dev == 'cuda') for _ in range(2)]
@@ -80,4 +83,6 @@ for spec in variants:
               f"|logits - first| {d:.3g}; built+timed in {time.time() - t0:.0f} s", flush=True)
     except Exception as e:
         print(f"decode_v={v} linear={lin} opts={cdt}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    if undo:
+        undo()
 F.linear = cublas
