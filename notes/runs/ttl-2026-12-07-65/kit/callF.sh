@@ -9,17 +9,20 @@ base=softmax; ls out-final | grep -q '^softmax_' || base="$1"
 python tools/ttl.py report out-final --baseline "$base" --plot $OUT/final.png 2>&1
 grep -E "^\[|^ttl|Traceback|rror|^step" $OUT/final-run.log | tail -8
 run=$(ls -d out-final/$(python -c "import sys; sys.path.insert(0, 'tools'); from ttl import run_name; print(run_name('$1', 'adamw', $2, $3))"))
-if [ -n "$GATES" ]; then  # the trained model's KDA gates: the kernels' forms and time against init's gates
-  timeout 120 python .gpu/gatetime.py $run 2>&1 | grep -v Warn | tee $OUT/gates.txt
-fi
 if [ -n "$TEXT" ]; then  # the run's text loss by position, to 128 x 4,096 = 524,288 tokens (the val split holds ~553k)
-  left=$(( ${BUDGET:-570} - $(el) - 15 ))
-  timeout $left python tools/longctx.py text $run --scales 1 2 4 8 16 32 64 128 --windows 1 2>&1 | grep -v Warn | tee $OUT/text.txt
-  gzip -c $run/longctx-text.json > $OUT/longctx-text.json.gz
+  left=$(( ${BUDGET:-570} - $(el) - 15 - ${GATES:+4}5 ))
+  if [ $left -ge 30 ]; then
+    timeout $left python tools/longctx.py text $run --scales 1 2 4 8 16 32 64 128 --windows 1 2>&1 | grep -v Warn | tee $OUT/text.txt
+    [ -f $run/longctx-text.json ] && gzip -c $run/longctx-text.json > $OUT/longctx-text.json.gz
+  else echo "text: skipped, $left s left"; fi
+fi
+if [ -n "$GATES" ]; then  # the trained model's KDA gates: the kernels' forms and time against init's gates
+  left=$(( ${BUDGET:-570} - $(el) - 10 ))
+  [ $left -ge 20 ] && timeout $left python .gpu/gatetime.py $run 2>&1 | grep -v Warn | tee $OUT/gates.txt || echo "gates: skipped or cut"
 fi
 if [ -n "$TESTS" ]; then
   left=$(( ${BUDGET:-570} - $(el) - 10 ))
-  echo "decode tests with $left s left"
+  echo "decode tests with $left s left"; [ $left -lt 30 ] && left=1
   (timeout $left python -m pytest -q -x test_kernels.py -k "delta_rule_decode" 2>&1 | tail -6
    timeout 200 python -m pytest -q -x tests/test_model.py -k "decoder_steps or cuda_graph_decode_equals_eager" 2>&1 | tail -6) | tee $OUT/tests.txt
 fi

@@ -1,8 +1,9 @@
 # the AdamW learning-rate sweep: MIXERS (bash words) at LRS (default 6e-4 1.2e-3), 610 steps, PER_GPU runs sharing the GPU
 t0=$(date +%s); source .gpu/setup.sh
 tokenize
-mkdir -p out-sweep && for d in notes/runs/ttl-*/sweep; do cp -r $d/* out-sweep/; done  # the earlier sweeps' logs, for the report
+mkdir -p out-sweep && for d in notes/runs/ttl-*/sweep; do cp -rn $d/* out-sweep/; done  # the earlier sweeps' logs, for the report
 left=$(( ${BUDGET:-570} - $(el) - 25 ))
+[ -n "$MIXERS" ] || { echo 'callW.sh: set MIXERS'; exit 2; }
 eval "set -- $MIXERS"
 timeout --signal=TERM $left python tools/ttl.py run out-sweep --mixers "$@" --lrs ${LRS:-6e-4 1.2e-3} --seeds 1337 --per_gpu ${PER_GPU:-2} \
   -- config/pkgtext.py --max_iters=610 --lr_decay_iters=610 > $OUT/sweep-run.log 2>&1

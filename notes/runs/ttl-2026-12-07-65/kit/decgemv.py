@@ -59,7 +59,10 @@ for spec in variants:
     kernels.TUNING['step']['decode_v'] = v
     F.linear = dict(reduce=reduction_linear, triton=gemv.triton_linear, cublas=cublas)[lin]
     torch._inductor.config.coordinate_descent_tuning = 'cdt' in opts
-    torch._inductor.config.triton.enable_pdl = 'pdl' in opts
+    if hasattr(torch._inductor.config.triton, 'enable_pdl'):  # (an Inductor without it: the GEMV's PDL only)
+        torch._inductor.config.triton.enable_pdl = 'pdl' in opts
+    elif 'pdl' in opts:
+        print("  (this Inductor has no triton.enable_pdl: only the GEMV launches with PDL)")
     gemv.PDL = 'pdl' in opts
     torch._inductor.config.max_autotune_gemm = 'mag' in opts
     cdt = '+'.join(opts) or '-'

@@ -2,8 +2,8 @@
 # usage: python .gpu/gatetime.py RUN_DIR  (a train.py out_dir with kda layers; one val batch of B x block_size)
 # Per KDA layer: the gate g = -exp(A_log) softplus(u + dt_bias) of the batch, then per 64-token chunk (EXP_SPAN = 60)
 #  fwd: the share of rows formed by the whole-chunk Gram kernel (two halves about their first row; the rest by 16 x 16
-#       blocks), as _grams_chunk_kernel decides; bwd: the share of chunks in each group size (64: one level, 16: the
-#       groups, 1: six dyadic levels), as the backward decides (about midpoints)
+#       blocks), as _grams_chunk_kernel decides; bwd: the share of (chunk, key tile) programs in each group size (64:
+#       one level, 16: the groups, 1: six dyadic levels), as _grads_bwd_kernel decides (about midpoints)
 #  time: delta_rule fwd+bwd (Triton) on the layer's own q, k, v, beta with its trained gate, and with init's gate
 #       (u = 0.5 randn, A_log and dt_bias drawn by init_decay_rates, as kdatime.py and the speed benches)
 import os, sys
@@ -48,11 +48,14 @@ def forms(g, span=60.0, C=64):
     bad = torch.cat([out1, out2], 2) > span                            # [B, n, 64, H]
     first = torch.where(bad.any(2), bad.float().argmax(2), torch.full_like(bad[:, :, 0], C, dtype=torch.float))
     fwd = (first / C).mean().item()
-    mid = (G[:, :, :1] + G[:, :, -1:]) / 2
-    whole = ((G - mid).abs().amax((2, 4)) <= span)                     # [B, n, H]
-    g16 = G.view(Bq, n, 4, 16, H, D)
+    # the backward decides per key tile of BK channels (one program each: _grads_bwd_kernel), about midpoints
+    BK = min(D, kernels.TUNING['kda_grads']['k'])
+    Gt = G.view(Bq, n, C, H, D // BK, BK)
+    mid = (Gt[:, :, :1] + Gt[:, :, -1:]) / 2
+    whole = ((Gt - mid).abs().amax((2, 5)) <= span)                    # [B, n, H, tiles]
+    g16 = Gt.view(Bq, n, 4, 16, H, D // BK, BK)
     m16 = (g16[:, :, :, :1] + g16[:, :, :, -1:]) / 2
-    by16 = ((g16 - m16).abs().amax((3, 5)) <= span).all(2)
+    by16 = ((g16 - m16).abs().amax((3, 6)) <= span).all(2)
     return fwd, whole.float().mean().item(), (~whole & by16).float().mean().item(), (~whole & ~by16).float().mean().item()
 
 def timed(s, u, A_log, dt_bias, reps=10):
@@ -77,7 +80,7 @@ def timed(s, u, A_log, dt_bias, reps=10):
     return min(ms)
 
 torch.manual_seed(0)
-print("| layer | fwd rows whole-chunk (trained / init) | bwd chunks S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio |")
+print("| layer | fwd rows whole-chunk (trained / init) | bwd programs S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio |")
 print("|---|---|---|---|---|---|---|")
 tot = [0.0, 0.0]
 for i, s in enumerate(seen):
