@@ -42,6 +42,8 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         input as in delta_rule); then norm (weight [Dv], eps): RMSNorm per head, and gate [B, H*Dv] | None:
         o * gate_fn(gate), gate_fn 'sigmoid' | 'silu'; the Triton path is one kernel (a one-token step is
         launch-bound)
+    linear_step(x, weight, bias=None) -> F.linear(x, weight, bias)
+        a decode step's matmul: at most TUNING['step']['gemv'] rows of x on CUDA through one Triton GEMV kernel
 
 scale defaults to Dk ** -0.5. Outputs come back in v's dtype; states are fp32 (fp64 if the inputs are fp64),
 an initial state must be fp32 or fp64. Every call has up to three paths with the same meaning:
@@ -66,7 +68,7 @@ Contents (read top to bottom):
      short_conv_torch) beside the chunked torch paths (delta_rule_chunked, linear_attn_chunked)
   3. the Triton kernels, forward, backward and custom ops: their numerical rules, then 3.1 the delta rule (DeltaNet,
      GDN, KDA), 3.2 scalar decay (RetNet, Mamba2, GLA), 3.3 the short convolution
-  4. the decode steps (*_step_torch and the Triton step kernels)
+  4. the decode steps (*_step_torch and the Triton step kernels), and the one-token matmuls (linear_step)
   5. TUNING: every launch setting of the Triton kernels (tiles, warps, stages), one table
 
 Tests: python -m pytest test_kernels.py -q   (CPU: torch paths + the Triton kernels through the interpreter at
@@ -3819,6 +3821,85 @@ def _short_conv_step_op(x: torch.Tensor, state: torch.Tensor, weight: torch.Tens
 def _(x, state, weight, bias, norm):
     return x.new_empty(x.shape)
 
+# ---- the one-token matmuls: y = x W^T + b for a few rows of x (a decode step's projections and head) ----------------
+# At batch 1 a step's matmuls are GEMVs: each reads its weights once, and with ~50 of them a token a kernel's fixed
+# cost is what counts. One Triton GEMV, autotuned per shape on the GPU over TUNING['gemv'] (in a Decoder's warm-up,
+# before its CUDA graph is captured); with programmatic dependent launch (Hopper and later, TUNING['step']['pdl'])
+# it reads its first weight tile, which no earlier kernel writes, before it waits for the kernel before it.
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, swn, sym, HAS_B: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+    # one program: BN outputs for all M (<= BM) rows, over K in tiles of BK, fp32 sums
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    w = tl.load(w_ptr + rn[:, None] * swn + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.)
+    if PDL:  # x is the previous kernel's output: wait for it here; the next kernel may start its own prologue
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, BK):
+        x = tl.load(x_ptr + rm[:, None] * sxm + (k0 + rk)[None, :], mask=(rm[:, None] < M) & ((k0 + rk)[None, :] < K),
+                    other=0.)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        kn = k0 + BK + rk  # the next tile, loaded while this one is summed
+        w = tl.load(w_ptr + rn[:, None] * swn + kn[None, :], mask=(rn[:, None] < N) & (kn[None, :] < K), other=0.)
+    if HAS_B:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * sym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+@functools.lru_cache(maxsize=None)
+def _gemv_tuned(configs):
+    return triton.autotune([triton.Config(dict(BN=n, BK=k), num_warps=w) for n, k, w in configs],
+                           key=['M', 'N', 'K', 'HAS_B', 'PDL'])(_gemv_kernel)
+
+def pdl(device):
+    """Whether a decode step's kernels launch with programmatic dependent launch on device (TUNING['step']['pdl'] on
+    Hopper or later): the GEMV here, and Inductor's kernels of a Decoder's compiled step."""
+    return bool(TUNING['step']['pdl']) and _cuda_capability(device) >= (9, 0)
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(device):
+    return torch.cuda.get_device_capability(device) if device.type == 'cuda' else (0, 0)
+
+@torch.library.custom_op("kernels::gemv", mutates_args=())
+def _gemv_op(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    x, w, b = x.contiguous(), w.contiguous(), None if b is None else b.contiguous()  # (rows of unit stride)
+    M, K = x.shape
+    N = w.shape[0]
+    y = x.new_empty(M, N)
+    use_pdl = pdl(x.device)
+    args = (x, w, w if b is None else b, y, M, N, K, x.stride(0), w.stride(0), y.stride(0))
+    meta = dict(HAS_B=b is not None, BM=max(1, triton.next_power_of_2(M)), PDL=use_pdl)
+    if _INTERPRETING:  # (the interpreter cannot time configs: the first)
+        n, k, warps = TUNING['gemv'][0]
+        _gemv_kernel[(triton.cdiv(N, n),)](*args, **meta, BN=n, BK=k, num_warps=warps)
+    else:
+        _gemv_tuned(tuple(TUNING['gemv']))[lambda c: (triton.cdiv(N, c['BN']),)](
+            *args, **meta, **(dict(launch_pdl=True) if use_pdl else {}))
+    return y
+
+@_gemv_op.register_fake
+def _(x, w, b):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+def linear_step(x, weight, bias=None):
+    """F.linear(x, weight, bias) for x [..., K] of at most TUNING['step']['gemv'] rows on CUDA (a decode step's) through
+    the GEMV above, under autocast in its dtype as F.linear; any other input through F.linear itself."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if (not x.is_cuda or not HAVE_TRITON or rows > TUNING['step']['gemv'] or not weight.is_contiguous()
+            or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
+        return F.linear(x, weight, bias)
+    if torch.is_autocast_enabled('cuda'):
+        dt = torch.get_autocast_dtype('cuda')
+        x, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return F.linear(x, weight, bias)  # (its error)
+    y = _gemv_op(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
 # =====================================================================================================================
 # 5. TUNING
 # =====================================================================================================================
@@ -3848,8 +3929,12 @@ TUNING = {
     'wy_grads': dict(v=64, warps=8, warps_d64={0: 4, 1: 4}, stages={0: 2, 1: 1}),
     # KDA's backward: _grads_bwd's key tile and warps, _wy_bwd's V-tile, warps and register cap (None: uncapped)
     'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
-    # the decode steps' V-tile (more programs at batch 1); delta_rule_decode's (None: _decode_v_tile picks)
-    'step': dict(v=32, decode_v=None),
+    # the decode steps' V-tile (more programs at batch 1); delta_rule_decode's (None: _decode_v_tile picks); the most
+    # rows linear_step sends to the GEMV (0: none, cuBLAS for all); programmatic dependent launch (Hopper and later:
+    # the GEMV's, and Inductor's kernels in a Decoder's compiled step)
+    'step': dict(v=32, decode_v=None, gemv=8, pdl=True),
+    # the GEMV's candidates (outputs a program, K-tile, warps), timed per shape on the GPU; the interpreter runs the first
+    'gemv': [(4, 256, 2), (2, 512, 2), (4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 8), (32, 128, 8)],
     # scalar decay: passes (_la_state_tiles), output, gradients; fused_fwd: one-pass forwards; *_d64 at Dk <= 64
     'scalar': dict(state_warps=4, state_stages=3, state_cover=1, state_cover_d64=0, state_min_v=32,
                    out_warps=4, out_stages=3, dv_warps=4, dqkg_warps=4,

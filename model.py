@@ -808,8 +808,8 @@ def linears(module, x, names):
     of their gradients, and cuBLAS's Ampere kernels at widths that are not multiples of 8; notes/perf.md)."""
     stacked = getattr(module, 'stacked', None)
     if stacked is not None:
-        weight, bias, sizes = stacked
-        return F.linear(x, weight, bias).split(sizes, dim=-1)
+        weight, bias, sizes, linear = stacked
+        return linear(x, weight, bias).split(sizes, dim=-1)
     layers = [getattr(module, n) for n in names]
     # widest first and zero rows to a multiple of 8 outputs: every part starts 16-byte aligned, as cuBLAS's fast
     # kernels want of a matmul that reads it (KDA's low-rank gate inputs)
@@ -1233,15 +1233,29 @@ def sample_next(logits, temperature=1.0, top_k=None, n_vocab=None):
     """logits [B, V] -> next token ids [B, 1] on logits' device, with no host sync (so that it can run inside a CUDA
     graph; torch.multinomial checks its input on the host): greedy at temperature 0, else a draw from
     softmax(logits / temperature) restricted to the top_k of the first n_vocab ids, as the exponential race
-    argmax(logits / temperature − log E), E ~ Exp(1) i.i.d."""
-    logits = logits[:, :n_vocab].float()
+    argmax(logits / temperature − log E), E ~ Exp(1) i.i.d. The top_k threshold is found in the logits' own dtype
+    (bf16: a radix select of two passes, not four's of fp32)."""
+    logits = logits[:, :n_vocab]
     if temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
+        return argmax_rows(logits.float())
+    y = logits.float() / temperature - torch.empty_like(logits, dtype=torch.float32).exponential_().log()
     if top_k is not None and top_k < logits.size(-1):
         v, _ = torch.topk(logits, top_k, sorted=False)  # (their order is not needed: no sort kernel)
-        logits = logits.masked_fill(logits < v.amin(-1, keepdim=True), -float("inf"))
-    return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1, keepdim=True)
+        y = y.masked_fill(logits < v.amin(-1, keepdim=True), -float("inf"))
+    return argmax_rows(y)
+
+
+def argmax_rows(y, chunk=1024):
+    """y.argmax(-1, keepdim=True) for y [B, V] (the first of equal maxima), over chunks of each row first, then over
+    the chunks' maxima: compiled, a program per chunk, where one row's argmax is one program (GPT-2's 50,257
+    logits: 0.039 ms of a 0.54 ms step at batch 1, notes/results.md §7)."""
+    B, V = y.shape
+    if V <= chunk:
+        return y.argmax(-1, keepdim=True)
+    y = F.pad(y, (0, -V % chunk), value=-float("inf")).view(B, -1, chunk)
+    best, at = y.max(-1)                  # [B, chunks]: each chunk's maximum and where it is
+    c = best.argmax(-1, keepdim=True)     # the first chunk that holds the row's maximum
+    return c * chunk + at.gather(-1, c)
 
 
 def decode_copy(model, dtype=None):
@@ -1251,8 +1265,10 @@ def decode_copy(model, dtype=None):
     dtype, as under autocast; tied to the output layer in model, untied here), each low-rank pair a mixer names in
     `low_rank` multiplied into one matrix (KDA's gates: a wider matmul is cheaper than a second kernel per token), and
     the Linear layers that read the same input stacked into one matrix per module (linears: their weights become
-    views of it)."""
+    views of it); every matmul through kernels.linear_step (a GEMV for one-token steps on CUDA) unless
+    GPTConfig.kernels forces the torch paths."""
     m = copy.deepcopy(model)
+    step_linear = kernels.linear_step if model.config.kernels in ('auto', 'triton') else F.linear  # ('torch': cuBLAS)
     for module in list(m.modules()):  # a mixer's low-rank pairs y = U (D x): one [out, in] matrix UD (one matmul)
         for down, up in getattr(module, 'low_rank', ()):
             d, u = getattr(module, down), getattr(module, up)
@@ -1285,8 +1301,20 @@ def decode_copy(model, dtype=None):
             sizes = [l.out_features for l in layers]
             for l, w in zip(layers, weight.split(sizes)):
                 l.weight = nn.Parameter(w, requires_grad=False)
-            module.stacked = (weight, bias, sizes)
+            module.stacked = (weight, bias, sizes, step_linear)
+    if step_linear is kernels.linear_step:
+        for module in m.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = StepLinear  # (the same module, its forward by linear_step)
     return m.requires_grad_(False).eval()
+
+
+class StepLinear(nn.Linear):
+    """A Linear layer of a Decoder's copy: kernels.linear_step, which sends one-token inputs on CUDA to a GEMV (a
+    batch-1 step is some fifty matmuls whose cost is each kernel's, not the bytes; notes/results.md §7)."""
+
+    def forward(self, x):
+        return kernels.linear_step(x, self.weight, self.bias)
 
 
 class Decoder:
@@ -1314,7 +1342,11 @@ class Decoder:
         cuda = self.device.type == 'cuda'
         # the function, not the bound method: self.next = self._next would be a reference cycle, which keeps
         # the caches (GBs at long contexts) alive after the last reference to the Decoder goes, until a gc pass
-        self.next = torch.compile(Decoder._next, fullgraph=True) if compile and cuda else Decoder._next
+        self.next = Decoder._next
+        if compile and cuda:  # Inductor's kernels with programmatic dependent launch too, where the GEMV has it
+            from torch._inductor import config as inductor
+            pdl = kernels.pdl(self.device) and hasattr(inductor.triton, 'enable_pdl')
+            self.next = torch.compile(Decoder._next, fullgraph=True, options={'triton.enable_pdl': True} if pdl else None)
         self.use_graph = cuda and graph
         self._build(batch, max_len)
 

@@ -1333,6 +1333,41 @@ def test_delta_rule_decode_compiles_and_refuses_bad_shapes():
         kernels.delta_rule_decode(*args, convs, w, beta, u, state.transpose(2, 3).contiguous().transpose(2, 3),
                                   path="triton")
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32])
+def test_gemv_is_the_matmul(dtype, monkeypatch):
+    """The decode steps' GEMV (kernels::gemv, linear_step's on CUDA) against an fp64 matmul of the same inputs: 1 to 8
+    rows, widths that are not multiples of its tiles, with and without a bias, under three of its tile shapes (the
+    interpreter runs the first candidate: each shape first in turn)."""
+    gen = torch.Generator().manual_seed(5)
+    for config in ((4, 256, 2), (16, 128, 4), (32, 128, 8)):
+        monkeypatch.setitem(kernels.TUNING, "gemv", [config])
+        for M, N, K, bias in ((1, 37, 300, True), (3, 64, 96, False), (8, 130, 513, True)):
+            x, w = torch.randn(M, K, generator=gen).to(dtype), torch.randn(N, K, generator=gen).to(dtype) / K ** 0.5
+            b = torch.randn(N, generator=gen).to(dtype) if bias else None
+            ref = x.double() @ w.double().t() + (b.double() if bias else 0)
+            y = kernels._gemv_op(x.to(DEV), w.to(DEV), None if b is None else b.to(DEV))
+            assert y.dtype == dtype and y.shape == (M, N)
+            # fp32 sums: the error is the output's rounding (bf16: one ulp, 2^-7 of its size: the interpreter's cast
+            # truncates) plus the sums' order
+            tol = (2 ** -7 if dtype == torch.bfloat16 else 1e-6) * ref.abs() + 1e-5
+            assert ((y.double().cpu() - ref).abs() <= tol).all(), (config, M, N, K, (y.double().cpu() - ref).abs().max())
+
+def test_linear_step_takes_the_gemv_only_for_a_few_rows_on_cuda():
+    # anything else is F.linear itself: CPU tensors, more rows than TUNING['step']['gemv'], mismatched dtypes' error
+    gen = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(2, 3, 40, generator=gen), torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
+    assert torch.equal(kernels.linear_step(x, w, b), F.linear(x, w, b))
+    with pytest.raises(RuntimeError):
+        kernels.linear_step(x.double(), w, b)
+    if CUDA:
+        xc, wc, bc = x.cuda(), w.cuda(), b.cuda()
+        rows = kernels.TUNING["step"]["gemv"]
+        assert torch.allclose(kernels.linear_step(xc[:1, :1], wc, bc), F.linear(xc[:1, :1], wc, bc), atol=1e-4)
+        wide = torch.randn(1, rows + 1, 40, device="cuda")
+        assert torch.equal(kernels.linear_step(wide, wc, bc), F.linear(wide, wc, bc))
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # F.linear's dtype under autocast
+            assert kernels.linear_step(xc[:1, :1], wc, bc).dtype == torch.bfloat16
+
 # -----------------------------------------------------------------------------
 # the Triton scalar-decay kernels (RetNet, Mamba2; kernels.linear_attn_triton) against the fp64 reference recurrence,
 # same metric and tolerances as the delta rule (the CUDA default since they passed on an H100):
@@ -2037,6 +2072,12 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                 g = x["g"] if x["g"] is None or x["g"].dim() == 1 else x["g"][:, 0]
                 kernels.linear_attn_step_triton(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], g,
                                                 torch.zeros(1, 4, D, D, device=DEV))
+        for use_pdl, b in ((False, None), (True, torch.zeros(24, device=DEV, dtype=dtype))):  # a decode step's matmul
+            with monkeypatch.context() as m:  # (the direct launch, as the interpreter's: a recorder is not autotuned)
+                m.setattr(kernels, "_INTERPRETING", True)
+                m.setattr(kernels, "pdl", lambda device, on=use_pdl: on)
+                kernels._gemv_op(torch.zeros(1, 40, device=DEV, dtype=dtype), torch.zeros(24, 40, device=DEV,
+                                                                                        dtype=dtype), b)
         for bias, norm, pos in ((False, 0, None), (True, 16, None), (True, 0, torch.uint8), (False, 0, torch.int32)):
             x = torch.randn(2, T, 32, device=DEV, dtype=dtype, requires_grad=True)
             w = torch.randn(32, 4, device=DEV, requires_grad=True)

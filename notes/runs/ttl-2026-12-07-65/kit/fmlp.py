@@ -99,7 +99,7 @@ def patch():
     def decode_copy(m, dtype=None):
         c = orig_copy(m, dtype)
         for b in c.transformer.h:
-            weight, bias, sizes = b.mlp.stacked
+            weight, bias, sizes, _ = b.mlp.stacked
             assert bias is None and b.mlp.c_proj.bias is None
             b.fused_up = (weight.float() * b.ln_2.weight.float()[None, :]).to(weight.dtype)  # W diag(w_ln2)
         return c
