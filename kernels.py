@@ -42,7 +42,7 @@ Layout: activations [B, T, H, D]; recurrent state [B, H, Dk, Dv] in fp32. g is a
         input as in delta_rule); then norm (weight [Dv], eps): RMSNorm per head, and gate [B, H*Dv] | None:
         o * gate_fn(gate), gate_fn 'sigmoid' | 'silu'; the Triton path is one kernel (a one-token step is
         launch-bound)
-    linear_step(x, weight, bias=None) -> F.linear(x, weight, bias)
+    linear_step(x, weight, bias=None, path='auto') -> F.linear(x, weight, bias)
         a decode step's matmul: at most TUNING['step']['gemv'] rows of x on CUDA through one Triton GEMV kernel
 
 scale defaults to Dk ** -0.5. Outputs come back in v's dtype; states are fp32 (fp64 if the inputs are fp64),
@@ -3835,7 +3835,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, swn, sym, HAS_B: tl.c
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
     w = tl.load(w_ptr + rn[:, None] * swn + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.)
-    if PDL:  # x is the previous kernel's output: wait for it here; the next kernel may start its own prologue
+    if PDL:  # x is the previous kernel's output: wait for it here, before anything is written; then (not before)
+        # let the next kernel start its prologue: a kernel that waits before it triggers keeps the chain ordered
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BM, BN), tl.float32)
@@ -3853,12 +3854,12 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, swn, sym, HAS_B: tl.c
 @functools.lru_cache(maxsize=None)
 def _gemv_tuned(configs):
     return triton.autotune([triton.Config(dict(BN=n, BK=k), num_warps=w) for n, k, w in configs],
-                           key=['M', 'N', 'K', 'HAS_B', 'PDL'])(_gemv_kernel)
+                           key=['BM', 'N', 'K', 'HAS_B', 'PDL'])(_gemv_kernel)  # (BM: 1, 2, 4 or 8 rows)
 
 def pdl(device):
     """Whether a decode step's kernels launch with programmatic dependent launch on device (TUNING['step']['pdl'] on
     Hopper or later): the GEMV here, and Inductor's kernels of a Decoder's compiled step."""
-    return bool(TUNING['step']['pdl']) and _cuda_capability(device) >= (9, 0)
+    return bool(TUNING['step']['pdl']) and torch.version.hip is None and _cuda_capability(device) >= (9, 0)
 
 @functools.lru_cache(maxsize=None)
 def _cuda_capability(device):
@@ -3885,19 +3886,25 @@ def _gemv_op(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> tor
 def _(x, w, b):
     return x.new_empty(x.shape[0], w.shape[0])
 
-def linear_step(x, weight, bias=None):
-    """F.linear(x, weight, bias) for x [..., K] of at most TUNING['step']['gemv'] rows on CUDA (a decode step's) through
-    the GEMV above, under autocast in its dtype as F.linear; any other input through F.linear itself."""
-    rows = x.numel() // max(1, x.shape[-1])
-    if (not x.is_cuda or not HAVE_TRITON or rows > TUNING['step']['gemv'] or not weight.is_contiguous()
-            or x.dtype not in (torch.float16, torch.bfloat16, torch.float32)):
+def linear_step(x, weight, bias=None, path="auto"):
+    """F.linear(x, weight, bias) for a decode step: x [..., K] of at most TUNING['step']['gemv'] rows through the GEMV
+    above (path 'auto': on CUDA; 'triton': also on CPU under the interpreter; 'torch', 'recurrent': never); anything
+    else through F.linear itself: more rows, inputs that need a gradient (the GEMV has no backward), weights not
+    contiguous or not already in the input's (autocast's) dtype (the GEMV reads its first weight tile before it waits
+    for the kernel before it, so the weights must not be the output of a cast made just before)."""
+    check_path(path)
+    if path == "triton" and not (HAVE_TRITON and (x.is_cuda or _INTERPRETING)):
+        raise UserError("linear_step: kernels='triton' runs on a CUDA GPU, or on CPU with TRITON_INTERPRET=1 set "
+                        "before triton is imported: use kernels='auto' or 'torch' here")
+    K, rows = x.shape[-1], math.prod(x.shape[:-1])
+    dt = torch.get_autocast_dtype('cuda') if x.is_cuda and torch.is_autocast_enabled('cuda') else x.dtype
+    if (path not in ("auto", "triton") or (path == "auto" and not x.is_cuda) or not HAVE_TRITON
+            or not 0 < rows <= TUNING['step']['gemv'] or K == 0 or weight.numel() >= 2 ** 31
+            or dt not in (torch.float16, torch.bfloat16, torch.float32) or not weight.is_contiguous()
+            or weight.dtype != dt or (bias is not None and bias.dtype != dt)
+            or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))):
         return F.linear(x, weight, bias)
-    if torch.is_autocast_enabled('cuda'):
-        dt = torch.get_autocast_dtype('cuda')
-        x, weight, bias = x.to(dt), weight.to(dt), None if bias is None else bias.to(dt)
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        return F.linear(x, weight, bias)  # (its error)
-    y = _gemv_op(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
+    y = _gemv_op(x.reshape(rows, K).to(dt), weight, bias)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 # =====================================================================================================================

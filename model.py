@@ -1252,7 +1252,8 @@ def argmax_rows(y, chunk=1024):
     B, V = y.shape
     if V <= chunk:
         return y.argmax(-1, keepdim=True)
-    y = F.pad(y, (0, -V % chunk), value=-float("inf")).view(B, -1, chunk)
+    pad = -V % chunk
+    y = F.pad(y, (0, pad), value=-float("inf")).view(B, (V + pad) // chunk, chunk)
     best, at = y.max(-1)                  # [B, chunks]: each chunk's maximum and where it is
     c = best.argmax(-1, keepdim=True)     # the first chunk that holds the row's maximum
     return c * chunk + at.gather(-1, c)
@@ -1265,10 +1266,10 @@ def decode_copy(model, dtype=None):
     dtype, as under autocast; tied to the output layer in model, untied here), each low-rank pair a mixer names in
     `low_rank` multiplied into one matrix (KDA's gates: a wider matmul is cheaper than a second kernel per token), and
     the Linear layers that read the same input stacked into one matrix per module (linears: their weights become
-    views of it); every matmul through kernels.linear_step (a GEMV for one-token steps on CUDA) unless
-    GPTConfig.kernels forces the torch paths."""
+    views of it); every matmul through kernels.linear_step (a GEMV for one-token steps on CUDA; F.linear where
+    GPTConfig.kernels forces the torch paths)."""
     m = copy.deepcopy(model)
-    step_linear = kernels.linear_step if model.config.kernels in ('auto', 'triton') else F.linear  # ('torch': cuBLAS)
+    step_linear = functools.partial(kernels.linear_step, path=model.config.kernels)
     for module in list(m.modules()):  # a mixer's low-rank pairs y = U (D x): one [out, in] matrix UD (one matmul)
         for down, up in getattr(module, 'low_rank', ()):
             d, u = getattr(module, down), getattr(module, up)
@@ -1302,19 +1303,21 @@ def decode_copy(model, dtype=None):
             for l, w in zip(layers, weight.split(sizes)):
                 l.weight = nn.Parameter(w, requires_grad=False)
             module.stacked = (weight, bias, sizes, step_linear)
-    if step_linear is kernels.linear_step:
-        for module in m.modules():
-            if type(module) is nn.Linear:
-                module.__class__ = StepLinear  # (the same module, its forward by linear_step)
+    for module in m.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = StepLinear  # (the same module, its forward by linear_step)
+            module.path = model.config.kernels
     return m.requires_grad_(False).eval()
 
 
 class StepLinear(nn.Linear):
     """A Linear layer of a Decoder's copy: kernels.linear_step, which sends one-token inputs on CUDA to a GEMV (a
-    batch-1 step is some fifty matmuls whose cost is each kernel's, not the bytes; notes/results.md §7)."""
+    batch-1 step is some fifty matmuls whose cost is each kernel's, not the bytes; notes/results.md §7). path:
+    GPTConfig.kernels ('torch': F.linear always)."""
+    path = 'auto'
 
     def forward(self, x):
-        return kernels.linear_step(x, self.weight, self.bias)
+        return kernels.linear_step(x, self.weight, self.bias, path=self.path)
 
 
 class Decoder:
@@ -1345,7 +1348,8 @@ class Decoder:
         self.next = Decoder._next
         if compile and cuda:  # Inductor's kernels with programmatic dependent launch too, where the GEMV has it
             from torch._inductor import config as inductor
-            pdl = kernels.pdl(self.device) and hasattr(inductor.triton, 'enable_pdl')
+            pdl = (kernels.pdl(self.device) and hasattr(inductor.triton, 'enable_pdl')
+                   and model.config.kernels in ('auto', 'triton'))  # (as the GEMV's: not with the torch paths)
             self.next = torch.compile(Decoder._next, fullgraph=True, options={'triton.enable_pdl': True} if pdl else None)
         self.use_graph = cuda and graph
         self._build(batch, max_len)

@@ -1352,21 +1352,63 @@ def test_gemv_is_the_matmul(dtype, monkeypatch):
             tol = (2 ** -7 if dtype == torch.bfloat16 else 1e-6) * ref.abs() + 1e-5
             assert ((y.double().cpu() - ref).abs() <= tol).all(), (config, M, N, K, (y.double().cpu() - ref).abs().max())
 
-def test_linear_step_takes_the_gemv_only_for_a_few_rows_on_cuda():
-    # anything else is F.linear itself: CPU tensors, more rows than TUNING['step']['gemv'], mismatched dtypes' error
+def test_linear_step_takes_the_gemv_only_where_it_can(monkeypatch):
+    # the GEMV for 1 to TUNING['step']['gemv'] rows on the Triton path (CPU: 'triton' under the interpreter; CUDA:
+    # 'auto' too); F.linear itself for more rows, the torch paths, a gradient, a strided or other-dtype weight
+    calls = []
+    real = kernels._gemv_op
+    monkeypatch.setattr(kernels, "_gemv_op", lambda *a: calls.append(1) or real(*a))
     gen = torch.Generator().manual_seed(6)
-    x, w, b = torch.randn(2, 3, 40, generator=gen), torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
-    assert torch.equal(kernels.linear_step(x, w, b), F.linear(x, w, b))
-    with pytest.raises(RuntimeError):
-        kernels.linear_step(x.double(), w, b)
-    if CUDA:
-        xc, wc, bc = x.cuda(), w.cuda(), b.cuda()
-        rows = kernels.TUNING["step"]["gemv"]
-        assert torch.allclose(kernels.linear_step(xc[:1, :1], wc, bc), F.linear(xc[:1, :1], wc, bc), atol=1e-4)
-        wide = torch.randn(1, rows + 1, 40, device="cuda")
-        assert torch.equal(kernels.linear_step(wide, wc, bc), F.linear(wide, wc, bc))
-        with torch.autocast("cuda", dtype=torch.bfloat16):  # F.linear's dtype under autocast
-            assert kernels.linear_step(xc[:1, :1], wc, bc).dtype == torch.bfloat16
+    x, w, b = (torch.randn(*s, generator=gen).to(DEV) for s in ((2, 4, 40), (24, 40), (24,)))
+    ref = x.double() @ w.double().t() + b.double()
+    rows = kernels.TUNING["step"]["gemv"]
+    for path in ("auto", "triton") if CUDA else ("triton",):
+        calls.clear()
+        y = kernels.linear_step(x, w, b, path=path)  # 8 rows
+        assert len(calls) == 1 and (y.double() - ref).abs().max() < 1e-4
+        assert torch.equal(kernels.linear_step(x[:1, :1], w, b, path=path), kernels._gemv_op(x[0, :1], w, b)[None])
+    calls.clear()
+    wide = torch.cat([x.reshape(8, 40), x[0, :1]])  # rows + 1
+    assert rows == 8 and wide.shape[0] == rows + 1
+    others = [(wide, w, b, "triton"), (x, w, b, "torch"), (x, w, b, "recurrent"), (x, w.t().contiguous().t(), b, "triton"),
+              (x, w.requires_grad_(), b, "triton"), (x.double(), w.detach().double(), None, "triton")]
+    for xi, wi, bi, path in others:
+        assert torch.equal(kernels.linear_step(xi, wi, bi, path=path), F.linear(xi, wi, bi))
+    assert not calls
+    if not CUDA:
+        assert torch.equal(kernels.linear_step(x, w.detach(), b), F.linear(x, w, b))  # 'auto' on CPU: F.linear
+        assert not calls
+    else:
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # the weights already in autocast's dtype: the GEMV
+            y = kernels.linear_step(x, w.detach().bfloat16(), b.bfloat16())
+            assert len(calls) == 1 and y.dtype == torch.bfloat16 and (y.double() - ref).abs().max() < 0.05
+            kernels.linear_step(x, w.detach(), b)  # fp32 weights: F.linear (no cast just before the GEMV)
+            assert len(calls) == 1
+
+@pytest.mark.skipif(not CUDA, reason="a CUDA graph of GEMVs, each reading the last one's output (PDL's order)")
+def test_chained_gemvs_in_a_cuda_graph():
+    # y_{j+1} = W_j y_j + b_j, six GEMVs in a row replayed as a CUDA graph (with PDL on Hopper: each reads its
+    # weights before waiting for the GEMV before it), against fp64
+    gen = torch.Generator().manual_seed(7)
+    ws = [(torch.randn(96, 96, generator=gen) / 96 ** 0.5).cuda() for _ in range(6)]
+    bs = [torch.randn(96, generator=gen).cuda() for _ in range(6)]
+    x = torch.randn(3, 96, generator=gen).cuda()
+    chain = lambda y: [y := kernels.linear_step(y, w, b) for w, b in zip(ws, bs)][-1]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(x)  # autotunes before the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x)
+    for _ in range(3):  # new inputs each replay
+        x.copy_(torch.randn(3, 96, generator=gen))
+        graph.replay()
+        ref = x.double()
+        for w, b in zip(ws, bs):
+            ref = ref @ w.double().t() + b.double()
+        assert (out.double() - ref).abs().max() < 1e-4 * ref.abs().max()
 
 # -----------------------------------------------------------------------------
 # the Triton scalar-decay kernels (RetNet, Mamba2; kernels.linear_attn_triton) against the fp64 reference recurrence,

@@ -308,16 +308,17 @@ def test_sample_next_draws_from_the_distribution():
 
 def test_sample_next_over_a_wide_vocabulary_in_bf16():
     """The same law where the race's argmax runs by chunks (V past argmax_rows' chunk) and top_k's threshold is found
-    in bf16: the top 3 of 3,000 logits sit in different chunks; ties at the threshold are all kept."""
+    in bf16: the top 3 of 3,000 logits sit in different chunks, the fourth largest (0.5) is never drawn; ties at the
+    threshold are all kept."""
     torch.manual_seed(1)
-    logits = torch.full((30000, 3000), -20.0, dtype=torch.bfloat16)
-    logits[:, [5, 1500, 2999]] = torch.tensor([2.0, 1.0, 3.0], dtype=torch.bfloat16)
-    draws = sample_next(logits, temperature=1.0, top_k=3).squeeze(1)
+    logits = torch.full((5000, 3000), -20.0, dtype=torch.bfloat16)
+    logits[:, [5, 1500, 2999, 2000]] = torch.tensor([2.0, 1.0, 3.0, 0.5], dtype=torch.bfloat16)
+    draws = torch.cat([sample_next(logits, temperature=1.0, top_k=3).squeeze(1) for _ in range(6)])
     p = torch.softmax(torch.tensor([2.0, 1.0, 3.0]), 0)
     freq = torch.stack([(draws == i).float().mean() for i in (5, 1500, 2999)])
     assert set(draws.unique().tolist()) == {5, 1500, 2999}
     assert (freq - p).abs().max() < 0.015, (freq, p)  # 5 standard errors at 30,000 draws
-    tied = logits[:4000].clone()
+    tied = logits.clone()
     tied[:, 7] = 1.0  # a fourth logit equal to the third largest: kept, as nanoGPT's mask keeps it
     assert set(sample_next(tied, 1.0, top_k=3).unique().tolist()) == {5, 7, 1500, 2999}
     assert torch.equal(sample_next(logits[:2], temperature=0), torch.tensor([[2999], [2999]]))
@@ -336,20 +337,27 @@ def test_argmax_rows_is_argmax():
         assert torch.equal(argmax_rows(y, chunk=64), y.argmax(-1, keepdim=True)), V
 
 
-def test_decode_copy_runs_its_linear_layers_through_linear_step():
-    """A Decoder's copy: every Linear a StepLinear (a GEMV on CUDA for a step's few rows) with the kernels.py paths,
-    plain nn.Linear (cuBLAS) with --kernels=torch; the same logits either way (on CPU both are F.linear)."""
+def test_decode_copy_runs_its_linear_layers_through_linear_step(monkeypatch):
+    """A Decoder's copy: every Linear a StepLinear, whose one-token steps take the GEMV on the Triton path (on CPU:
+    kernels='triton', the interpreter) and F.linear with kernels='torch'; the same logits either way."""
+    import kernels
+    if not kernels.HAVE_TRITON or not (torch.cuda.is_available() or kernels._INTERPRETING):
+        pytest.skip("needs Triton: a GPU or the interpreter")
+    calls = []
+    real = kernels._gemv_op
+    monkeypatch.setattr(kernels, "_gemv_op", lambda *a: calls.append(a[1].shape) or real(*a))
+    dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     torch.manual_seed(0)
     cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, mixer='kda,softmax', head_dim=16)
-    model = GPT(GPTConfig(**cfg))
-    auto, plain = decode_copy(model), decode_copy(GPT(GPTConfig(**cfg, kernels='torch')))
-    plain.load_state_dict(auto.state_dict())
-    kinds = lambda m: {type(x) for x in m.modules() if isinstance(x, torch.nn.Linear)}
-    assert kinds(auto) == {StepLinear} and kinds(plain) == {torch.nn.Linear}
-    idx = torch.randint(0, 64, (2, 5))
-    cpu = torch.device('cpu')
-    logits = [m(idx, caches=m.static_caches(2, 16, cpu))[0] for m in (auto, plain)]
-    assert torch.allclose(*logits, atol=1e-6)
+    plain = GPT(GPTConfig(**cfg, kernels='torch')).to(dev)
+    fast = GPT(GPTConfig(**cfg, kernels='triton')).to(dev)
+    fast.load_state_dict(plain.state_dict())
+    plain, fast = decode_copy(plain), decode_copy(fast)
+    assert {type(x) for x in fast.modules() if isinstance(x, torch.nn.Linear)} == {StepLinear}
+    idx = torch.randint(0, 64, (2, 1), device=dev)
+    logits = [m(idx, caches=m.static_caches(2, 16, dev))[0] for m in (plain, fast)]
+    assert calls, "the Triton path never reached the GEMV"
+    assert torch.allclose(*logits, atol=1e-4), (logits[0] - logits[1]).abs().max()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs need a GPU')

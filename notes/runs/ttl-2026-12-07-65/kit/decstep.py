@@ -1,6 +1,6 @@
 # the decode step's new parts, before/after in one process (one H100): batch-1 ms per token at 4k of MIXERS (default
 # the hybrid; argv) with (a) cuBLAS matmuls, no PDL, the one-program argmax and fp32 top-k (the step before), (b) the
-# GEMV + PDL, old draw, (c) the GEMV + PDL + the new draw (the defaults); then batch 64 of (a) and (c); logits of one
+# GEMV + PDL, old draw, (c) the GEMV + PDL + the new draw (the defaults); then batch 8 and 64 of (a), (c); logits of one
 # eager step against (a)'s
 import sys, time
 sys.path[:0] = ['.', 'tools']
@@ -29,7 +29,7 @@ for mixer in sys.argv[1:] or ['kda*3,softmax']:
     torch.manual_seed(0)
     m = GPT(train_model_config(mixer, 4096, tiny=dev == 'cpu')).to(dev).eval()
     ref = None
-    for name, B in [('a', 1), ('b', 1), ('c', 1), ('a', 64), ('c', 64)]:
+    for name, B in [('a', 1), ('b', 1), ('c', 1), ('a', 8), ('c', 8), ('a', 64), ('c', 64)]:
         gemv, pdl, draw = VARIANTS[name]
         kernels.TUNING['step'].update(gemv=gemv, pdl=pdl)
         model.sample_next = draw
