@@ -1386,9 +1386,11 @@ def test_linear_step_takes_the_gemv_only_where_it_can(monkeypatch):
             assert len(calls) == 1
 
 @pytest.mark.skipif(not CUDA, reason="a CUDA graph of GEMVs, each reading the last one's output (PDL's order)")
-def test_chained_gemvs_in_a_cuda_graph():
+@pytest.mark.parametrize("pdl", [False, True])
+def test_chained_gemvs_in_a_cuda_graph(pdl, monkeypatch):
     # y_{j+1} = W_j y_j + b_j, six GEMVs in a row replayed as a CUDA graph (with PDL on Hopper: each reads its
     # weights before waiting for the GEMV before it), against fp64
+    monkeypatch.setitem(kernels.TUNING["step"], "pdl", pdl)
     gen = torch.Generator().manual_seed(7)
     ws = [(torch.randn(96, 96, generator=gen) / 96 ** 0.5).cuda() for _ in range(6)]
     bs = [torch.randn(96, generator=gen).cuda() for _ in range(6)]

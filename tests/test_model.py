@@ -361,11 +361,15 @@ def test_decode_copy_runs_its_linear_layers_through_linear_step(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs need a GPU')
+@pytest.mark.parametrize('pdl', [False, True])
 @pytest.mark.parametrize('compile', [False, True])
 @pytest.mark.parametrize('mixer', PATTERNS)
-def test_cuda_graph_decode_equals_eager(mixer, compile):
-    """On the GPU: the step replayed as a CUDA graph (compiled or not) == eager GPT.generate, greedy, fp32, token for
-    token; and sampling inside the graph is seeded and varies from token to token."""
+def test_cuda_graph_decode_equals_eager(mixer, compile, pdl, monkeypatch):
+    """On the GPU: the step replayed as a CUDA graph (compiled or not; with programmatic dependent launch or not, on
+    Hopper) == eager GPT.generate, greedy, fp32, token for token; and sampling inside the graph is seeded and varies
+    from token to token."""
+    import kernels
+    monkeypatch.setitem(kernels.TUNING['step'], 'pdl', pdl)
     torch._dynamo.reset()  # each test compiles its own model's step
     model = make(mixer, head_dim=32).cuda()
     idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1)).cuda()
