@@ -1,14 +1,14 @@
-# one final time-to-loss run alone on the GPU: bash .gpu/callF.sh MIXER LR SEED; then (TESTS=1) the decode GPU tests
+# one final time-to-loss run alone on the GPU: [OPTIM=muon] bash .gpu/callF.sh MIXER LR SEED; then (TESTS=1) the decode GPU tests
 t0=$(date +%s); source .gpu/setup.sh
 tokenize
 [ -n "$CAUSAL" ] && timeout 200 python .gpu/causal.py $CAUSAL 2>&1 | grep -vi warn | tee $OUT/causal.txt
 mkdir -p out-final && for d in notes/runs/ttl-*/final/*/; do cp -r $d out-final/ 2>/dev/null; done  # earlier finals, for the report
-timeout $(( ${BUDGET:-570} - $(el) - 40 )) python tools/ttl.py run out-final --mixers "$1" --lrs $2 --seeds $3 -- config/pkgtext.py > $OUT/final-run.log 2>&1
+timeout $(( ${BUDGET:-570} - $(el) - 40 )) python tools/ttl.py run out-final --mixers "$1" --optimizers ${OPTIM:-adamw} --lrs $2 --seeds $3 -- config/pkgtext.py > $OUT/final-run.log 2>&1
 echo "ttl.py run exit $? at $(el) s"
 base=softmax; ls out-final | grep -q '^softmax_' || base="$1"
 python tools/ttl.py report out-final --baseline "$base" --plot $OUT/final.png 2>&1
 grep -E "^\[|^ttl|Traceback|rror|^step" $OUT/final-run.log | tail -8
-run=$(ls -d out-final/$(python -c "import sys; sys.path.insert(0, 'tools'); from ttl import run_name; print(run_name('$1', 'adamw', $2, $3))"))
+run=$(ls -d out-final/$(python -c "import sys; sys.path.insert(0, 'tools'); from ttl import run_name; print(run_name('$1', '${OPTIM:-adamw}', $2, $3))"))
 if [ -n "$TEXT" ]; then  # the run's text loss by position, to 128 x 4,096 = 524,288 tokens (the val split holds ~553k)
   left=$(( ${BUDGET:-570} - $(el) - 15 - ${GATES:+4}5 ))
   if [ $left -ge 30 ]; then
