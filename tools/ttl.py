@@ -360,9 +360,13 @@ def picture(curves, target, baseline, path, title=None):
     top = max(statistics.fmean(r['val'][min(1, len(r['val']) - 1)] for r in runs) for runs in curves.values())
     low, high = math.inf, -math.inf  # the training-loss panel's range: its own curves after the first tenth
     for i, ((mixer, optimizer), runs) in enumerate(curves.items()):
-        _, tokens, seconds, val = mean_curve(runs)
-        label = f"{mixer} ({optimizer}, lr {runs[0]['lr']:g}, {len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        steps, tokens, seconds, val = mean_curve(runs)
+        label = f"{mixer} ({optimizer}, lr {runs[0]['lr']:g}, {len(runs)} seed{'s: mean, range shaded' if len(runs) > 1 else ''})"
         axes[0].plot([t / 1e6 for t in tokens], val, marker='o', markersize=2, color=f'C{i}', label=label)
+        if len(runs) > 1:  # the seeds' range around their mean: a spread is part of the result
+            at = [[r['val'][r['steps'].index(s)] for r in runs] for s in steps]
+            axes[0].fill_between([t / 1e6 for t in tokens], [min(v) for v in at], [max(v) for v in at],
+                                 color=f'C{i}', alpha=0.2, linewidth=0)
         if not any(r['shared'] for r in runs):  # (run --per_gpu: no clock)
             axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
         for j, r in enumerate(runs):  # each seed's per-step loss, a moving mean over 4% of the run (a batch of code
