@@ -66,6 +66,11 @@ def test_report_arithmetic_on_written_logs(tmp_path, capsys):
     assert 'not reached' in rows['kda0.001'], out
     assert 'softmax0.002' in rows and rows['softmax0.002'].count('|') == 9  # the sweep table lists every rate
     assert rows['gdn0.001'].endswith('| — (under 100 steps) |'), out
+    # each seed apart: softmax's first crosses 3.1 at 0.9 of the way from step 10 (1.0 s) to 20 (2.0 s), its second
+    # ends at 3.2; gdn's cross between 3.4 and 2.5 (a third of the way) and between 3.6 and 2.5 (5/11 of it)
+    assert "- `softmax`: seed 1 3.0000, 1.9 s (19.0M tokens); seed 2 3.2000, not reached" in out, out
+    assert "- `gdn`: seed 1 2.5000, 2.7 s (13.3M tokens); seed 2 2.5000, 2.9 s (14.5M tokens)" in out, out
+    assert "- `kda`" not in out  # one seed: the table's row says it all
 
 
 def test_report_names_the_largest_spike_and_non_finite_steps(tmp_path, capsys):

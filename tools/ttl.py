@@ -340,6 +340,16 @@ def report(args):
     print(head)
     for arm, lr in best.items():
         print(row(*arm, lr))
+    several = [(arm, lr) for arm, lr in best.items() if len(found[arm + (lr,)]) > 1]
+    if several:  # a mean hides how far apart the seeds are: each one's own numbers
+        print("\nEach seed at its arm's best rate: final val loss, and time (tokens) to the target:\n")
+    for arm, lr in several:
+        cells = []
+        for r in sorted(found[arm + (lr,)], key=lambda r: r['seed']):
+            t, n = reach(r['seconds'], r['val'], target), reach(r['tokens'], r['val'], target)
+            cells.append(f"seed {r['seed']} {r['final']:.4f}, " + ("not reached" if n is None else
+                         f"{n / 1e6:,.1f}M tokens" if r['shared'] else f"{t:,.1f} s ({n / 1e6:,.1f}M tokens)"))
+        print(f"- `{arm[0]}`{' with ' + arm[1] if optimizers else ''}: " + '; '.join(cells))
     if len(found) > len(best):
         print("\nEvery learning rate (the best of each above: the lowest mean final val loss):\n")
         print(head)
