@@ -18,7 +18,8 @@ if [ -n "$TEXT" ]; then  # the run's text loss by position, to 128 x 4,096 = 524
 fi
 if [ -n "$GATES" ]; then  # the trained model's KDA gates: the kernels' forms and time against init's gates
   left=$(( ${BUDGET:-570} - $(el) - 10 ))
-  [ $left -ge 20 ] && timeout $left python .gpu/gatetime.py $run 2>&1 | grep -v Warn | tee $OUT/gates.txt || echo "gates: skipped or cut"
+  # (fla's chunk_kda beside ours where .gpu/whl holds its wheels: pip download --no-deps -d .gpu/whl fla-core==0.6.0 einops)
+  [ $left -ge 20 ] && FLA=$([ -d .gpu/whl ] && echo .gpu/whl) timeout $left python .gpu/gatetime.py $run 2>&1 | grep -v Warn | tee $OUT/gates.txt || echo "gates: skipped or cut"
 fi
 if [ -n "$TESTS" ]; then
   left=$(( ${BUDGET:-570} - $(el) - 10 ))

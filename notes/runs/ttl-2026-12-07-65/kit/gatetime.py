@@ -6,6 +6,8 @@
 #       one level, 16: the groups, 1: six dyadic levels), as _grads_bwd_kernel decides (about midpoints)
 #  time: delta_rule fwd+bwd (Triton) on the layer's own q, k, v, beta with its trained gate, and with init's gate
 #       (u = 0.5 randn, A_log and dt_bias drawn by init_decay_rates, as kdatime.py and the speed benches)
+#  fla: where fla imports (FLA=DIR: fla-core's and einops' wheels, installed into /tmp/site), fla's chunk_kda with the
+#       gate formed in its kernel on the same inputs, trained and init, and the relative RMS difference of the outputs
 import os, sys
 sys.path[:0] = ['.', 'tools']
 import numpy as np, torch
@@ -58,13 +60,30 @@ def forms(g, span=60.0, C=64):
     by16 = ((g16 - m16).abs().amax((3, 6)) <= span).all(2)
     return fwd, whole.float().mean().item(), (~whole & by16).float().mean().item(), (~whole & ~by16).float().mean().item()
 
-def timed(s, u, A_log, dt_bias, reps=10):
+chunk_kda = None
+if dev == 'cuda' and os.environ.get('FLA'):
+    try:
+        import subprocess
+        subprocess.run(f"pip install -q --no-deps --target /tmp/site {os.environ['FLA']}/*.whl", shell=True, check=True)
+        sys.path.append('/tmp/site')
+        import fla
+        from fla.ops.kda import chunk_kda
+        print(f"fla {fla.__version__}: chunk_kda timed beside ours")
+    except Exception as e:  # noqa: BLE001
+        print(f"fla: not timed ({type(e).__name__}: {e})")
+
+def run(impl, q, k, v, beta, u, A_log, dt_bias, lb):
+    if impl == 'ours':
+        return kernels.delta_rule(q, k, v, beta, u, A_log=A_log, dt_bias=dt_bias, lower_bound=lb, path=path)[0]
+    return chunk_kda(q, k, v, u, beta, A_log=A_log, dt_bias=dt_bias.reshape(-1), use_gate_in_kernel=True,
+                     safe_gate=lb is not None, lower_bound=lb)[0]
+
+def timed(s, u, A_log, dt_bias, reps=10, impl='ours'):
     q, k, v, beta = (t.clone().requires_grad_() for t in (s['q'], s['k'], s['v'], s['beta']))
     u = u.clone().requires_grad_()
     do = torch.randn_like(s['v'])
     def step():
-        o, _ = kernels.delta_rule(q, k, v, beta, u, A_log=A_log, dt_bias=dt_bias, lower_bound=s['lb'], path=path)
-        o.backward(do)
+        run(impl, q, k, v, beta, u, A_log, dt_bias, s['lb']).backward(do)
     for _ in range(3):
         step()
     if dev != 'cuda':
@@ -82,7 +101,7 @@ def timed(s, u, A_log, dt_bias, reps=10):
 torch.manual_seed(0)
 print("| layer | fwd rows whole-chunk (trained / init) | bwd programs S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio |")
 print("|---|---|---|---|---|---|---|")
-tot = [0.0, 0.0]
+tot, fla_tot = [0.0, 0.0], [0.0] * 4  # fla: its trained, init; ours on the same layers
 for i, s in enumerate(seen):
     H, D = s['u'].shape[2:]
     A0, _ = init_decay_rates(H); _, d0 = init_decay_rates(H * D)
@@ -95,4 +114,19 @@ for i, s in enumerate(seen):
     tot[0] += mt; tot[1] += mi
     print(f"| {i} | {ft[0]:.3f} / {fi[0]:.3f} | {ft[1]:.2f} / {ft[2]:.2f} / {ft[3]:.2f} | {fi[1]:.2f} / {fi[2]:.2f} / {fi[3]:.2f} "
           f"| {mt:.3f} | {mi:.3f} | {mt / mi:.3f} |", flush=True)
+    if chunk_kda is not None:
+        try:
+            with torch.no_grad():
+                o = [run(m, s['q'], s['k'], s['v'], s['beta'], s['u'], s['A_log'], s['dt_bias'], s['lb']).float()
+                     for m in ('ours', 'fla')]
+            diff = ((o[0] - o[1]).norm() / o[1].norm()).item()
+            ft_, fi_ = timed(s, s['u'], s['A_log'], s['dt_bias'], impl='fla'), timed(s, u0, A0, d0, impl='fla')
+            fla_tot[0] += ft_; fla_tot[1] += fi_; fla_tot[2] += mt; fla_tot[3] += mi
+            print(f"|   fla | chunk_kda, o vs ours {diff:.1e} | | | {ft_:.3f} | {fi_:.3f} | {ft_ / fi_:.3f} | "
+                  f"ours/fla trained {mt / ft_:.3f}, init {mi / fi_:.3f}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"|   fla | failed: {type(e).__name__}: {str(e).splitlines()[0][:100]} |", flush=True)
 print(f"all KDA layers: trained {tot[0]:.3f} ms, init {tot[1]:.3f} ms, ratio {tot[0] / max(tot[1], 1e-9):.3f}")
+if fla_tot[0]:
+    print(f"fla's chunk_kda: trained {fla_tot[0]:.3f} ms, init {fla_tot[1]:.3f} ms; ours/fla trained "
+          f"{fla_tot[2] / fla_tot[0]:.3f}, init {fla_tot[3] / fla_tot[1]:.3f} (over the layers fla ran)")
