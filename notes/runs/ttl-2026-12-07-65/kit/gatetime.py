@@ -78,12 +78,14 @@ def run(impl, q, k, v, beta, u, A_log, dt_bias, lb):
     return chunk_kda(q, k, v, u, beta, A_log=A_log, dt_bias=dt_bias.reshape(-1), use_gate_in_kernel=True,
                      safe_gate=lb is not None, lower_bound=lb)[0]
 
-def timed(s, u, A_log, dt_bias, reps=10, impl='ours'):
-    q, k, v, beta = (t.clone().requires_grad_() for t in (s['q'], s['k'], s['v'], s['beta']))
-    u = u.clone().requires_grad_()
+def timed(s, u, A_log, dt_bias, reps=10, impl='ours', fwd_only=False):
+    q, k, v, beta = (t.clone().requires_grad_(not fwd_only) for t in (s['q'], s['k'], s['v'], s['beta']))
+    u = u.clone().requires_grad_(not fwd_only)
     do = torch.randn_like(s['v'])
     def step():
-        run(impl, q, k, v, beta, u, A_log, dt_bias, s['lb']).backward(do)
+        o = run(impl, q, k, v, beta, u, A_log, dt_bias, s['lb'])
+        if not fwd_only:
+            o.backward(do)
     for _ in range(3):
         step()
     if dev != 'cuda':
@@ -99,9 +101,9 @@ def timed(s, u, A_log, dt_bias, reps=10, impl='ours'):
     return min(ms)
 
 torch.manual_seed(0)
-print("| layer | fwd rows whole-chunk (trained / init) | bwd programs S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio |")
-print("|---|---|---|---|---|---|---|")
-tot, fla_tot = [0.0, 0.0], [0.0] * 4  # fla: its trained, init; ours on the same layers
+print("| layer | fwd rows whole-chunk (trained / init) | bwd programs S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio | fwd ms trained / init |")
+print("|---|---|---|---|---|---|---|---|")
+tot, fla_tot = [0.0] * 4, [0.0] * 4  # fla: its trained, init; ours on the same layers
 for i, s in enumerate(seen):
     H, D = s['u'].shape[2:]
     A0, _ = init_decay_rates(H); _, d0 = init_decay_rates(H * D)
@@ -111,9 +113,11 @@ for i, s in enumerate(seen):
     gi = kernels.decay_gate(u0, A0, d0, None)
     ft, fi = forms(gt), forms(gi)
     mt, mi = timed(s, s['u'], s['A_log'], s['dt_bias']), timed(s, u0, A0, d0)
-    tot[0] += mt; tot[1] += mi
+    with torch.no_grad():  # the forward alone: which pass the trained gates slow
+        pt, pi = timed(s, s['u'], s['A_log'], s['dt_bias'], fwd_only=True), timed(s, u0, A0, d0, fwd_only=True)
+    tot[0] += mt; tot[1] += mi; tot[2] += pt; tot[3] += pi
     print(f"| {i} | {ft[0]:.3f} / {fi[0]:.3f} | {ft[1]:.2f} / {ft[2]:.2f} / {ft[3]:.2f} | {fi[1]:.2f} / {fi[2]:.2f} / {fi[3]:.2f} "
-          f"| {mt:.3f} | {mi:.3f} | {mt / mi:.3f} |", flush=True)
+          f"| {mt:.3f} | {mi:.3f} | {mt / mi:.3f} | {pt:.3f} / {pi:.3f} |", flush=True)
     if chunk_kda is not None:
         try:
             with torch.no_grad():
@@ -126,7 +130,8 @@ for i, s in enumerate(seen):
                   f"ours/fla trained {mt / ft_:.3f}, init {mi / fi_:.3f}", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"|   fla | failed: {type(e).__name__}: {str(e).splitlines()[0][:100]} |", flush=True)
-print(f"all KDA layers: trained {tot[0]:.3f} ms, init {tot[1]:.3f} ms, ratio {tot[0] / max(tot[1], 1e-9):.3f}")
+print(f"all KDA layers: trained {tot[0]:.3f} ms, init {tot[1]:.3f} ms, ratio {tot[0] / max(tot[1], 1e-9):.3f}; "
+      f"forward alone {tot[2]:.3f} / {tot[3]:.3f} ms, backward (the rest) {tot[0] - tot[2]:.3f} / {tot[1] - tot[3]:.3f} ms")
 if fla_tot[0]:
     print(f"fla's chunk_kda: trained {fla_tot[0]:.3f} ms, init {fla_tot[1]:.3f} ms; ours/fla trained "
           f"{fla_tot[2] / fla_tot[0]:.3f}, init {fla_tot[3] / fla_tot[1]:.3f} (over the layers fla ran)")
