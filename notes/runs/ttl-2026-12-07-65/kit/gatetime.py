@@ -37,7 +37,9 @@ with torch.no_grad(), torch.autocast(dev, torch.bfloat16, enabled=dev == 'cuda')
 kernels.delta_rule = real
 print(f"{run}: {len(seen)} KDA layers, batch {B} x {T}, {torch.cuda.get_device_name() if dev == 'cuda' else 'CPU'}")
 
-def forms(g, span=60.0, C=64):
+EXP_SPAN = 60.0  # kernels.EXP_SPAN
+
+def forms(g, span=EXP_SPAN, C=64):
     """(fwd: share of rows formed whole-chunk, bwd: shares of chunks at S = 64, 16, 1) for g [B, T, H, D]"""
     Bq, Tq, H, D = g.shape
     n = Tq // C
@@ -58,7 +60,13 @@ def forms(g, span=60.0, C=64):
     g16 = Gt.view(Bq, n, 4, 16, H, D // BK, BK)
     m16 = (g16[:, :, :, :1] + g16[:, :, :, -1:]) / 2
     by16 = ((g16 - m16).abs().amax((3, 6)) <= span).all(2)
-    return fwd, whole.float().mean().item(), (~whole & by16).float().mean().item(), (~whole & ~by16).float().mean().item()
+    def by(S):  # every S-row group of the tile within span of its midpoint (a smaller group size the kernel could add)
+        gs = Gt.view(Bq, n, C // S, S, H, D // BK, BK)
+        return ((gs - (gs[:, :, :, :1] + gs[:, :, :, -1:]) / 2).abs().amax((3, 6)) <= span).all(2)
+    one = ~whole & ~by16
+    smaller = [(one & by(S)).float().mean().item() for S in (8, 4, 2)]  # cumulative: 4 passes where 8 does
+    return (fwd, whole.float().mean().item(), (~whole & by16).float().mean().item(), one.float().mean().item(),
+            smaller)
 
 chunk_kda = None
 if dev == 'cuda' and os.environ.get('FLA'):
@@ -103,7 +111,7 @@ def timed(s, u, A_log, dt_bias, reps=10, impl='ours', fwd_only=False):
 torch.manual_seed(0)
 print("| layer | fwd rows whole-chunk (trained / init) | bwd programs S=64 / 16 / 1 (trained) | (init) | fwd+bwd ms trained | init | ratio | fwd ms trained / init |")
 print("|---|---|---|---|---|---|---|---|")
-tot, fla_tot = [0.0] * 4, [0.0] * 4  # fla: its trained, init; ours on the same layers
+tot, fla_tot, notes = [0.0] * 4, [0.0] * 4, []  # fla: its trained, init; ours on the same layers
 for i, s in enumerate(seen):
     H, D = s['u'].shape[2:]
     A0, _ = init_decay_rates(H); _, d0 = init_decay_rates(H * D)
@@ -112,6 +120,11 @@ for i, s in enumerate(seen):
     gt = kernels.decay_gate(s['u'], s['A_log'], s['dt_bias'], s['lb'])
     gi = kernels.decay_gate(u0, A0, d0, None)
     ft, fi = forms(gt), forms(gi)
+    lg = gt.float().flatten()  # the trained per-token log-decays: how many channels forget within a few tokens
+    shares = [(lg < -x).float().mean().item() for x in (EXP_SPAN / 16, EXP_SPAN / 8, EXP_SPAN / 4)]
+    notes.append(f"layer {i}: S=1 tiles whose 8 / 4 / 2-row groups would pass: {ft[4][0]:.2f} / {ft[4][1]:.2f} / "
+                 f"{ft[4][2]:.2f}; log-decays below -{EXP_SPAN / 16:g} / -{EXP_SPAN / 8:g} / -{EXP_SPAN / 4:g}: "
+                 f"{shares[0]:.3f} / {shares[1]:.3f} / {shares[2]:.3f}, median {lg.median().item():.3f}")
     mt, mi = timed(s, s['u'], s['A_log'], s['dt_bias']), timed(s, u0, A0, d0)
     with torch.no_grad():  # the forward alone: which pass the trained gates slow
         pt, pi = timed(s, s['u'], s['A_log'], s['dt_bias'], fwd_only=True), timed(s, u0, A0, d0, fwd_only=True)
@@ -132,6 +145,7 @@ for i, s in enumerate(seen):
             print(f"|   fla | failed: {type(e).__name__}: {str(e).splitlines()[0][:100]} |", flush=True)
 print(f"all KDA layers: trained {tot[0]:.3f} ms, init {tot[1]:.3f} ms, ratio {tot[0] / max(tot[1], 1e-9):.3f}; "
       f"forward alone {tot[2]:.3f} / {tot[3]:.3f} ms, backward (the rest) {tot[0] - tot[2]:.3f} / {tot[1] - tot[3]:.3f} ms")
+print('\n'.join(notes))
 if fla_tot[0]:
     print(f"fla's chunk_kda: trained {fla_tot[0]:.3f} ms, init {fla_tot[1]:.3f} ms; ours/fla trained "
           f"{fla_tot[2] / fla_tot[0]:.3f}, init {fla_tot[3] / fla_tot[1]:.3f} (over the layers fla ran)")
