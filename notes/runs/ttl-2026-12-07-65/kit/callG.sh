@@ -14,5 +14,5 @@ timeout --signal=TERM $(( ${BUDGET:-570} - $(el) - 25 )) python tools/ttl.py run
 echo "ttl.py run exit $? at $(el) s"
 python tools/ttl.py report out-final --baseline softmax --plot $OUT/final.png 2>&1
 grep -E "^\[|^ttl|Traceback|rror" $OUT/final-run.log | tail -20
-for f in out-final/*.console; do echo "== $f"; grep -E "^step|rror|nan" $f | tail -2; done
+for f in out-final/*.console; do [ -f "$f" ] || continue; echo "== $f"; grep -E "^step|rror|nan" $f | tail -2; done
 tar czf $OUT/final.tgz out-final/*/log.txt; echo "done at $(el) s"
