@@ -28,8 +28,9 @@ mixer with AdamW, mean over its seeds): where the mean curve over seeds first re
 between evals, or "not reached"; with several optimizers also the tokens each takes to its mixer's AdamW final loss,
 over AdamW's own; the largest spike: how far one step's training loss rose above the median of the logged losses of
 the 50 steps before it (from step 100 on; the largest over seeds) and at which step (one step in every run: a batch of harder text, not
-the optimizer), and how many steps were non-finite. Then every rate. The picture: val loss against tokens and against seconds, one line per arm at its
-best rate (the mean over seeds), and the per-step training loss.
+the optimizer), and how many steps were non-finite. Under it each seed's own final val loss and time to the target
+(a mean hides a spread); then every rate. The picture: val loss against tokens (the seeds' range shaded) and against
+seconds, one line per arm at its best rate (the mean over seeds), and the per-step training loss.
 """
 import argparse
 import math
