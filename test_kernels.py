@@ -2090,6 +2090,9 @@ def test_every_triton_launch_lowers_to_triton_ir(monkeypatch):
                 if gate != "none":  # the gate formed in the kernels (A_log, dt_bias), forward and backward
                     z = lambda *shape: torch.zeros(shape, device=DEV, requires_grad=True)
                     kernels.delta_rule_triton(**x, A_log=z(nh), dt_bias=z(*x["g"].shape[2:]))[0].float().sum().backward()
+                    if gate == "kda":  # and bounded (the Gram backward's BOUNDED form)
+                        kernels.delta_rule_triton(**x, A_log=z(nh), dt_bias=z(*x["g"].shape[2:]),
+                                                  lower_bound=-5.0)[0].float().sum().backward()
                 s = torch.zeros(1, nh, D, D, device=DEV)
                 kernels.delta_rule_step_triton(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["beta"][:, 0],
                                                None if x["g"] is None else x["g"][:, 0], s)
