@@ -22,6 +22,7 @@ many chunks and partial last chunks cheaply.
 """
 
 import os
+import sys
 import types
 
 import numpy as np
@@ -643,6 +644,33 @@ def test_kda_gate_regimes_take_their_gram_backward_tier(strength):
         assert limit < span <= 2 * limit
     else:
         assert span > 2 * limit and span16 <= limit
+
+@pytest.mark.skipif(CUDA, reason="counts the dots the Triton interpreter runs")
+@pytest.mark.parametrize("strength,dots", [("mild", 4), ("wide", 4), ("medium", 12), ("strong", 24)])
+def test_kda_gram_backward_tile_runs_the_dots_of_its_group_size(strength, dots, monkeypatch):
+    # each tile of _grams_bwd_channel, by the dots it runs: the whole chunk 4; groups of 16 rows 4 within them and 4
+    # a dyadic level for levels 4 and 5, 12; S = 1 six levels, 24. Counted through the interpreter's builder: whichever
+    # form runs gives the same numbers, so the reference tests cannot see which one did.
+    from triton.runtime import interpreter
+    counts, last = [], [None]
+    create_dot = interpreter.InterpreterBuilder.create_dot
+    def counting(self, *args, **kwargs):
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_name != "_grams_bwd_channel":
+            f = f.f_back
+        if f is not None:
+            if f is not last[0]:  # a new tile's call (the last one kept alive, so no frame is mistaken for it)
+                last[0] = f
+                counts.append(0)
+            counts[-1] += 1
+        return create_dot(self, *args, **kwargs)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", counting)
+    x = triton_inputs(1, 128, 2, 16, 16, "kda", strength, F32)
+    leaves = {n: x[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "beta", "g")}
+    o, _ = kernels.delta_rule_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["g"],
+                                     initial_state=x["initial_state"])
+    torch.autograd.grad(o.square().sum(), list(leaves.values()))
+    assert counts == [dots] * 4, counts  # 2 chunks x 2 heads, one key tile each
 
 def _id(v):  # readable ids, so that -k bfloat16 / -k float32 / -k kda select
     return str(v).replace("torch.", "") if isinstance(v, torch.dtype) else None
