@@ -17,14 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_log(folder, mixer, lr, seed, evals, step_ms, tokens_per_step=1_000_000, max_iters=None, optimizer='adamw',
-              losses=None):
+              losses=None, gpu=None):
     """A train.py log.txt: evals = [(step, val loss, train clock s)], step_ms = each step's time (ms), losses =
-    each step's training loss (default: from 9 down by 1 over the run)."""
+    each step's training loss (default: from 9 down by 1 over the run), gpu: the card in its nvidia-smi table."""
     max_iters = max_iters or evals[-1][0]
     os.makedirs(folder, exist_ok=True)
     config = dict(out_dir=str(folder), eval_only=False, init_from='scratch', mixer=mixer, learning_rate=lr, seed=seed,
                   max_iters=max_iters, optimizer=optimizer)
-    lines = [f"=== 2026-12-06 12:00:00 train.py", f"config: {config!r}",
+    lines = [f"=== 2026-12-06 12:00:00 train.py", f"config: {config!r}"] + (
+        [f"|   0  {gpu}          On  |   00000000:19:00.0 Off |                    0 |"] if gpu else []) + [
              f"data: pystdlib, 1 grad accum × 1 ranks × 1 batch × 1000 context = {tokens_per_step:,} tokens per step, "
              f"{max_iters} steps"]
     at = {s: (v, c) for s, v, c in evals}
@@ -71,6 +72,35 @@ def test_report_arithmetic_on_written_logs(tmp_path, capsys):
     assert "- `softmax`: seed 1 3.0000, 1.9 s (19.0M tokens); seed 2 3.2000, not reached" in out, out
     assert "- `gdn`: seed 1 2.5000, 2.7 s (13.3M tokens); seed 2 2.5000, 2.9 s (14.5M tokens)" in out, out
     assert "- `kda`" not in out  # one seed: the table's row says it all
+
+
+def test_runs_on_another_card_count_for_their_losses_not_their_clocks(tmp_path, capsys):
+    """Times and speeds come from the runs on the baseline's card; a seed run on another counts for the loss."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    steps, clock = 20, lambda ms, s: sum(ms[:s]) / 1000
+    base, slow, quick = [100.0] * steps, [200.0] * steps, [20.0] * steps
+    for seed, final in ((1, 3.0), (2, 3.2)):  # the target: 3.1, reached by softmax at 2.0 s on the H100
+        write_log(tmp_path / f'softmax_s{seed}', 'softmax', 1e-3, seed,
+                  [(0, 10.0, 0.0), (10, 4.0, clock(base, 10)), (20, final, clock(base, 20))], base, gpu=h100)
+    write_log(tmp_path / 'gdn_s1', 'gdn', 1e-3, 1, [(0, 10.0, 0.0), (10, 3.4, clock(slow, 10)), (20, 2.5,
+              clock(slow, 20))], slow, gpu=h100)
+    write_log(tmp_path / 'gdn_s2', 'gdn', 1e-3, 2, [(0, 10.0, 0.0), (10, 3.6, clock(quick, 10)), (20, 2.5,
+              clock(quick, 20))], quick, gpu=h200)
+    write_log(tmp_path / 'kda_s1', 'kda', 1e-3, 1, [(0, 10.0, 0.0), (10, 3.0, clock(quick, 10)), (20, 2.9,
+              clock(quick, 20))], quick, gpu=h200)
+    ttl.main_args(['report', str(tmp_path), '--plot', str(tmp_path / 'ttl.png')])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert f"Time to loss on {h100}:" in out and f"those of the runs on {h100}" in captured.err, captured
+    rows = {m.group(1): m.group(0) for m in re.finditer(r'^\| `(\w+)` \|.*$', out, re.M)}
+    # gdn: the loss over both seeds (mean curve 3.5 at step 10: tokens to 3.1 at 14M), the time and speed of seed 1
+    # alone (crossing 3.1 a third of the way from 3.4 at 2.0 s to 2.5 at 4.0 s: 2.67 s); tokens/s 5M (0.2 s a step)
+    assert '| 2.5000 ± 0.0000 | 5,000,000 | 0.0 | 2.7 s (1.33×), 14.0M tokens (time: its 1 of 2 seeds on ' + h100 + ') |' \
+        in rows['gdn'], out
+    # kda, only on the H200: 10.0 to 3.0 over 10 steps crosses 3.1 at 9.86M tokens; no time, no speed
+    assert f"— (not run on {h100}) | — (not run on {h100}) | 9.9M tokens (no time: not run on {h100})" in rows['kda'], out
+    assert f"seed 2 2.5000, 14.5M tokens (on {h200})" in out, out
+    assert (tmp_path / 'ttl.png').stat().st_size > 0
 
 
 def test_report_names_the_largest_spike_and_non_finite_steps(tmp_path, capsys):

@@ -286,24 +286,36 @@ def report(args):
     best = dict(sorted(best.items(), key=lambda kv: (kv[0] != base_arm, kv[0][0] != args.baseline)))  # baseline first
     base = found[base_arm + (best[base_arm],)]
     target = final[base_arm + (best[base_arm],)]
-    base_time = reach(mean_curve(base)[2], mean_curve(base)[3], target)
+    # a clock compares only on one kind of GPU: the times and speeds are those of the runs on the baseline's (its
+    # seeds' most common); a run on another counts for its losses only
+    devices = [r['device'] for r in base]
+    clock = max(devices, key=devices.count)
+    on_clock = lambda runs: [r for r in runs if r['device'] == clock]
+    base_time = reach(mean_curve(on_clock(base))[2], mean_curve(on_clock(base))[3], target)
     optimizers = len({o for _, o in best}) > 1
 
     def row(mixer, optimizer, lr):
         runs = found[(mixer, optimizer, lr)]
         vals = [r['final'] for r in runs]
-        _, tokens, seconds, val = mean_curve(runs)
-        t, n = reach(seconds, val, target), reach(tokens, val, target)
+        _, tokens, _, val = mean_curve(runs)
+        timed = on_clock(runs)
+        t = reach(mean_curve(timed)[2], mean_curve(timed)[3], target) if timed else None
+        n = reach(tokens, val, target)
         mine, either = any(r['shared'] for r in runs), any(r['shared'] for r in runs + base)  # (run --per_gpu)
-        speed = ["— (GPU shared)"] * 2 if mine else [f"{statistics.fmean(r['tok_s'] for r in runs):,.0f}",
-                                                     f"{statistics.fmean(r['compile'] for r in runs):.1f}"]
+        speed = ["— (GPU shared)"] * 2 if mine else [f"— (not run on {clock})"] * 2 if not timed else [
+            f"{statistics.fmean(r['tok_s'] for r in timed):,.0f}", f"{statistics.fmean(r['compile'] for r in timed):.1f}"]
         if n is None:
             time_to = "not reached"
+        elif not timed or t is None:  # its loss curve reaches the target; no run on the clock's GPU does
+            time_to = f"{n / 1e6:,.1f}M tokens (no time: " + ("not run on " + clock if not timed else
+                                                               f"its seeds on {clock} do not reach it") + ")"
         elif either:  # a shared GPU's clock is not one run's: the tokens only
             time_to = f"{n / 1e6:,.1f}M tokens (GPU shared: no time)"
         else:
             time_to = f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if base_time else \
                 f"{t:,.1f} s, {n / 1e6:,.1f}M tokens"
+            if len(timed) < len(runs):
+                time_to += f" (time: its {len(timed)} of {len(runs)} seeds on {clock})"
         cells = [f"`{mixer}`"] + ([optimizer] if optimizers else []) + [
             f"{lr:g}", str(len(runs)), f"{statistics.fmean(vals):.4f} ± {(max(vals) - min(vals)) / 2:.4f}"
             if all(map(math.isfinite, vals)) else f"diverged ({sum(not math.isfinite(v) for v in vals)} of {len(vals)})"
@@ -329,14 +341,14 @@ def report(args):
               f"{', '.join(f'{m} {o}: {n / 1e6:,.1f}M' for (m, o), n in counts.items())}): compare like with like",
               file=sys.stderr)
     devices = sorted({r['device'] for runs in found.values() for r in runs})
-    if len(devices) > 1:  # a clock is only comparable on one kind of GPU
-        print(f"ttl.py: warning: the runs ran on different devices ({', '.join(devices)}): their times do not compare",
-              file=sys.stderr)
+    if len(devices) > 1:
+        print(f"ttl.py: warning: the runs ran on different devices ({', '.join(devices)}): times and tokens/s are "
+              f"those of the runs on {clock}, the baseline's; the others count for their losses only", file=sys.stderr)
     names = (['mixer'] + (['optimizer'] if optimizers else []) + ['lr', 'seeds', 'final val loss', 'tokens/s',
              'compile s', f"time to {args.baseline}'s {target:.4f}", 'largest spike'] +
              (["tokens to its AdamW's final loss"] if optimizers else []))
     head = '| ' + ' | '.join(names) + ' |\n|' + '---|' * len(names)
-    print(f"Time to loss on {', '.join(devices)}: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: "
+    print(f"Time to loss on {clock}: {r0['tokens'][-1] / 1e6:,.1f}M tokens per run; target: "
           f"{' with '.join(base_arm)}'s final val loss at its best lr, mean over its seeds (× = the time over its own)\n")
     print(head)
     for arm, lr in best.items():
@@ -349,7 +361,8 @@ def report(args):
         for r in sorted(found[arm + (lr,)], key=lambda r: r['seed']):
             t, n = reach(r['seconds'], r['val'], target), reach(r['tokens'], r['val'], target)
             cells.append(f"seed {r['seed']} {r['final']:.4f}, " + ("not reached" if n is None else
-                         f"{n / 1e6:,.1f}M tokens" if r['shared'] else f"{t:,.1f} s ({n / 1e6:,.1f}M tokens)"))
+                         f"{n / 1e6:,.1f}M tokens" if r['shared'] else f"{n / 1e6:,.1f}M tokens (on {r['device']})"
+                         if r['device'] != clock else f"{t:,.1f} s ({n / 1e6:,.1f}M tokens)"))
         print(f"- `{arm[0]}`{' with ' + arm[1] if optimizers else ''}: " + '; '.join(cells))
     if len(found) > len(best):
         print("\nEvery learning rate (the best of each above: the lowest mean final val loss):\n")
@@ -359,11 +372,13 @@ def report(args):
     if args.plot != '':
         path = args.plot or os.path.join(args.runs[0] if os.path.isdir(args.runs[0]) else '.', 'ttl.png')
         picture({arm: found[arm + (lr,)] for arm, lr in best.items()}, target, ' with '.join(base_arm), path,
-                args.title)
+                args.title, clock)
         print(f"\npicture: {path}")
 
 
-def picture(curves, target, baseline, path, title=None):
+def picture(curves, target, baseline, path, title=None, clock=None):
+    """Val loss against tokens (each arm's mean, the seeds' range shaded) and against seconds (the mean of its runs on
+    the clock's GPU, clock None: all), the training loss per step; target a dotted line."""
     import matplotlib
     matplotlib.use('Agg')  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -371,15 +386,18 @@ def picture(curves, target, baseline, path, title=None):
     top = max(statistics.fmean(r['val'][min(1, len(r['val']) - 1)] for r in runs) for runs in curves.values())
     low, high = math.inf, -math.inf  # the training-loss panel's range: its own curves after the first tenth
     for i, ((mixer, optimizer), runs) in enumerate(curves.items()):
-        steps, tokens, seconds, val = mean_curve(runs)
+        steps, tokens, _, val = mean_curve(runs)
         label = f"{mixer} ({optimizer}, lr {runs[0]['lr']:g}, {len(runs)} seed{'s: mean, range shaded' if len(runs) > 1 else ''})"
         axes[0].plot([t / 1e6 for t in tokens], val, marker='o', markersize=2, color=f'C{i}', label=label)
         if len(runs) > 1:  # the seeds' range around their mean: a spread is part of the result
             at = [[r['val'][r['steps'].index(s)] for r in runs] for s in steps]
             axes[0].fill_between([t / 1e6 for t in tokens], [min(v) for v in at], [max(v) for v in at],
                                  color=f'C{i}', alpha=0.2, linewidth=0)
-        if not any(r['shared'] for r in runs):  # (run --per_gpu: no clock)
-            axes[1].plot(seconds, val, marker='o', markersize=2, color=f'C{i}', label=label)
+        timed = [r for r in runs if clock is None or r['device'] == clock]
+        if timed and not any(r['shared'] for r in runs):  # (run --per_gpu: no clock)
+            _, _, seconds_t, val_t = mean_curve(timed)
+            axes[1].plot(seconds_t, val_t, marker='o', markersize=2, color=f'C{i}',
+                         label=label if len(timed) == len(runs) else f"{label}; time: {len(timed)} on {clock}")
         for j, r in enumerate(runs):  # each seed's per-step loss, a moving mean over 4% of the run (a batch of code
             k = max(1, len(r['losses']) // 25)  # and one of prose differ by more than a nat)
             smooth = [statistics.fmean(r['losses'][max(0, n - k):n + 1]) for n in range(len(r['losses']))]
