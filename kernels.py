@@ -3938,8 +3938,8 @@ TUNING = {
     'kda_grads': dict(k=64, warps=8, wy_v=32, wy_warps=8, wy_maxnreg=None),
     # the decode steps' V-tile (more programs at batch 1); delta_rule_decode's (None: _decode_v_tile picks); the most
     # rows linear_step sends to the GEMV (0: none, cuBLAS for all); programmatic dependent launch (Hopper and later:
-    # the GEMV's, and Inductor's kernels in a Decoder's compiled step; off until the GPU tests have run with it)
-    'step': dict(v=32, decode_v=None, gemv=8, pdl=False),
+    # the GEMV's, and Inductor's kernels in a Decoder's compiled step)
+    'step': dict(v=32, decode_v=None, gemv=8, pdl=True),
     # the GEMV's candidates (outputs a program, K-tile, warps), timed per shape on the GPU; the interpreter runs the first
     'gemv': [(4, 256, 2), (2, 512, 2), (4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 128, 4), (16, 256, 8), (32, 128, 8)],
     # scalar decay: passes (_la_state_tiles), output, gradients; fused_fwd: one-pass forwards; *_d64 at Dk <= 64
