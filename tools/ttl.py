@@ -291,7 +291,7 @@ def report(args):
     devices = [r['device'] for r in base]
     clock = max(devices, key=devices.count)
     on_clock = lambda runs: [r for r in runs if r['device'] == clock]
-    base_time = reach(mean_curve(on_clock(base))[2], mean_curve(on_clock(base))[3], target)
+    base_time = reach(*mean_curve(on_clock(base))[2:], target)
     optimizers = len({o for _, o in best}) > 1
 
     def row(mixer, optimizer, lr):
@@ -299,18 +299,18 @@ def report(args):
         vals = [r['final'] for r in runs]
         _, tokens, _, val = mean_curve(runs)
         timed = on_clock(runs)
-        t = reach(mean_curve(timed)[2], mean_curve(timed)[3], target) if timed else None
+        t = reach(*mean_curve(timed)[2:], target) if timed else None
         n = reach(tokens, val, target)
         mine, either = any(r['shared'] for r in runs), any(r['shared'] for r in runs + base)  # (run --per_gpu)
         speed = ["— (GPU shared)"] * 2 if mine else [f"— (not run on {clock})"] * 2 if not timed else [
             f"{statistics.fmean(r['tok_s'] for r in timed):,.0f}", f"{statistics.fmean(r['compile'] for r in timed):.1f}"]
         if n is None:
             time_to = "not reached"
+        elif either:  # a shared GPU's clock is not one run's: the tokens only
+            time_to = f"{n / 1e6:,.1f}M tokens (GPU shared: no time)"
         elif not timed or t is None:  # its loss curve reaches the target; no run on the clock's GPU does
             time_to = f"{n / 1e6:,.1f}M tokens (no time: " + ("not run on " + clock if not timed else
                                                                f"its seeds on {clock} do not reach it") + ")"
-        elif either:  # a shared GPU's clock is not one run's: the tokens only
-            time_to = f"{n / 1e6:,.1f}M tokens (GPU shared: no time)"
         else:
             time_to = f"{t:,.1f} s ({t / base_time:.2f}×), {n / 1e6:,.1f}M tokens" if base_time else \
                 f"{t:,.1f} s, {n / 1e6:,.1f}M tokens"
